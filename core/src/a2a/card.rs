@@ -1,0 +1,64 @@
+//! The Agent Card served at `/.well-known/agent-card.json`.
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// The binding URI a unix-socket listener names on its card instead of `JSONRPC`.
+pub const UNIX_BINDING_URI: &str = "https://agentd.dev/a2a/binding/jsonrpc-unix";
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentCard {
+    pub capabilities: AgentCapabilities,
+    pub default_input_modes: Vec<String>,
+    pub default_output_modes: Vec<String>,
+    pub description: String,
+    pub name: String,
+    pub skills: Vec<AgentSkill>,
+    pub supported_interfaces: Vec<AgentInterface>,
+    pub version: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentInterface {
+    pub protocol_binding: String,
+    pub protocol_version: String,
+    pub url: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentCapabilities {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub extended_agent_card: Option<bool>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub extensions: Vec<AgentExtension>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub push_notifications: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub streaming: Option<bool>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentExtension {
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub params: Option<Value>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub required: bool,
+    pub uri: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentSkill {
+    pub description: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub examples: Vec<String>,
+    pub id: String,
+    pub name: String,
+    pub tags: Vec<String>,
+}

@@ -1,0 +1,565 @@
+//! The A2A 1.0 data model in ProtoJSON: lowerCamelCase members (snake_case accepted on
+//! input), enums as their proto names (integers accepted on input), defaults omitted on
+//! output, unknown input members ignored. Output structs list their members in
+//! alphabetical order, so documents read the same way everywhere.
+
+use serde::de::{self, Deserializer};
+use serde::ser::{SerializeMap, Serializer};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+pub type Struct = Map<String, Value>;
+
+macro_rules! proto_enum {
+    ($(#[$m:meta])* $name:ident { $($variant:ident = $num:literal => $text:literal),* $(,)? }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+        pub enum $name {
+            #[default]
+            $($variant),*
+        }
+
+        impl $name {
+            pub const fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text),* }
+            }
+            pub fn from_name(s: &str) -> Option<Self> {
+                match s { $($text => Some($name::$variant),)* _ => None }
+            }
+            pub fn from_number(n: i64) -> Option<Self> {
+                match n { $($num => Some($name::$variant),)* _ => None }
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                match Value::deserialize(d)? {
+                    Value::String(s) => Self::from_name(&s).ok_or_else(|| {
+                        de::Error::custom(format_args!("unknown {} value {s:?}", stringify!($name)))
+                    }),
+                    Value::Number(n) => n.as_i64().and_then(Self::from_number).ok_or_else(|| {
+                        de::Error::custom(format_args!("unknown {} value {n}", stringify!($name)))
+                    }),
+                    _ => Err(de::Error::custom(concat!("expected a ", stringify!($name), " name"))),
+                }
+            }
+        }
+    };
+}
+
+proto_enum!(
+    /// Who wrote a message.
+    Role {
+        Unspecified = 0 => "ROLE_UNSPECIFIED",
+        User = 1 => "ROLE_USER",
+        Agent = 2 => "ROLE_AGENT",
+    }
+);
+
+proto_enum!(
+    /// Where a task is in its lifecycle.
+    TaskState {
+        Unspecified = 0 => "TASK_STATE_UNSPECIFIED",
+        Submitted = 1 => "TASK_STATE_SUBMITTED",
+        Working = 2 => "TASK_STATE_WORKING",
+        Completed = 3 => "TASK_STATE_COMPLETED",
+        Failed = 4 => "TASK_STATE_FAILED",
+        Canceled = 5 => "TASK_STATE_CANCELED",
+        InputRequired = 6 => "TASK_STATE_INPUT_REQUIRED",
+        Rejected = 7 => "TASK_STATE_REJECTED",
+        AuthRequired = 8 => "TASK_STATE_AUTH_REQUIRED",
+    }
+);
+
+impl TaskState {
+    /// A terminal task never changes again.
+    pub const fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskState::Completed | TaskState::Failed | TaskState::Canceled | TaskState::Rejected
+        )
+    }
+
+    /// The client must act before the task goes on.
+    pub const fn is_interrupted(self) -> bool {
+        matches!(self, TaskState::InputRequired | TaskState::AuthRequired)
+    }
+
+    /// A stream on the task ends, and a blocking send returns, at these states.
+    pub const fn ends_a_turn(self) -> bool {
+        self.is_terminal() || self.is_interrupted()
+    }
+}
+
+/// An int32 as ProtoJSON writes it: a number, or a string of digits.
+fn de_opt_i32<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i32>, D::Error> {
+    let v = Value::deserialize(d)?;
+    let n = match &v {
+        Value::Null => return Ok(None),
+        Value::Number(n) => n.as_i64(),
+        Value::String(s)
+            if !s.is_empty()
+                && s.trim_start_matches('-')
+                    .bytes()
+                    .all(|b| b.is_ascii_digit()) =>
+        {
+            s.parse::<i64>().ok()
+        }
+        _ => None,
+    };
+    n.and_then(|n| i32::try_from(n).ok())
+        .map(Some)
+        .ok_or_else(|| de::Error::custom(format_args!("expected an int32, got {v}")))
+}
+
+/// Presence for a `google.protobuf.Value`: a member written as `null` is present.
+fn de_present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+/// A proto string: `null` reads as the default.
+fn de_string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_default())
+}
+
+fn de_strings<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    Ok(Option::<Vec<String>>::deserialize(d)?.unwrap_or_default())
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// What a part holds: exactly one of the `content` oneof.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PartContent {
+    Text(String),
+    /// Bytes, as the base64 text the client sent.
+    Raw(String),
+    Url(String),
+    Data(Value),
+}
+
+/// A piece of a message or artifact.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Part {
+    pub content: PartContent,
+    pub metadata: Option<Struct>,
+    pub filename: String,
+    pub media_type: String,
+}
+
+impl Part {
+    pub fn text(text: impl Into<String>) -> Self {
+        Part {
+            content: PartContent::Text(text.into()),
+            metadata: None,
+            filename: String::new(),
+            media_type: String::new(),
+        }
+    }
+
+    pub fn data(value: Value) -> Self {
+        Part {
+            content: PartContent::Data(value),
+            metadata: None,
+            filename: String::new(),
+            media_type: String::new(),
+        }
+    }
+}
+
+impl Serialize for Part {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        if let PartContent::Data(v) = &self.content {
+            m.serialize_entry("data", v)?;
+        }
+        if !self.filename.is_empty() {
+            m.serialize_entry("filename", &self.filename)?;
+        }
+        if !self.media_type.is_empty() {
+            m.serialize_entry("mediaType", &self.media_type)?;
+        }
+        if let Some(meta) = &self.metadata {
+            m.serialize_entry("metadata", meta)?;
+        }
+        match &self.content {
+            PartContent::Raw(b) => m.serialize_entry("raw", b)?,
+            PartContent::Text(t) => m.serialize_entry("text", t)?,
+            PartContent::Url(u) => m.serialize_entry("url", u)?,
+            PartContent::Data(_) => {}
+        }
+        m.end()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PartWire {
+    #[serde(default, deserialize_with = "de_opt_string")]
+    text: Option<String>,
+    #[serde(default, deserialize_with = "de_opt_string")]
+    raw: Option<String>,
+    #[serde(default, deserialize_with = "de_opt_string")]
+    url: Option<String>,
+    #[serde(default, deserialize_with = "de_present")]
+    data: Option<Value>,
+    #[serde(default)]
+    metadata: Option<Struct>,
+    #[serde(default, deserialize_with = "de_string")]
+    filename: String,
+    #[serde(default, alias = "media_type", deserialize_with = "de_string")]
+    media_type: String,
+}
+
+fn de_opt_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Option::<String>::deserialize(d)
+}
+
+impl<'de> Deserialize<'de> for Part {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let w = PartWire::deserialize(d)?;
+        let mut contents = Vec::with_capacity(1);
+        if let Some(t) = w.text {
+            contents.push(PartContent::Text(t));
+        }
+        if let Some(r) = w.raw {
+            if !is_base64(&r) {
+                return Err(de::Error::custom("raw is not base64"));
+            }
+            contents.push(PartContent::Raw(r));
+        }
+        if let Some(u) = w.url {
+            contents.push(PartContent::Url(u));
+        }
+        if let Some(v) = w.data {
+            contents.push(PartContent::Data(v));
+        }
+        if contents.len() > 1 {
+            return Err(de::Error::custom(
+                "a part holds exactly one of text, raw, url, data; found several",
+            ));
+        }
+        let content = contents.pop().ok_or_else(|| {
+            de::Error::custom("a part holds exactly one of text, raw, url, data; found none")
+        })?;
+        Ok(Part {
+            content,
+            metadata: w.metadata,
+            filename: w.filename,
+            media_type: w.media_type,
+        })
+    }
+}
+
+/// Standard or URL-safe base64, padded or not, as ProtoJSON parsers accept.
+fn is_base64(s: &str) -> bool {
+    let body = s.trim_end_matches('=');
+    let pad = s.len() - body.len();
+    pad <= 2
+        && (pad == 0 || s.len() % 4 == 0)
+        && body.len() % 4 != 1
+        && body
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'-' | b'_'))
+}
+
+/// One turn of a conversation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Message {
+    #[serde(
+        default,
+        alias = "context_id",
+        deserialize_with = "de_string",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub context_id: String,
+    #[serde(
+        default,
+        deserialize_with = "de_strings",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub extensions: Vec<String>,
+    #[serde(default, alias = "message_id", deserialize_with = "de_string")]
+    pub message_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Struct>,
+    #[serde(default)]
+    pub parts: Vec<Part>,
+    #[serde(
+        default,
+        alias = "reference_task_ids",
+        deserialize_with = "de_strings",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub reference_task_ids: Vec<String>,
+    #[serde(default)]
+    pub role: Role,
+    #[serde(
+        default,
+        alias = "task_id",
+        deserialize_with = "de_string",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub task_id: String,
+}
+
+/// A task's current state.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskStatus {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<Message>,
+    pub state: TaskState,
+    pub timestamp: String,
+}
+
+/// An output of a task.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Artifact {
+    pub artifact_id: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub extensions: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Struct>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    pub parts: Vec<Part>,
+}
+
+/// The unit of work.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Task {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<Artifact>,
+    pub context_id: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<Message>,
+    pub id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Struct>,
+    pub status: TaskStatus,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskStatusUpdateEvent {
+    pub context_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Struct>,
+    pub status: TaskStatus,
+    pub task_id: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskArtifactUpdateEvent {
+    #[serde(skip_serializing_if = "is_false")]
+    pub append: bool,
+    pub artifact: Artifact,
+    pub context_id: String,
+    #[serde(skip_serializing_if = "is_false")]
+    pub last_chunk: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Struct>,
+    pub task_id: String,
+}
+
+/// One event of a stream, and the result of a send: exactly one member.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StreamResponse {
+    Task(Task),
+    Message(Message),
+    StatusUpdate(TaskStatusUpdateEvent),
+    ArtifactUpdate(TaskArtifactUpdateEvent),
+}
+
+/// How the client wants a send answered.
+#[derive(Clone, Debug, PartialEq, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SendMessageConfiguration {
+    #[serde(
+        default,
+        alias = "accepted_output_modes",
+        deserialize_with = "de_strings"
+    )]
+    pub accepted_output_modes: Vec<String>,
+    #[serde(default, alias = "task_push_notification_config")]
+    pub task_push_notification_config: Option<Value>,
+    #[serde(default, alias = "history_length", deserialize_with = "de_opt_i32")]
+    pub history_length: Option<i32>,
+    #[serde(default, alias = "return_immediately")]
+    pub return_immediately: Option<bool>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SendMessageRequest {
+    #[serde(default, deserialize_with = "de_string")]
+    pub tenant: String,
+    #[serde(default)]
+    pub message: Option<Message>,
+    #[serde(default)]
+    pub configuration: Option<SendMessageConfiguration>,
+    #[serde(default)]
+    pub metadata: Option<Struct>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct GetTaskRequest {
+    #[serde(default, deserialize_with = "de_string")]
+    pub tenant: String,
+    #[serde(default, deserialize_with = "de_string")]
+    pub id: String,
+    #[serde(default, alias = "history_length", deserialize_with = "de_opt_i32")]
+    pub history_length: Option<i32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ListTasksRequest {
+    #[serde(default, deserialize_with = "de_string")]
+    pub tenant: String,
+    #[serde(default, alias = "context_id", deserialize_with = "de_string")]
+    pub context_id: String,
+    #[serde(default)]
+    pub status: Option<TaskState>,
+    #[serde(default, alias = "page_size", deserialize_with = "de_opt_i32")]
+    pub page_size: Option<i32>,
+    #[serde(default, alias = "page_token", deserialize_with = "de_string")]
+    pub page_token: String,
+    #[serde(default, alias = "history_length", deserialize_with = "de_opt_i32")]
+    pub history_length: Option<i32>,
+    #[serde(default, alias = "status_timestamp_after")]
+    pub status_timestamp_after: Option<String>,
+    #[serde(default, alias = "include_artifacts")]
+    pub include_artifacts: Option<bool>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListTasksResponse {
+    pub next_page_token: String,
+    pub page_size: i32,
+    pub tasks: Vec<Task>,
+    pub total_size: i32,
+}
+
+/// The params of CancelTask and SubscribeToTask (and the task-id part of others).
+#[derive(Clone, Debug, PartialEq, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskIdRequest {
+    #[serde(default, deserialize_with = "de_string")]
+    pub tenant: String,
+    #[serde(default, deserialize_with = "de_string")]
+    pub id: String,
+    #[serde(default)]
+    pub metadata: Option<Struct>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn parts_are_a_oneof() {
+        let p: Part =
+            serde_json::from_value(json!({"text":"hi","mediaType":"text/plain"})).unwrap();
+        assert_eq!(p.content, PartContent::Text("hi".into()));
+        assert_eq!(
+            serde_json::to_value(&p).unwrap(),
+            json!({"mediaType":"text/plain","text":"hi"})
+        );
+        let p: Part = serde_json::from_value(json!({"data": null})).unwrap();
+        assert_eq!(p.content, PartContent::Data(Value::Null));
+        let p: Part = serde_json::from_value(json!({"raw":"aGk","media_type":"a/b"})).unwrap();
+        assert_eq!(p.media_type, "a/b");
+        for bad in [
+            json!({}),
+            json!({"text":"a","data":1}),
+            json!({"raw":"!!"}),
+            json!({"text":5}),
+            json!({"kind":"text"}),
+        ] {
+            assert!(
+                serde_json::from_value::<Part>(bad.clone()).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn messages_accept_snake_case_and_enum_numbers() {
+        let m: Message = serde_json::from_value(json!({
+            "message_id":"m","role":1,"parts":[{"text":"x"}],"task_id":"t","unknown":true
+        }))
+        .unwrap();
+        assert_eq!(
+            (m.message_id.as_str(), m.role, m.task_id.as_str()),
+            ("m", Role::User, "t")
+        );
+        assert!(serde_json::from_value::<Message>(json!({"role":"user"})).is_err());
+        let out = serde_json::to_value(&m).unwrap();
+        assert_eq!(
+            out,
+            json!({"messageId":"m","parts":[{"text":"x"}],"role":"ROLE_USER","taskId":"t"})
+        );
+    }
+
+    #[test]
+    fn int32_accepts_numeric_strings_only_in_range() {
+        let r: GetTaskRequest =
+            serde_json::from_value(json!({"id":"a","historyLength":"3"})).unwrap();
+        assert_eq!(r.history_length, Some(3));
+        for bad in [
+            json!("x"),
+            json!(1.5),
+            json!(4_294_967_296_i64),
+            json!(true),
+        ] {
+            assert!(serde_json::from_value::<GetTaskRequest>(
+                json!({"id":"a","historyLength":bad})
+            )
+            .is_err());
+        }
+    }
+
+    #[test]
+    fn stream_response_has_exactly_one_member() {
+        let m = Message {
+            message_id: "x".into(),
+            role: Role::Agent,
+            ..Default::default()
+        };
+        let v = serde_json::to_value(StreamResponse::Message(m)).unwrap();
+        assert_eq!(
+            v,
+            json!({"message":{"messageId":"x","parts":[],"role":"ROLE_AGENT"}})
+        );
+    }
+
+    #[test]
+    fn base64_forms() {
+        for ok in ["", "aGk", "aGk=", "aGVsbG8-_w", "aGVsbG8+/w=="] {
+            assert!(is_base64(ok), "{ok}");
+        }
+        for bad in ["a", "aGk==", "a===", "aGk=x", "a b"] {
+            assert!(!is_base64(bad), "{bad}");
+        }
+    }
+}

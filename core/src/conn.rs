@@ -1,0 +1,728 @@
+//! One connection's state machine: bytes in, bytes out, timers. The same machine serves
+//! TCP and unix sockets; the driver says what the transport proved (who the peer is) and
+//! moves bytes:
+//!
+//! 1. [`Connection::handle_input`] with what it read (only while [`Connection::wants_read`]);
+//! 2. write [`Connection::pending_output`], then [`Connection::consume_output`];
+//! 3. when the connection's waker fires (a task it watches changed), [`Connection::poll`];
+//! 4. at [`Connection::poll_timeout`], [`Connection::handle_timeout`];
+//! 5. once [`Connection::is_finished`], close the socket and call [`Connection::close`].
+//!
+//! Responses leave in request order. While one is pending (a blocking send waiting for its
+//! task, or an open stream) later pipelined requests wait in the parser's buffer.
+
+use std::borrow::Cow;
+use std::task::Waker;
+
+use crate::a2a::types::StreamResponse;
+use crate::auth::Principal;
+use crate::errors::{ErrorKind, RpcError};
+use crate::http::response::{self, Head};
+use crate::http::{Event, Method, RequestHead, RequestParser};
+use crate::instance::{ConnLimits, Instance, SubId};
+use crate::jsonrpc::{self, RequestId};
+use crate::rpc::{self, CallContext, Reply};
+use crate::time::{http_date, Now};
+
+/// The JSON-RPC endpoint.
+pub const RPC_PATH: &str = "/";
+/// The public agent card.
+pub const CARD_PATH: &str = "/.well-known/agent-card.json";
+
+const RPC_ALLOW: &str = "POST, OPTIONS";
+const CARD_ALLOW: &str = "GET, HEAD, OPTIONS";
+
+/// Where a request head sent it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Route {
+    Card {
+        head_only: bool,
+    },
+    Rpc,
+    Options {
+        allow: &'static str,
+    },
+    Refuse {
+        status: u16,
+        allow: Option<&'static str>,
+    },
+}
+
+#[derive(Debug)]
+enum State {
+    /// Between requests, or reading one whose head has been routed.
+    Reading {
+        pending: Option<(RequestHead, Route)>,
+    },
+    /// A blocking SendMessage waits for its task to reach a terminal or interrupted state.
+    Waiting {
+        sub: SubId,
+        id: RequestId,
+        task_id: String,
+        history: Option<usize>,
+        deadline: u64,
+        keep_alive: bool,
+    },
+    /// An SSE stream is open.
+    Streaming {
+        sub: SubId,
+        id: RequestId,
+        chunked: bool,
+        keep_alive: bool,
+        last_write: u64,
+    },
+}
+
+/// One HTTP/1.1 connection.
+pub struct Connection {
+    listener: usize,
+    principal: Principal,
+    limits: ConnLimits,
+    waker: Waker,
+    parser: RequestParser,
+    out: Vec<u8>,
+    out_pos: usize,
+    state: State,
+    /// Take no more requests; finish once the output is written.
+    closing: bool,
+    /// Drop the connection now, written or not (a peer that stopped reading).
+    aborted: bool,
+    idle_since: u64,
+    head_started: Option<u64>,
+    body_started: Option<u64>,
+    write_stalled_since: Option<u64>,
+    date: (u64, String),
+}
+
+impl Connection {
+    /// A new connection on `listener` (an index into the instance's listeners) from a peer
+    /// the transport identified as `principal`. `waker` is woken when the connection has
+    /// output to produce without new input (a task it watches changed).
+    pub fn new(
+        listener: usize,
+        principal: Principal,
+        limits: ConnLimits,
+        waker: Waker,
+        now: Now,
+    ) -> Self {
+        Connection {
+            listener,
+            principal,
+            limits,
+            waker,
+            parser: RequestParser::new(limits.http),
+            out: Vec::new(),
+            out_pos: 0,
+            state: State::Reading { pending: None },
+            closing: false,
+            aborted: false,
+            idle_since: now.mono_ms,
+            head_started: None,
+            body_started: None,
+            write_stalled_since: None,
+            date: (u64::MAX, String::new()),
+        }
+    }
+
+    /// Bytes read from the peer.
+    pub fn handle_input(&mut self, inst: &mut Instance, bytes: &[u8], now: Now) {
+        if self.closing || bytes.is_empty() {
+            return;
+        }
+        self.parser.push(bytes);
+        self.drive(inst, now);
+    }
+
+    /// The peer will send nothing more. What was asked is still answered; then it closes.
+    pub fn handle_eof(&mut self, inst: &mut Instance, now: Now) {
+        self.drive(inst, now);
+        match self.state {
+            State::Reading { .. } => self.closing = true,
+            // The answer in progress still goes out; `finish_response` closes after it.
+            State::Waiting {
+                ref mut keep_alive, ..
+            }
+            | State::Streaming {
+                ref mut keep_alive, ..
+            } => *keep_alive = false,
+        }
+    }
+
+    /// Produce what became ready without new input (the waker fired).
+    pub fn poll(&mut self, inst: &mut Instance, now: Now) {
+        self.drive(inst, now);
+    }
+
+    /// Bytes to write to the peer.
+    pub fn pending_output(&self) -> &[u8] {
+        if self.aborted {
+            return &[];
+        }
+        &self.out[self.out_pos..]
+    }
+
+    /// `n` bytes of [`Connection::pending_output`] were written.
+    pub fn consume_output(&mut self, n: usize, now: Now) {
+        self.out_pos = (self.out_pos + n).min(self.out.len());
+        if self.out_pos == self.out.len() {
+            self.out.clear();
+            self.out_pos = 0;
+            self.write_stalled_since = None;
+        } else if n > 0 {
+            self.write_stalled_since = Some(now.mono_ms);
+        }
+        if self.out_pos > 64 * 1024 {
+            self.out.drain(..self.out_pos);
+            self.out_pos = 0;
+        }
+    }
+
+    /// Whether the driver should read: the connection can take more requests and has room.
+    pub fn wants_read(&self) -> bool {
+        !self.closing
+            && !self.aborted
+            && matches!(self.state, State::Reading { .. })
+            && self.backlog() < self.limits.max_output_bytes
+            && self.parser.buffered() < self.limits.http.input_capacity()
+    }
+
+    /// The connection is done: close the socket, then call [`Connection::close`].
+    pub fn is_finished(&self) -> bool {
+        self.aborted || (self.closing && self.backlog() == 0)
+    }
+
+    /// Releases what the connection holds in the instance. Call once, when dropping it.
+    pub fn close(&mut self, inst: &mut Instance) {
+        if let State::Waiting { sub, .. } | State::Streaming { sub, .. } = self.state {
+            inst.unsubscribe(sub);
+        }
+        self.state = State::Reading { pending: None };
+        self.closing = true;
+        self.aborted = true;
+    }
+
+    /// The monotonic millisecond at which [`Connection::handle_timeout`] is due.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        let l = &self.limits;
+        let write = self.write_stalled_since.map(|t| t + l.write_timeout_ms);
+        let state = match &self.state {
+            _ if self.closing => None,
+            State::Reading { .. } if self.parser.in_body() => {
+                self.body_started.map(|t| t + l.body_timeout_ms)
+            }
+            State::Reading { .. } if self.parser.in_head() => {
+                self.head_started.map(|t| t + l.header_timeout_ms)
+            }
+            State::Reading { .. } if self.backlog() == 0 => {
+                Some(self.idle_since + l.idle_timeout_ms)
+            }
+            State::Reading { .. } => None,
+            State::Waiting { deadline, .. } => Some(*deadline),
+            State::Streaming { last_write, .. } => Some(last_write + l.sse_keepalive_ms),
+        };
+        match (write, state) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Acts on whichever deadline has passed.
+    pub fn handle_timeout(&mut self, inst: &mut Instance, now: Now) {
+        let t = now.mono_ms;
+        let l = self.limits;
+        if self
+            .write_stalled_since
+            .is_some_and(|s| t >= s + l.write_timeout_ms)
+        {
+            // The peer stopped reading: nothing more can reach it.
+            self.close(inst);
+            return;
+        }
+        if self.closing {
+            return;
+        }
+        match &mut self.state {
+            State::Reading { .. } => {
+                if self.parser.in_body()
+                    && self
+                        .body_started
+                        .is_some_and(|s| t >= s + l.body_timeout_ms)
+                {
+                    self.refuse_and_close(408, "request body not received in time", now);
+                } else if self.parser.in_head()
+                    && self
+                        .head_started
+                        .is_some_and(|s| t >= s + l.header_timeout_ms)
+                {
+                    self.refuse_and_close(408, "request head not received in time", now);
+                } else if !self.parser.in_head()
+                    && !self.parser.in_body()
+                    && self.backlog() == 0
+                    && t >= self.idle_since + l.idle_timeout_ms
+                {
+                    self.closing = true;
+                }
+            }
+            State::Waiting { deadline, .. } => {
+                if t >= *deadline {
+                    self.finish_wait(inst, now);
+                    self.drive(inst, now);
+                }
+            }
+            State::Streaming {
+                last_write,
+                chunked,
+                ..
+            } => {
+                if t >= *last_write + l.sse_keepalive_ms {
+                    response::write_sse_comment(&mut self.out, "keep-alive", *chunked);
+                    *last_write = t;
+                    self.note_output(now);
+                }
+            }
+        }
+    }
+
+    fn backlog(&self) -> usize {
+        self.out.len() - self.out_pos
+    }
+
+    fn note_output(&mut self, now: Now) {
+        if self.write_stalled_since.is_none() && self.backlog() > 0 {
+            self.write_stalled_since = Some(now.mono_ms);
+        }
+    }
+
+    fn date(&mut self, now: Now) -> String {
+        let sec = now.epoch_ms / 1000;
+        if self.date.0 != sec {
+            self.date = (sec, http_date(now.epoch_ms));
+        }
+        self.date.1.clone()
+    }
+
+    /// Runs the state machine as far as it can go without new input.
+    fn drive(&mut self, inst: &mut Instance, now: Now) {
+        loop {
+            let progressed = match self.state {
+                State::Reading { .. } => self.read_requests(inst, now),
+                State::Waiting { .. } => self.pump_wait(inst, now),
+                State::Streaming { .. } => self.pump_stream(inst, now),
+            };
+            if !progressed || self.closing {
+                break;
+            }
+        }
+        match (&self.state, self.parser.in_head()) {
+            (State::Reading { .. }, true) if self.head_started.is_none() => {
+                self.head_started = Some(now.mono_ms)
+            }
+            (State::Reading { .. }, false) => self.head_started = None,
+            _ => {}
+        }
+        self.note_output(now);
+    }
+
+    /// Reads and answers buffered requests. True when it moved to another state.
+    fn read_requests(&mut self, inst: &mut Instance, now: Now) -> bool {
+        while !self.closing && self.backlog() < self.limits.max_output_bytes {
+            let event = match self.parser.next() {
+                Ok(Some(e)) => e,
+                Ok(None) => return false,
+                Err(e) => {
+                    self.refuse_and_close(e.status, e.reason, now);
+                    return false;
+                }
+            };
+            match event {
+                Event::Head(head) => {
+                    self.head_started = None;
+                    self.body_started = Some(now.mono_ms);
+                    let route = route(&head);
+                    if let Route::Refuse { status, allow } = route {
+                        if head.has_body() {
+                            // Refused from its head: its body is never read, so the byte
+                            // stream can no longer be trusted to find the next request.
+                            self.write_simple(status, allow, now, &head, true);
+                            self.closing = true;
+                            return false;
+                        }
+                    }
+                    if head.expect_continue && matches!(route, Route::Rpc) {
+                        self.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+                    }
+                    self.state = State::Reading {
+                        pending: Some((head, route)),
+                    };
+                }
+                Event::Body(body) => {
+                    self.body_started = None;
+                    self.idle_since = now.mono_ms;
+                    let State::Reading { pending } = &mut self.state else {
+                        unreachable!("bodies are read only in the reading state")
+                    };
+                    let Some((head, route)) = pending.take() else {
+                        self.refuse_and_close(400, "body without a request", now);
+                        return false;
+                    };
+                    if self.answer(inst, head, route, &body, now) {
+                        return true;
+                    }
+                }
+            }
+        }
+        false
+    }
+
+    /// Answers one complete request. True when the answer is pending (wait or stream).
+    fn answer(
+        &mut self,
+        inst: &mut Instance,
+        head: RequestHead,
+        route: Route,
+        body: &[u8],
+        now: Now,
+    ) -> bool {
+        match route {
+            Route::Refuse { status, allow } => {
+                self.write_simple(status, allow, now, &head, !head.keep_alive);
+                false
+            }
+            Route::Options { allow } => {
+                self.write_simple(204, Some(allow), now, &head, !head.keep_alive);
+                false
+            }
+            Route::Card { head_only } => {
+                self.write_card(inst, &head, head_only, now);
+                false
+            }
+            Route::Rpc => self.answer_rpc(inst, head, body, now),
+        }
+    }
+
+    fn answer_rpc(
+        &mut self,
+        inst: &mut Instance,
+        head: RequestHead,
+        body: &[u8],
+        now: Now,
+    ) -> bool {
+        let ctx = CallContext {
+            principal: &self.principal,
+            listener: self.listener,
+            head: &head,
+            now,
+        };
+        let (id, reply) = rpc::call(inst, &ctx, body);
+        let keep_alive = head.keep_alive;
+        match reply {
+            Reply::Result(result) => {
+                let mut doc = Vec::with_capacity(result.len() + 48);
+                jsonrpc::write_result_raw(&mut doc, &id, &result);
+                self.write_json(200, &doc, &head, now);
+                false
+            }
+            Reply::Error(err) => {
+                let mut doc = Vec::with_capacity(128);
+                jsonrpc::write_error(&mut doc, &id, &err);
+                self.write_json(err.http_status(), &doc, &head, now);
+                false
+            }
+            Reply::Wait {
+                sub,
+                task_id,
+                history_length,
+            } => {
+                if let Some(s) = inst.subscription(sub) {
+                    s.waker = Some(self.waker.clone());
+                }
+                self.state = State::Waiting {
+                    sub,
+                    id,
+                    task_id,
+                    history: history_length,
+                    deadline: now.mono_ms + self.limits.request_timeout_ms,
+                    keep_alive,
+                };
+                true
+            }
+            Reply::Stream { sub, first } => {
+                if let Some(s) = inst.subscription(sub) {
+                    s.waker = Some(self.waker.clone());
+                }
+                let chunked = head.minor_version >= 1;
+                let date = self.date(now);
+                let mut h = Head::new(200, &date);
+                // HTTP/1.0 has no chunked coding: the stream ends when the connection does.
+                h.close = !chunked || !keep_alive;
+                h.write_sse_start(&mut self.out, chunked);
+                self.state = State::Streaming {
+                    sub,
+                    id,
+                    chunked,
+                    keep_alive: keep_alive && chunked,
+                    last_write: now.mono_ms,
+                };
+                self.write_stream_event(inst, &first, now);
+                true
+            }
+        }
+    }
+
+    /// A blocking send: answers once the task settles. True when it did.
+    fn pump_wait(&mut self, inst: &mut Instance, now: Now) -> bool {
+        let State::Waiting { sub, .. } = self.state else {
+            return false;
+        };
+        match inst.subscription(sub) {
+            Some(s) if !s.settled => false,
+            _ => {
+                self.finish_wait(inst, now);
+                true
+            }
+        }
+    }
+
+    fn finish_wait(&mut self, inst: &mut Instance, now: Now) {
+        let State::Waiting {
+            sub,
+            ref id,
+            ref task_id,
+            history,
+            keep_alive,
+            ..
+        } = self.state
+        else {
+            return;
+        };
+        let id = id.clone();
+        inst.unsubscribe(sub);
+        let mut doc = Vec::with_capacity(512);
+        match inst.tasks.get(task_id) {
+            Some(t) => jsonrpc::write_result(
+                &mut doc,
+                &id,
+                &StreamResponse::Task(t.to_task(history, true)),
+            ),
+            None => jsonrpc::write_error(&mut doc, &id, &RpcError::task_not_found(task_id)),
+        }
+        self.state = State::Reading { pending: None };
+        self.write_json_keep(200, &doc, keep_alive, now);
+    }
+
+    /// Writes queued stream events. True when the stream ended.
+    fn pump_stream(&mut self, inst: &mut Instance, now: Now) -> bool {
+        let State::Streaming { sub, .. } = self.state else {
+            return false;
+        };
+        loop {
+            if self.backlog() >= self.limits.max_output_bytes {
+                return false;
+            }
+            let Some(s) = inst.subscription(sub) else {
+                self.end_stream(inst, None);
+                return true;
+            };
+            match s.queue.pop_front() {
+                Some(event) => {
+                    if self.write_stream_event(inst, &event, now) {
+                        return true;
+                    }
+                }
+                None if s.overflowed => {
+                    let err = RpcError::new(
+                        ErrorKind::Internal,
+                        "this stream fell too far behind its task and was ended; call SubscribeToTask to resume",
+                    );
+                    self.end_stream(inst, Some(err));
+                    return true;
+                }
+                None => return false,
+            }
+        }
+    }
+
+    /// Writes one stream event; ends the stream after a terminal or interrupted status.
+    /// True when the stream ended.
+    fn write_stream_event(
+        &mut self,
+        inst: &mut Instance,
+        event: &StreamResponse,
+        now: Now,
+    ) -> bool {
+        let State::Streaming {
+            ref id,
+            chunked,
+            ref mut last_write,
+            ..
+        } = self.state
+        else {
+            return false;
+        };
+        let mut doc = Vec::with_capacity(512);
+        jsonrpc::write_result(&mut doc, id, event);
+        response::write_sse_event(&mut self.out, &doc, chunked);
+        *last_write = now.mono_ms;
+        let ends = match event {
+            StreamResponse::StatusUpdate(u) => u.status.state.ends_a_turn(),
+            StreamResponse::Task(t) => t.status.state.is_terminal(),
+            StreamResponse::Message(_) => true,
+            StreamResponse::ArtifactUpdate(_) => false,
+        };
+        if ends {
+            self.end_stream(inst, None);
+        }
+        ends
+    }
+
+    fn end_stream(&mut self, inst: &mut Instance, error: Option<RpcError>) {
+        let State::Streaming {
+            sub,
+            ref id,
+            chunked,
+            keep_alive,
+            ..
+        } = self.state
+        else {
+            return;
+        };
+        if let Some(err) = error {
+            let mut doc = Vec::with_capacity(256);
+            jsonrpc::write_error(&mut doc, id, &err);
+            response::write_sse_event(&mut self.out, &doc, chunked);
+        }
+        if chunked {
+            response::write_chunked_end(&mut self.out);
+        }
+        inst.unsubscribe(sub);
+        self.state = State::Reading { pending: None };
+        if !keep_alive {
+            self.closing = true;
+        }
+    }
+
+    fn write_card(&mut self, inst: &Instance, head: &RequestHead, head_only: bool, now: Now) {
+        let Some(card) = inst.card(self.listener) else {
+            self.write_simple(404, None, now, head, !head.keep_alive);
+            return;
+        };
+        let fresh = head
+            .header_all("if-none-match")
+            .any(|v| etag_matches(v, &card.etag));
+        let date = self.date(now);
+        let mut h = Head::new(if fresh { 304 } else { 200 }, &date)
+            .header("content-type", "application/json")
+            .header("etag", Cow::Owned(card.etag.clone()))
+            .header("cache-control", "public, max-age=60")
+            .header("access-control-allow-origin", "*");
+        self.finish_head(&mut h, head.minor_version, head.keep_alive);
+        h.write_full(&mut self.out, &card.body, head_only);
+    }
+
+    fn write_json(&mut self, status: u16, doc: &[u8], head: &RequestHead, now: Now) {
+        let keep = head.keep_alive;
+        let minor = head.minor_version;
+        let date = self.date(now);
+        let mut h = Head::new(status, &date).header("content-type", "application/json");
+        self.finish_head(&mut h, minor, keep);
+        h.write_full(&mut self.out, doc, false);
+    }
+
+    fn write_json_keep(&mut self, status: u16, doc: &[u8], keep_alive: bool, now: Now) {
+        let date = self.date(now);
+        let mut h = Head::new(status, &date).header("content-type", "application/json");
+        self.finish_head(&mut h, 1, keep_alive);
+        h.write_full(&mut self.out, doc, false);
+    }
+
+    /// A response with no body beyond its status: refusals, preflights.
+    fn write_simple(
+        &mut self,
+        status: u16,
+        allow: Option<&'static str>,
+        now: Now,
+        head: &RequestHead,
+        close: bool,
+    ) {
+        let date = self.date(now);
+        let mut h = Head::new(status, &date);
+        if let Some(allow) = allow {
+            h = h.header("allow", allow);
+        }
+        self.finish_head(&mut h, head.minor_version, head.keep_alive && !close);
+        h.write_full(&mut self.out, b"", false);
+    }
+
+    /// Marks the head for closing or, for an HTTP/1.0 peer that asked, keeping alive.
+    fn finish_head(&mut self, h: &mut Head<'_>, minor: u8, keep_alive: bool) {
+        if !keep_alive {
+            h.close = true;
+            self.closing = true;
+        } else if minor == 0 {
+            h.headers.push(("connection", Cow::Borrowed("keep-alive")));
+        }
+    }
+
+    /// Answers a framing error and closes: after it the byte stream cannot be trusted.
+    fn refuse_and_close(&mut self, status: u16, reason: &str, now: Now) {
+        let date = self.date(now);
+        let mut h = Head::new(status, &date).header("content-type", "text/plain; charset=utf-8");
+        h.close = true;
+        let body = format!("{reason}\n");
+        h.write_full(&mut self.out, body.as_bytes(), false);
+        self.closing = true;
+    }
+}
+
+fn route(head: &RequestHead) -> Route {
+    match head.path.as_str() {
+        RPC_PATH => match head.method {
+            Method::Post => {
+                if is_json(head.header("content-type")) {
+                    Route::Rpc
+                } else {
+                    Route::Refuse {
+                        status: 415,
+                        allow: None,
+                    }
+                }
+            }
+            Method::Options => Route::Options { allow: RPC_ALLOW },
+            _ => Route::Refuse {
+                status: 405,
+                allow: Some(RPC_ALLOW),
+            },
+        },
+        CARD_PATH => match head.method {
+            Method::Get => Route::Card { head_only: false },
+            Method::Head => Route::Card { head_only: true },
+            Method::Options => Route::Options { allow: CARD_ALLOW },
+            _ => Route::Refuse {
+                status: 405,
+                allow: Some(CARD_ALLOW),
+            },
+        },
+        _ => Route::Refuse {
+            status: 404,
+            allow: None,
+        },
+    }
+}
+
+/// `application/json`, any case, with or without parameters.
+fn is_json(content_type: Option<&[u8]>) -> bool {
+    let Some(ct) = content_type else { return false };
+    let media = ct.split(|b| *b == b';').next().unwrap_or_default();
+    let media = media.trim_ascii();
+    media.eq_ignore_ascii_case(b"application/json")
+}
+
+/// `If-None-Match`: `*`, or a list of entity tags compared weakly.
+fn etag_matches(header: &[u8], etag: &str) -> bool {
+    let Ok(text) = std::str::from_utf8(header) else {
+        return false;
+    };
+    text.split(',')
+        .map(str::trim)
+        .any(|t| t == "*" || t.strip_prefix("W/").unwrap_or(t) == etag)
+}

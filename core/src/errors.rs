@@ -1,0 +1,246 @@
+//! THE error table: every refusal agentd can answer, with its JSON-RPC code, `google.rpc`
+//! reason and domain, and HTTP status, in one place. Handlers return [`RpcError`]; only this
+//! module renders them.
+
+use serde_json::{json, Value};
+
+/// Domain of the A2A specification's own reasons.
+pub const A2A_DOMAIN: &str = "a2a-protocol.org";
+/// Domain of agentd's own reasons.
+pub const AGENTD_DOMAIN: &str = "agentd.dev";
+
+/// One row of the error table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    ParseError,
+    InvalidRequest,
+    MethodNotFound,
+    InvalidParams,
+    Internal,
+    TaskNotFound,
+    TaskNotCancelable,
+    PushNotificationNotSupported,
+    UnsupportedOperation,
+    ContentTypeNotSupported,
+    VersionNotSupported,
+    /// `agentd.events/SubscribeToEvents` on an instance that does not declare the events
+    /// extension.
+    ExtensionNotDeclared,
+}
+
+/// What the table says about a kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ErrorRow {
+    pub code: i32,
+    /// The spec's suggested message, used when a handler gives none.
+    pub message: &'static str,
+    /// `google.rpc.ErrorInfo.reason`, when the kind carries one.
+    pub reason: Option<&'static str>,
+    pub domain: &'static str,
+    /// HTTP status of the response that carries it.
+    pub http_status: u16,
+}
+
+impl ErrorKind {
+    pub const fn row(self) -> ErrorRow {
+        use ErrorKind::*;
+        let (code, message, reason, domain) = match self {
+            ParseError => (-32700, "Invalid JSON payload", None, A2A_DOMAIN),
+            InvalidRequest => (-32600, "Request payload validation error", None, A2A_DOMAIN),
+            MethodNotFound => (-32601, "Method not found", None, A2A_DOMAIN),
+            InvalidParams => (-32602, "Invalid parameters", None, A2A_DOMAIN),
+            Internal => (-32603, "Internal error", None, A2A_DOMAIN),
+            TaskNotFound => (-32001, "Task not found", Some("TASK_NOT_FOUND"), A2A_DOMAIN),
+            TaskNotCancelable => (
+                -32002,
+                "Task cannot be canceled",
+                Some("TASK_NOT_CANCELABLE"),
+                A2A_DOMAIN,
+            ),
+            PushNotificationNotSupported => (
+                -32003,
+                "Push notifications are not supported",
+                Some("PUSH_NOTIFICATION_NOT_SUPPORTED"),
+                A2A_DOMAIN,
+            ),
+            UnsupportedOperation => (
+                -32004,
+                "This operation is not supported",
+                Some("UNSUPPORTED_OPERATION"),
+                A2A_DOMAIN,
+            ),
+            ContentTypeNotSupported => (
+                -32005,
+                "Incompatible content types",
+                Some("CONTENT_TYPE_NOT_SUPPORTED"),
+                A2A_DOMAIN,
+            ),
+            VersionNotSupported => (
+                -32009,
+                "Protocol version not supported",
+                Some("VERSION_NOT_SUPPORTED"),
+                A2A_DOMAIN,
+            ),
+            ExtensionNotDeclared => (
+                -32601,
+                "Method not found",
+                Some("EXTENSION_NOT_DECLARED"),
+                AGENTD_DOMAIN,
+            ),
+        };
+        ErrorRow {
+            code,
+            message,
+            reason,
+            domain,
+            http_status: 200,
+        }
+    }
+}
+
+/// One field a `google.rpc.BadRequest` names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldViolation {
+    pub field: String,
+    pub description: String,
+}
+
+/// A typed refusal. Rendered only by [`RpcError::to_json`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct RpcError {
+    pub kind: ErrorKind,
+    pub message: String,
+    /// `ErrorInfo.metadata` (string values, as google.rpc requires).
+    pub metadata: Vec<(&'static str, String)>,
+    pub violations: Vec<FieldViolation>,
+}
+
+impl RpcError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        RpcError {
+            kind,
+            message: message.into(),
+            metadata: Vec::new(),
+            violations: Vec::new(),
+        }
+    }
+
+    /// The kind with the table's default message.
+    pub fn of(kind: ErrorKind) -> Self {
+        Self::new(kind, kind.row().message)
+    }
+
+    pub fn with_meta(mut self, key: &'static str, value: impl Into<String>) -> Self {
+        self.metadata.push((key, value.into()));
+        self
+    }
+
+    /// An invalid-params refusal naming one field.
+    pub fn invalid_field(field: impl Into<String>, description: impl Into<String>) -> Self {
+        let field = field.into();
+        let description = description.into();
+        RpcError {
+            kind: ErrorKind::InvalidParams,
+            message: format!("invalid params: {field}: {description}"),
+            metadata: Vec::new(),
+            violations: vec![FieldViolation { field, description }],
+        }
+    }
+
+    pub fn task_not_found(id: &str) -> Self {
+        Self::new(ErrorKind::TaskNotFound, format!("task not found: {id}")).with_meta("taskId", id)
+    }
+
+    pub fn http_status(&self) -> u16 {
+        self.kind.row().http_status
+    }
+
+    pub fn code(&self) -> i32 {
+        self.kind.row().code
+    }
+
+    /// The JSON-RPC `error` member.
+    pub fn to_json(&self) -> Value {
+        let row = self.kind.row();
+        let mut details = Vec::new();
+        if let Some(reason) = row.reason {
+            let mut info = json!({
+                "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                "reason": reason,
+                "domain": row.domain,
+            });
+            if !self.metadata.is_empty() {
+                let meta: serde_json::Map<String, Value> = self
+                    .metadata
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), Value::String(v.clone())))
+                    .collect();
+                info["metadata"] = Value::Object(meta);
+            }
+            details.push(info);
+        }
+        if !self.violations.is_empty() {
+            let fv: Vec<Value> = self
+                .violations
+                .iter()
+                .map(|v| json!({"field": v.field, "description": v.description}))
+                .collect();
+            details.push(json!({
+                "@type": "type.googleapis.com/google.rpc.BadRequest",
+                "fieldViolations": fv,
+            }));
+        }
+        let mut err = json!({"code": row.code, "message": self.message});
+        if !details.is_empty() {
+            err["data"] = Value::Array(details);
+        }
+        err
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_match_the_a2a_table() {
+        let expect = [
+            (ErrorKind::ParseError, -32700),
+            (ErrorKind::InvalidRequest, -32600),
+            (ErrorKind::MethodNotFound, -32601),
+            (ErrorKind::InvalidParams, -32602),
+            (ErrorKind::Internal, -32603),
+            (ErrorKind::TaskNotFound, -32001),
+            (ErrorKind::TaskNotCancelable, -32002),
+            (ErrorKind::PushNotificationNotSupported, -32003),
+            (ErrorKind::UnsupportedOperation, -32004),
+            (ErrorKind::ContentTypeNotSupported, -32005),
+            (ErrorKind::VersionNotSupported, -32009),
+            (ErrorKind::ExtensionNotDeclared, -32601),
+        ];
+        for (kind, code) in expect {
+            assert_eq!(kind.row().code, code, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn details_are_an_array_of_typed_objects() {
+        let e = RpcError::of(ErrorKind::VersionNotSupported).with_meta("supportedVersions", "1.0");
+        let j = e.to_json();
+        assert_eq!(j["code"], -32009);
+        assert_eq!(
+            j["data"][0],
+            json!({"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"VERSION_NOT_SUPPORTED","domain":"a2a-protocol.org","metadata":{"supportedVersions":"1.0"}})
+        );
+        let p = RpcError::invalid_field("message.role", "must be ROLE_USER").to_json();
+        assert_eq!(
+            p["data"][0]["@type"],
+            "type.googleapis.com/google.rpc.BadRequest"
+        );
+        assert_eq!(p["data"][0]["fieldViolations"][0]["field"], "message.role");
+        assert!(RpcError::of(ErrorKind::ParseError)
+            .to_json()
+            .get("data")
+            .is_none());
+    }
+}

@@ -1,0 +1,40 @@
+//! HTTP/1.1 as the core speaks it: an incremental request parser ([`parser`]) and the
+//! response and Server-Sent Events writer ([`response`]). No sockets: bytes in, bytes out.
+
+pub mod parser;
+pub mod response;
+
+pub use parser::{BodyKind, Event, HttpError, Method, RequestHead, RequestParser};
+
+/// Bounds on what one request may make the core hold. Every one is a typed refusal when
+/// exceeded, never an allocation without end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Request line plus header block, in bytes. Exceeded: 431, and the connection closes.
+    pub max_header_bytes: usize,
+    /// Header fields in one request. Exceeded: 431.
+    pub max_headers: usize,
+    /// Decoded body bytes. Exceeded: 413, and the connection closes.
+    pub max_body_bytes: usize,
+}
+
+impl HttpLimits {
+    /// 16 KiB of head, 64 header fields, 2 MiB of body.
+    pub const DEFAULT: HttpLimits = HttpLimits {
+        max_header_bytes: 16 * 1024,
+        max_headers: 64,
+        max_body_bytes: 2 * 1024 * 1024,
+    };
+
+    /// How many unprocessed input bytes a connection buffers before it stops reading: one
+    /// whole request of the largest size, plus the framing a chunked body may add.
+    pub fn input_capacity(&self) -> usize {
+        self.max_header_bytes + self.max_body_bytes + self.max_body_bytes / 8 + 4096
+    }
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}

@@ -1,0 +1,429 @@
+//! The daemon's shared state: configuration, the cards, the task store and who is watching
+//! which task. What the instance needs the outside world to do leaves as an [`Effect`]
+//! ([`Instance::poll_effect`]); what the outside world did comes back as a [`Completion`]
+//! ([`Instance::handle_completion`]). An integrator embeds agentd by implementing those two
+//! in their own event loop.
+
+use std::collections::{HashMap, VecDeque};
+use std::task::Waker;
+
+use crate::a2a::card::{
+    AgentCapabilities, AgentCard, AgentInterface, AgentSkill, UNIX_BINDING_URI,
+};
+use crate::a2a::types::{
+    Artifact, Message, Part, StreamResponse, TaskArtifactUpdateEvent, TaskState,
+    TaskStatusUpdateEvent,
+};
+use crate::a2a::PROTOCOL_VERSION;
+use crate::auth::Principal;
+use crate::http::HttpLimits;
+use crate::ids::Entropy;
+use crate::tasks::{StoreError, TaskLimits, TaskStore};
+use crate::time::Now;
+
+/// What kind of socket a listener serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenerKind {
+    Tcp,
+    /// A unix domain socket at this path.
+    Unix(String),
+}
+
+/// One listener as the core sees it: what its card advertises.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListenerInfo {
+    pub kind: ListenerKind,
+    /// The URL the card's interface names: `http://127.0.0.1:8420/` or `unix:///path`.
+    pub url: String,
+}
+
+/// Deadlines and bounds of one connection, in milliseconds where they are times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnLimits {
+    pub http: HttpLimits,
+    /// A keep-alive connection with no request in progress closes after this.
+    pub idle_timeout_ms: u64,
+    /// A request head must arrive within this of its first byte (slowloris): else 408.
+    pub header_timeout_ms: u64,
+    /// A body must arrive within this of its head: else 408.
+    pub body_timeout_ms: u64,
+    /// A blocking SendMessage answers with the task as it stands after this.
+    pub request_timeout_ms: u64,
+    /// Output the peer has not read for this long closes the connection.
+    pub write_timeout_ms: u64,
+    /// A comment is sent on an SSE stream quiet for this long.
+    pub sse_keepalive_ms: u64,
+    /// Stream events queued for one slow reader before its stream is ended.
+    pub stream_queue: usize,
+    /// Output bytes buffered before the connection stops taking new work.
+    pub max_output_bytes: usize,
+}
+
+impl ConnLimits {
+    pub const DEFAULT: ConnLimits = ConnLimits {
+        http: HttpLimits::DEFAULT,
+        idle_timeout_ms: 60_000,
+        header_timeout_ms: 10_000,
+        body_timeout_ms: 30_000,
+        request_timeout_ms: 120_000,
+        write_timeout_ms: 30_000,
+        sse_keepalive_ms: 15_000,
+        stream_queue: 256,
+        max_output_bytes: 256 * 1024,
+    };
+}
+
+/// How an instance is set up.
+#[derive(Clone, Debug)]
+pub struct InstanceConfig {
+    /// The card's `name`.
+    pub name: String,
+    pub description: String,
+    /// The build, as the card's `version`.
+    pub version: String,
+    pub listeners: Vec<ListenerInfo>,
+    pub conn: ConnLimits,
+    pub tasks: TaskLimits,
+}
+
+impl InstanceConfig {
+    pub fn new(listeners: Vec<ListenerInfo>) -> Self {
+        InstanceConfig {
+            name: "agentd".into(),
+            description: "An A2A 1.0 agent daemon".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            listeners,
+            conn: ConnLimits::DEFAULT,
+            tasks: TaskLimits::DEFAULT,
+        }
+    }
+}
+
+/// Work the instance asks the host to do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Effect {
+    /// A conversation turn: answer `message` on task `task_id` with completions.
+    Turn {
+        task_id: String,
+        context_id: String,
+        message: Message,
+        owner: Principal,
+    },
+    /// The task was canceled: stop working on it. Completions for it are refused from now.
+    Cancel { task_id: String },
+}
+
+/// What the host did, reported back.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Completion {
+    /// The task moved to `state`, optionally with an agent message explaining it.
+    Status {
+        task_id: String,
+        state: TaskState,
+        message: Option<Vec<Part>>,
+    },
+    /// The task produced (a chunk of) an artifact.
+    Artifact {
+        task_id: String,
+        artifact: Artifact,
+        append: bool,
+        last_chunk: bool,
+    },
+}
+
+/// Why a completion was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CompletionError {
+    UnknownTask,
+    /// A terminal task never changes again.
+    TaskTerminal(TaskState),
+    /// `TASK_STATE_UNSPECIFIED` and `TASK_STATE_SUBMITTED` are not states a host moves to.
+    InvalidState(TaskState),
+    TooManyArtifacts,
+}
+
+/// A pre-serialized card and its entity tag.
+#[derive(Clone, Debug)]
+pub struct CachedCard {
+    pub body: Vec<u8>,
+    pub etag: String,
+}
+
+/// Identifies one subscription of a connection to a task.
+pub type SubId = u64;
+
+#[derive(Debug)]
+pub(crate) struct Subscription {
+    pub(crate) task_id: String,
+    /// Events not yet written; bounded by `ConnLimits::stream_queue`.
+    pub(crate) queue: VecDeque<StreamResponse>,
+    /// The queue overflowed: the reader is too slow and its stream ends.
+    pub(crate) overflowed: bool,
+    /// The task reached a terminal or interrupted state.
+    pub(crate) settled: bool,
+    /// Only `settled` matters (a blocking send), not the events.
+    pub(crate) wait_only: bool,
+    pub(crate) waker: Option<Waker>,
+}
+
+/// The shared state of one daemon.
+pub struct Instance {
+    pub(crate) config: InstanceConfig,
+    pub(crate) cards: Vec<CachedCard>,
+    pub(crate) tasks: TaskStore,
+    pub(crate) entropy: Box<dyn Entropy>,
+    subs: HashMap<SubId, Subscription>,
+    watchers: HashMap<String, Vec<SubId>>,
+    next_sub: SubId,
+    effects: VecDeque<Effect>,
+    effect_waker: Option<Waker>,
+    started: Now,
+}
+
+impl Instance {
+    pub fn new(config: InstanceConfig, entropy: Box<dyn Entropy>, now: Now) -> Self {
+        let cards = config
+            .listeners
+            .iter()
+            .map(|l| {
+                let body = serde_json::to_vec(&build_card(&config, l)).unwrap_or_default();
+                let digest = crate::digest::sha256(&body);
+                CachedCard {
+                    etag: format!("\"{}\"", &crate::ids::hex(&digest)[..32]),
+                    body,
+                }
+            })
+            .collect();
+        Instance {
+            tasks: TaskStore::new(config.tasks),
+            config,
+            cards,
+            entropy,
+            subs: HashMap::new(),
+            watchers: HashMap::new(),
+            next_sub: 1,
+            effects: VecDeque::new(),
+            effect_waker: None,
+            started: now,
+        }
+    }
+
+    pub fn config(&self) -> &InstanceConfig {
+        &self.config
+    }
+
+    /// The public card of a listener.
+    pub fn card(&self, listener: usize) -> Option<&CachedCard> {
+        self.cards.get(listener)
+    }
+
+    /// Tasks held.
+    pub fn task_count(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Open task subscriptions (streams and blocking sends).
+    pub fn subscription_count(&self) -> usize {
+        self.subs.len()
+    }
+
+    /// When the instance was created, as the driver reported it.
+    pub fn started(&self) -> Now {
+        self.started
+    }
+
+    /// The next piece of work for the host, if any.
+    pub fn poll_effect(&mut self) -> Option<Effect> {
+        self.effects.pop_front()
+    }
+
+    /// Wakes `waker` the next time an effect is queued.
+    pub fn register_effect_waker(&mut self, waker: &Waker) {
+        if !self
+            .effect_waker
+            .as_ref()
+            .is_some_and(|w| w.will_wake(waker))
+        {
+            self.effect_waker = Some(waker.clone());
+        }
+    }
+
+    pub(crate) fn push_effect(&mut self, effect: Effect) {
+        self.effects.push_back(effect);
+        if let Some(w) = self.effect_waker.take() {
+            w.wake();
+        }
+    }
+
+    /// Applies what the host did to a task and tells everyone watching it.
+    pub fn handle_completion(
+        &mut self,
+        completion: Completion,
+        now: Now,
+    ) -> Result<(), CompletionError> {
+        let map_err = |e| match e {
+            StoreError::NotFound | StoreError::Full => CompletionError::UnknownTask,
+            StoreError::Terminal(s) => CompletionError::TaskTerminal(s),
+            StoreError::TooManyArtifacts => CompletionError::TooManyArtifacts,
+        };
+        match completion {
+            Completion::Status {
+                task_id,
+                state,
+                message,
+            } => {
+                if matches!(state, TaskState::Unspecified | TaskState::Submitted) {
+                    return Err(CompletionError::InvalidState(state));
+                }
+                self.set_status(&task_id, state, message, now)
+                    .map_err(map_err)
+            }
+            Completion::Artifact {
+                task_id,
+                artifact,
+                append,
+                last_chunk,
+            } => {
+                self.tasks
+                    .put_artifact(&task_id, artifact.clone(), append)
+                    .map_err(map_err)?;
+                let t = &self
+                    .tasks
+                    .get(&task_id)
+                    .expect("artifact stored on a live task");
+                let event = StreamResponse::ArtifactUpdate(TaskArtifactUpdateEvent {
+                    append,
+                    artifact,
+                    context_id: t.context_id.clone(),
+                    last_chunk,
+                    metadata: None,
+                    task_id: task_id.clone(),
+                });
+                self.publish(&task_id, event, false);
+                Ok(())
+            }
+        }
+    }
+
+    /// Moves a task to a new state and publishes the status update.
+    pub(crate) fn set_status(
+        &mut self,
+        task_id: &str,
+        state: TaskState,
+        message: Option<Vec<Part>>,
+        now: Now,
+    ) -> Result<(), StoreError> {
+        let t = self
+            .tasks
+            .set_status(task_id, state, message, now.epoch_ms)?;
+        let event = StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+            context_id: t.context_id.clone(),
+            metadata: None,
+            status: t.status(),
+            task_id: t.id.clone(),
+        });
+        self.publish(task_id, event, state.ends_a_turn());
+        Ok(())
+    }
+
+    fn publish(&mut self, task_id: &str, event: StreamResponse, settles: bool) {
+        let Some(ids) = self.watchers.get(task_id) else {
+            return;
+        };
+        let cap = self.config.conn.stream_queue;
+        for id in ids {
+            let Some(sub) = self.subs.get_mut(id) else {
+                continue;
+            };
+            if settles {
+                sub.settled = true;
+            }
+            if !sub.wait_only {
+                if sub.queue.len() >= cap {
+                    sub.overflowed = true;
+                } else {
+                    sub.queue.push_back(event.clone());
+                }
+            }
+            if let Some(w) = &sub.waker {
+                w.wake_by_ref();
+            }
+        }
+    }
+
+    pub(crate) fn subscribe(&mut self, task_id: &str, wait_only: bool) -> SubId {
+        let id = self.next_sub;
+        self.next_sub += 1;
+        self.subs.insert(
+            id,
+            Subscription {
+                task_id: task_id.to_owned(),
+                queue: VecDeque::new(),
+                overflowed: false,
+                settled: false,
+                wait_only,
+                waker: None,
+            },
+        );
+        self.watchers
+            .entry(task_id.to_owned())
+            .or_default()
+            .push(id);
+        id
+    }
+
+    pub(crate) fn subscription(&mut self, id: SubId) -> Option<&mut Subscription> {
+        self.subs.get_mut(&id)
+    }
+
+    /// Ends a subscription; the connection that held it is done with it or gone.
+    pub(crate) fn unsubscribe(&mut self, id: SubId) {
+        if let Some(sub) = self.subs.remove(&id) {
+            if let Some(list) = self.watchers.get_mut(&sub.task_id) {
+                list.retain(|s| *s != id);
+                if list.is_empty() {
+                    self.watchers.remove(&sub.task_id);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn new_id(&mut self) -> String {
+        crate::ids::uuid_v4(self.entropy.as_mut())
+    }
+}
+
+fn build_card(config: &InstanceConfig, listener: &ListenerInfo) -> AgentCard {
+    let binding = match listener.kind {
+        ListenerKind::Tcp => "JSONRPC",
+        ListenerKind::Unix(_) => UNIX_BINDING_URI,
+    };
+    let modes = || vec!["text/plain".to_owned(), "application/json".to_owned()];
+    AgentCard {
+        capabilities: AgentCapabilities {
+            extended_agent_card: Some(false),
+            extensions: Vec::new(),
+            push_notifications: Some(false),
+            streaming: Some(true),
+        },
+        default_input_modes: modes(),
+        default_output_modes: modes(),
+        description: config.description.clone(),
+        name: config.name.clone(),
+        skills: vec![AgentSkill {
+            description: "Converse with this agent: each message without a command is a turn \
+                          answered by the configured conversation agent."
+                .into(),
+            examples: Vec::new(),
+            id: "conversation".into(),
+            name: "Conversation".into(),
+            tags: vec!["conversation".into()],
+        }],
+        supported_interfaces: vec![AgentInterface {
+            protocol_binding: binding.into(),
+            protocol_version: PROTOCOL_VERSION.into(),
+            url: listener.url.clone(),
+        }],
+        version: config.version.clone(),
+    }
+}

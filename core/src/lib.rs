@@ -1,0 +1,45 @@
+//! agentd-core: the sans-io A2A 1.0 protocol core of agentd.
+//!
+//! The core parses HTTP/1.1 and JSON-RPC bytes, runs the A2A task lifecycle and writes the
+//! answers, without owning a socket, a clock, a thread or a source of randomness. A driver
+//! feeds it bytes and time and writes out what it produces; a host runs the work it asks for.
+//!
+//! ```
+//! use agentd_core::{Connection, Instance, InstanceConfig, ListenerInfo, ListenerKind, Now};
+//! use agentd_core::auth::Principal;
+//! use agentd_core::ids::CounterEntropy;
+//!
+//! let now = Now::new(0, 1_767_225_600_000);
+//! let listener = ListenerInfo { kind: ListenerKind::Tcp, url: "http://127.0.0.1:8420/".into() };
+//! let config = InstanceConfig::new(vec![listener]);
+//! let mut instance = Instance::new(config.clone(), Box::new(CounterEntropy(1)), now);
+//! let waker = std::task::Waker::noop().clone();
+//! let mut conn = Connection::new(0, Principal::operator(), config.conn, waker, now);
+//!
+//! conn.handle_input(&mut instance, b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n", now);
+//! let answer = String::from_utf8_lossy(conn.pending_output()).into_owned();
+//! assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"));
+//! assert!(answer.contains("\"protocolBinding\":\"JSONRPC\""));
+//! ```
+
+#![forbid(unsafe_code)]
+
+pub mod a2a;
+pub mod auth;
+pub mod conn;
+pub mod digest;
+pub mod errors;
+pub mod http;
+pub mod ids;
+pub mod instance;
+pub mod jsonrpc;
+pub mod rpc;
+pub mod tasks;
+pub mod time;
+
+pub use conn::Connection;
+pub use instance::{
+    Completion, CompletionError, ConnLimits, Effect, Instance, InstanceConfig, ListenerInfo,
+    ListenerKind,
+};
+pub use time::Now;

@@ -1,0 +1,429 @@
+//! The task model: records, lifecycle rules, history bounds, listing order and page tokens.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+use crate::a2a::types::{Artifact, Message, Role, Task, TaskState, TaskStatus};
+use crate::auth::Principal;
+use crate::time::rfc3339_ms;
+
+/// Bounds on what one task keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskLimits {
+    /// Messages kept in a task's history; the oldest are dropped past it.
+    pub history_messages: usize,
+    /// Serialized bytes of history kept; the oldest are dropped past it.
+    pub history_bytes: usize,
+    /// Tasks the in-memory store holds. Past it the oldest terminal task is evicted; when
+    /// none is terminal, new tasks are refused.
+    pub max_tasks: usize,
+    /// Artifacts one task may hold.
+    pub max_artifacts: usize,
+}
+
+impl TaskLimits {
+    pub const DEFAULT: TaskLimits = TaskLimits {
+        history_messages: 64,
+        history_bytes: 256 * 1024,
+        max_tasks: 100_000,
+        max_artifacts: 64,
+    };
+}
+
+/// Everything the instance knows about one task.
+#[derive(Clone, Debug)]
+pub struct TaskRecord {
+    pub id: String,
+    pub context_id: String,
+    pub owner: Principal,
+    pub state: TaskState,
+    pub status_message: Option<Message>,
+    /// Epoch milliseconds of the current status.
+    pub status_ms: u64,
+    pub created_ms: u64,
+    history: VecDeque<(Message, usize)>,
+    history_bytes: usize,
+    pub artifacts: Vec<Artifact>,
+    /// How many agent status messages this task has had; names the next one.
+    status_count: u64,
+    /// Every state the task has been in, oldest first, with when it entered it.
+    pub status_history: Vec<(TaskState, u64)>,
+}
+
+impl TaskRecord {
+    /// The task as the wire shows it. `history_length`: `None` all, `Some(n)` the newest n.
+    pub fn to_task(&self, history_length: Option<usize>, include_artifacts: bool) -> Task {
+        let keep = history_length.unwrap_or(usize::MAX).min(self.history.len());
+        Task {
+            artifacts: if include_artifacts {
+                self.artifacts.clone()
+            } else {
+                Vec::new()
+            },
+            context_id: self.context_id.clone(),
+            history: self
+                .history
+                .iter()
+                .skip(self.history.len() - keep)
+                .map(|(m, _)| m.clone())
+                .collect(),
+            id: self.id.clone(),
+            metadata: None,
+            status: self.status(),
+        }
+    }
+
+    pub fn status(&self) -> TaskStatus {
+        TaskStatus {
+            message: self.status_message.clone(),
+            state: self.state,
+            timestamp: rfc3339_ms(self.status_ms),
+        }
+    }
+
+    pub fn history_len(&self) -> usize {
+        self.history.len()
+    }
+
+    fn push_history(&mut self, message: Message, limits: &TaskLimits) {
+        let size = serde_json::to_vec(&message).map(|v| v.len()).unwrap_or(0);
+        self.history.push_back((message, size));
+        self.history_bytes += size;
+        while self.history.len() > limits.history_messages
+            || (self.history_bytes > limits.history_bytes && self.history.len() > 1)
+        {
+            if let Some((_, s)) = self.history.pop_front() {
+                self.history_bytes -= s;
+            }
+        }
+    }
+
+    /// An agent message about this task, with its ids filled in.
+    fn agent_message(&mut self, parts: Vec<crate::a2a::types::Part>) -> Message {
+        self.status_count += 1;
+        Message {
+            context_id: self.context_id.clone(),
+            message_id: format!("{}.status.{}", self.id, self.status_count),
+            parts,
+            role: Role::Agent,
+            task_id: self.id.clone(),
+            ..Message::default()
+        }
+    }
+}
+
+/// Why the store refused a change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreError {
+    NotFound,
+    Terminal(TaskState),
+    Full,
+    TooManyArtifacts,
+}
+
+/// The in-memory task store, with the order ListTasks pages through.
+#[derive(Debug)]
+pub struct TaskStore {
+    limits: TaskLimits,
+    tasks: HashMap<String, TaskRecord>,
+    /// (status time, id) of every task: newest last.
+    order: BTreeSet<(u64, String)>,
+    /// (created time, id) of terminal tasks: the eviction order.
+    terminal: BTreeSet<(u64, String)>,
+}
+
+impl TaskStore {
+    pub fn new(limits: TaskLimits) -> Self {
+        TaskStore {
+            limits,
+            tasks: HashMap::new(),
+            order: BTreeSet::new(),
+            terminal: BTreeSet::new(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    pub fn get(&self, id: &str) -> Option<&TaskRecord> {
+        self.tasks.get(id)
+    }
+
+    /// A task `principal` may see.
+    pub fn visible(&self, id: &str, principal: &Principal) -> Option<&TaskRecord> {
+        self.tasks.get(id).filter(|t| principal.may_see(&t.owner))
+    }
+
+    /// Creates a task in SUBMITTED holding the client's first message.
+    pub fn create(
+        &mut self,
+        id: String,
+        context_id: String,
+        owner: Principal,
+        mut first: Message,
+        now_ms: u64,
+    ) -> Result<&TaskRecord, StoreError> {
+        if self.tasks.len() >= self.limits.max_tasks {
+            let oldest = self
+                .terminal
+                .iter()
+                .next()
+                .cloned()
+                .ok_or(StoreError::Full)?;
+            self.remove(&oldest.1);
+        }
+        first.task_id = id.clone();
+        first.context_id = context_id.clone();
+        let mut rec = TaskRecord {
+            id: id.clone(),
+            context_id,
+            owner,
+            state: TaskState::Submitted,
+            status_message: None,
+            status_ms: now_ms,
+            created_ms: now_ms,
+            history: VecDeque::new(),
+            history_bytes: 0,
+            artifacts: Vec::new(),
+            status_count: 0,
+            status_history: vec![(TaskState::Submitted, now_ms)],
+        };
+        rec.push_history(first, &self.limits);
+        self.order.insert((now_ms, id.clone()));
+        Ok(self.tasks.entry(id).or_insert(rec))
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some(t) = self.tasks.remove(id) {
+            self.order.remove(&(t.status_ms, t.id.clone()));
+            self.terminal.remove(&(t.created_ms, t.id));
+        }
+    }
+
+    fn live_mut(&mut self, id: &str) -> Result<&mut TaskRecord, StoreError> {
+        let t = self.tasks.get_mut(id).ok_or(StoreError::NotFound)?;
+        if t.state.is_terminal() {
+            return Err(StoreError::Terminal(t.state));
+        }
+        Ok(t)
+    }
+
+    /// Appends a client message to a live task.
+    pub fn append_message(&mut self, id: &str, mut message: Message) -> Result<(), StoreError> {
+        let limits = self.limits;
+        let t = self.live_mut(id)?;
+        message.task_id = t.id.clone();
+        message.context_id = t.context_id.clone();
+        // The agent's question came before this answer: keep the history in that order.
+        if let Some(prev) = t.status_message.take() {
+            t.push_history(prev, &limits);
+        }
+        t.push_history(message, &limits);
+        Ok(())
+    }
+
+    /// Moves a live task to `state`. An agent status message (from `parts`) replaces the
+    /// current one, which moves into history.
+    pub fn set_status(
+        &mut self,
+        id: &str,
+        state: TaskState,
+        parts: Option<Vec<crate::a2a::types::Part>>,
+        now_ms: u64,
+    ) -> Result<&TaskRecord, StoreError> {
+        let limits = self.limits;
+        let t = self.live_mut(id)?;
+        let old_key = (t.status_ms, t.id.clone());
+        if let Some(prev) = t.status_message.take() {
+            t.push_history(prev, &limits);
+        }
+        t.status_message = parts.map(|p| t.agent_message(p));
+        t.state = state;
+        // Status times never go backwards, so the listing order stays a total order.
+        t.status_ms = now_ms.max(t.status_ms);
+        t.status_history.push((state, t.status_ms));
+        let new_key = (t.status_ms, t.id.clone());
+        let terminal_key = state.is_terminal().then(|| (t.created_ms, t.id.clone()));
+        self.order.remove(&old_key);
+        self.order.insert(new_key);
+        if let Some(k) = terminal_key {
+            self.terminal.insert(k);
+        }
+        Ok(&self.tasks[id])
+    }
+
+    /// Adds or extends an artifact of a live task.
+    pub fn put_artifact(
+        &mut self,
+        id: &str,
+        artifact: Artifact,
+        append: bool,
+    ) -> Result<(), StoreError> {
+        let max = self.limits.max_artifacts;
+        let t = self.live_mut(id)?;
+        let count = t.artifacts.len();
+        match t
+            .artifacts
+            .iter_mut()
+            .find(|a| a.artifact_id == artifact.artifact_id)
+        {
+            Some(existing) if append => existing.parts.extend(artifact.parts),
+            Some(existing) => *existing = artifact,
+            None if count >= max => return Err(StoreError::TooManyArtifacts),
+            None => t.artifacts.push(artifact),
+        }
+        Ok(())
+    }
+
+    /// Tasks newest first, starting strictly after `after` (a page token's position).
+    pub fn newest_first<'a>(
+        &'a self,
+        after: Option<&'a (u64, String)>,
+    ) -> impl Iterator<Item = &'a TaskRecord> + 'a {
+        let upper = match after {
+            Some(k) => std::ops::Bound::Excluded(k.clone()),
+            None => std::ops::Bound::Unbounded,
+        };
+        self.order
+            .range((std::ops::Bound::Unbounded, upper))
+            .rev()
+            .filter_map(|(_, id)| self.tasks.get(id))
+    }
+}
+
+/// A ListTasks page token: the position of the last task of the previous page. Opaque to
+/// clients; a token this server could not have issued is refused.
+pub fn encode_page_token(status_ms: u64, id: &str) -> String {
+    crate::ids::hex(format!("{status_ms}.{id}").as_bytes())
+}
+
+pub fn decode_page_token(token: &str) -> Option<(u64, String)> {
+    if token.len() % 2 != 0 || token.len() > 512 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..token.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(token.get(i..i + 2)?, 16).ok())
+        .collect();
+    let text = String::from_utf8(bytes?).ok()?;
+    let (ms, id) = text.split_once('.')?;
+    if id.is_empty() || !ms.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((ms.parse().ok()?, id.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::a2a::types::Part;
+
+    fn msg(id: &str) -> Message {
+        Message {
+            message_id: id.into(),
+            role: Role::User,
+            parts: vec![Part::text("hi")],
+            ..Message::default()
+        }
+    }
+
+    #[test]
+    fn lifecycle_and_history() {
+        let mut s = TaskStore::new(TaskLimits {
+            history_messages: 3,
+            ..TaskLimits::DEFAULT
+        });
+        s.create("t".into(), "c".into(), Principal::operator(), msg("m0"), 10)
+            .unwrap();
+        s.set_status(
+            "t",
+            TaskState::InputRequired,
+            Some(vec![Part::text("?")]),
+            11,
+        )
+        .unwrap();
+        s.append_message("t", msg("m1")).unwrap();
+        s.set_status("t", TaskState::Working, None, 12).unwrap();
+        let t = s
+            .set_status(
+                "t",
+                TaskState::Completed,
+                Some(vec![Part::text("done")]),
+                13,
+            )
+            .unwrap();
+        let task = t.to_task(None, false);
+        let ids: Vec<_> = task.history.iter().map(|m| m.message_id.as_str()).collect();
+        assert_eq!(ids, ["m0", "t.status.1", "m1"]);
+        assert_eq!(task.status.message.unwrap().message_id, "t.status.2");
+        assert_eq!(t.to_task(Some(1), false).history.len(), 1);
+        assert!(t.to_task(Some(0), false).history.is_empty());
+        assert_eq!(
+            s.set_status("t", TaskState::Working, None, 14).unwrap_err(),
+            StoreError::Terminal(TaskState::Completed)
+        );
+        assert_eq!(
+            s.append_message("t", msg("x")).unwrap_err(),
+            StoreError::Terminal(TaskState::Completed)
+        );
+        // History bound: m0 is dropped when a fourth message would be kept.
+        let mut s = TaskStore::new(TaskLimits {
+            history_messages: 2,
+            ..TaskLimits::DEFAULT
+        });
+        s.create("t".into(), "c".into(), Principal::operator(), msg("a"), 1)
+            .unwrap();
+        s.append_message("t", msg("b")).unwrap();
+        s.append_message("t", msg("c")).unwrap();
+        let ids: Vec<_> = s
+            .get("t")
+            .unwrap()
+            .to_task(None, false)
+            .history
+            .into_iter()
+            .map(|m| m.message_id)
+            .collect();
+        assert_eq!(ids, ["b", "c"]);
+    }
+
+    #[test]
+    fn full_store_evicts_the_oldest_terminal_task_or_refuses() {
+        let mut s = TaskStore::new(TaskLimits {
+            max_tasks: 2,
+            ..TaskLimits::DEFAULT
+        });
+        s.create("a".into(), "c".into(), Principal::operator(), msg("1"), 1)
+            .unwrap();
+        s.create("b".into(), "c".into(), Principal::operator(), msg("2"), 2)
+            .unwrap();
+        assert_eq!(
+            s.create("c".into(), "c".into(), Principal::operator(), msg("3"), 3)
+                .unwrap_err(),
+            StoreError::Full
+        );
+        s.set_status("b", TaskState::Rejected, None, 4).unwrap();
+        s.create("c".into(), "c".into(), Principal::operator(), msg("3"), 5)
+            .unwrap();
+        assert!(s.get("b").is_none());
+        assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn page_tokens_round_trip_and_refuse_garbage() {
+        let t = encode_page_token(42, "a.b-c");
+        assert_eq!(decode_page_token(&t), Some((42, "a.b-c".into())));
+        for bad in [
+            "",
+            "zz",
+            "abc",
+            &crate::ids::hex(b"x.y"),
+            &crate::ids::hex(b"12."),
+        ] {
+            assert_eq!(decode_page_token(bad), None, "{bad}");
+        }
+    }
+}

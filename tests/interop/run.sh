@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Runs the A2A SDK interop suite against an agentd binary.
+#
+#   tests/interop/run.sh [--driver std|smol] <path-to-agentd> [-- <pytest args>]
+#
+# Starts the binary on a free loopback port with a throwaway config, waits
+# for its agent card (up to 10 s), runs pytest with AGENTD_URL set, and
+# always stops the daemon. Exits with pytest's status; "no tests ran"
+# (pytest's 5) counts as a failure.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+usage() {
+    echo "usage: $0 [--driver std|smol] <path-to-agentd> [-- <pytest args>]" >&2
+    exit 2
+}
+
+driver=""
+bin=""
+pytest_args=()
+while (($#)); do
+    case "$1" in
+    --driver)
+        (($# >= 2)) || usage
+        driver="$2"
+        shift 2
+        ;;
+    --driver=*)
+        driver="${1#--driver=}"
+        shift
+        ;;
+    --)
+        shift
+        pytest_args=("$@")
+        break
+        ;;
+    -h | --help) usage ;;
+    -*)
+        echo "unknown option: $1" >&2
+        usage
+        ;;
+    *)
+        [[ -z "$bin" ]] || usage
+        bin="$1"
+        shift
+        ;;
+    esac
+done
+[[ -n "$bin" ]] || usage
+case "$driver" in "" | std | smol) ;; *)
+    echo "--driver must be std or smol, not '$driver'" >&2
+    exit 2
+    ;;
+esac
+if [[ "$bin" != */* ]]; then
+    bin="$(command -v -- "$bin" || true)"
+fi
+[[ -n "$bin" && -x "$bin" ]] || {
+    echo "not an executable: ${bin:-$1}" >&2
+    exit 2
+}
+bin="$(cd "$(dirname -- "$bin")" && pwd)/$(basename -- "$bin")"
+
+venv="$("$here/setup.sh")"
+py="$venv/bin/python"
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/agentd-interop.XXXXXX")"
+daemon_pid=""
+cleanup() {
+    local status=$?
+    if [[ -n "$daemon_pid" ]] && kill -0 "$daemon_pid" 2>/dev/null; then
+        kill -TERM "$daemon_pid" 2>/dev/null || true
+        for _ in $(seq 1 50); do
+            kill -0 "$daemon_pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$daemon_pid" 2>/dev/null || true
+        wait "$daemon_pid" 2>/dev/null || true
+    fi
+    rm -rf -- "$work"
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+show_log() {
+    echo "---- agentd output (last 50 lines) ----" >&2
+    tail -n 50 "$work/agentd.log" >&2 || true
+    echo "---------------------------------------" >&2
+}
+
+# A free port: bind 0, read it back, release it. Another process could take
+# it before agentd binds; agentd then exits and we say so below.
+port="$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+url="http://127.0.0.1:$port/"
+printf 'listen = ["tcp://127.0.0.1:%s"]\n' "$port" >"$work/agentd.toml"
+
+cmd=("$bin")
+[[ -z "$driver" ]] || cmd+=(--driver "$driver")
+cmd+=(--config "$work/agentd.toml")
+echo "interop: starting ${cmd[*]}" >&2
+"${cmd[@]}" >"$work/agentd.log" 2>&1 </dev/null &
+daemon_pid=$!
+
+# Readiness is the card answering 200, whatever the daemon prints.
+ready=""
+for _ in $(seq 1 100); do
+    if ! kill -0 "$daemon_pid" 2>/dev/null; then
+        echo "interop: agentd exited before it served its card" >&2
+        show_log
+        exit 1
+    fi
+    if "$py" - "$url" <<'EOF' 2>/dev/null; then
+import sys, urllib.request
+with urllib.request.urlopen(sys.argv[1] + ".well-known/agent-card.json", timeout=1) as r:
+    sys.exit(0 if r.status == 200 else 1)
+EOF
+        ready=1
+        break
+    fi
+    sleep 0.1
+done
+if [[ -z "$ready" ]]; then
+    echo "interop: agentd did not serve its card at $url within 10 s" >&2
+    show_log
+    exit 1
+fi
+echo "interop: agentd is up at $url" >&2
+
+set +e
+AGENTD_URL="$url" PYTHONDONTWRITEBYTECODE=1 \
+    "$py" -m pytest -c "$here/pytest.ini" --rootdir "$here" "$here" "${pytest_args[@]}"
+status=$?
+set -e
+
+if ((status == 5)); then
+    echo "interop: pytest collected no tests; counting that as a failure" >&2
+    status=1
+fi
+if ((status != 0)); then
+    show_log
+fi
+exit "$status"
