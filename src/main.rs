@@ -1,1 +1,162 @@
-fn main() {}
+//! `agentd`: the daemon. Wires the configuration, the sans-io core, a driver and the
+//! runtime together.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use agentd_core::Instance;
+use agentd_io_std::{BoundListener, Clock, OsEntropy};
+
+mod config;
+mod runtime;
+
+const HELP: &str = "\
+agentd — an A2A 1.0 agent daemon
+
+Usage: agentd [--config FILE] [--driver smol|std]
+
+With no configuration it serves http://127.0.0.1:8420/ (loopback; local callers are the
+operator).
+
+Options:
+  --config FILE     read the TOML configuration FILE
+  --driver NAME     smol (default: async, small) or std (blocking, a thread per connection)
+  -h, --help        print this help
+  -V, --version     print the version
+
+Environment:
+  AGENTD_LOG        log level: error, warn, info (default), debug or trace
+";
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Driver {
+    Smol,
+    Std,
+}
+
+struct Args {
+    config: Option<PathBuf>,
+    driver: Driver,
+}
+
+fn parse_args() -> Result<Option<Args>, String> {
+    let mut args = Args {
+        config: None,
+        driver: Driver::Smol,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "-h" | "--help" => {
+                print!("{HELP}");
+                return Ok(None);
+            }
+            "-V" | "--version" => {
+                println!("agentd {}", env!("CARGO_PKG_VERSION"));
+                return Ok(None);
+            }
+            "--config" => {
+                let v = it.next().ok_or("--config needs a file")?;
+                args.config = Some(PathBuf::from(v));
+            }
+            "--driver" => {
+                args.driver = match it.next().as_deref() {
+                    Some("smol") => Driver::Smol,
+                    Some("std") => Driver::Std,
+                    other => return Err(format!("--driver takes smol or std, not {other:?}")),
+                }
+            }
+            other => return Err(format!("unknown argument {other:?}; see agentd --help")),
+        }
+    }
+    Ok(Some(args))
+}
+
+fn init_logging() {
+    let level = match std::env::var("AGENTD_LOG").as_deref() {
+        Ok("error") => tracing::Level::ERROR,
+        Ok("warn") => tracing::Level::WARN,
+        Ok("debug") => tracing::Level::DEBUG,
+        Ok("trace") => tracing::Level::TRACE,
+        _ => tracing::Level::INFO,
+    };
+    tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let config = match &args.config {
+        Some(path) => config::Config::load(path)?,
+        None => config::Config::default(),
+    };
+    let endpoints = config.endpoints()?;
+    let mut listeners = Vec::with_capacity(endpoints.len());
+    for ep in &endpoints {
+        listeners.push(BoundListener::bind(ep).map_err(|e| format!("cannot listen on {ep}: {e}"))?);
+    }
+    let infos = listeners
+        .iter()
+        .map(BoundListener::info)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("listener address: {e}"))?;
+    let instance_config = config.instance_config(infos.clone())?;
+    let clock = Clock::new();
+    let instance = Arc::new(Mutex::new(Instance::new(
+        instance_config,
+        Box::new(OsEntropy),
+        clock.now(),
+    )));
+    runtime::spawn(instance.clone(), clock).map_err(|e| format!("runtime thread: {e}"))?;
+    let max_connections = config.limits.max_connections;
+    let wait: Box<dyn FnOnce()> = match args.driver {
+        Driver::Smol => {
+            let mut opts = agentd_io_smol::DriverOptions::default();
+            if let Some(n) = max_connections {
+                opts.max_connections = n;
+            }
+            let h = agentd_io_smol::serve(instance, listeners, opts, clock)
+                .map_err(|e| e.to_string())?;
+            Box::new(move || h.wait())
+        }
+        Driver::Std => {
+            let mut opts = agentd_io_std::DriverOptions::default();
+            if let Some(n) = max_connections {
+                opts.max_connections = n;
+            }
+            let h = agentd_io_std::serve(instance, listeners, opts, clock)
+                .map_err(|e| e.to_string())?;
+            Box::new(move || h.wait())
+        }
+    };
+    for info in &infos {
+        tracing::info!(url = %info.url, driver = ?args.driver, "listening");
+        // One machine-readable line per listener, for scripts and tests (port 0 binds any).
+        println!("listening {}", info.url);
+    }
+    wait();
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(Some(a)) => a,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("agentd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("agentd: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

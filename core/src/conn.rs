@@ -326,7 +326,7 @@ impl Connection {
     /// Reads and answers buffered requests. True when it moved to another state.
     fn read_requests(&mut self, inst: &mut Instance, now: Now) -> bool {
         while !self.closing && self.backlog() < self.limits.max_output_bytes {
-            let event = match self.parser.next() {
+            let event = match self.parser.next_event() {
                 Ok(Some(e)) => e,
                 Ok(None) => return false,
                 Err(e) => {

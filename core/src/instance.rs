@@ -106,7 +106,7 @@ pub enum Effect {
     Turn {
         task_id: String,
         context_id: String,
-        message: Message,
+        message: Box<Message>,
         owner: Principal,
     },
     /// The task was canceled: stop working on it. Completions for it are refused from now.

@@ -43,7 +43,7 @@ pub enum Reply {
     /// A stream: `first` now, then the events of `sub`.
     Stream {
         sub: SubId,
-        first: StreamResponse,
+        first: Box<StreamResponse>,
     },
 }
 
@@ -237,7 +237,7 @@ fn send(
         inst.push_effect(Effect::Turn {
             task_id: task_id.clone(),
             context_id,
-            message,
+            message: Box::new(message),
             owner: ctx.principal.clone(),
         });
         task_id
@@ -274,7 +274,7 @@ fn send(
         inst.push_effect(Effect::Turn {
             task_id: task_id.clone(),
             context_id,
-            message,
+            message: Box::new(message),
             owner,
         });
         task_id
@@ -289,7 +289,10 @@ fn send(
     if streaming {
         let first = StreamResponse::Task(snapshot(inst)?);
         let sub = inst.subscribe(&task_id, false);
-        return Ok(Reply::Stream { sub, first });
+        return Ok(Reply::Stream {
+            sub,
+            first: Box::new(first),
+        });
     }
     if config.return_immediately == Some(true) {
         return Ok(serialize(&StreamResponse::Task(snapshot(inst)?)));
@@ -429,5 +432,8 @@ fn subscribe(
     }
     let first = StreamResponse::Task(t.to_task(None, true));
     let sub = inst.subscribe(&req.id, false);
-    Ok(Reply::Stream { sub, first })
+    Ok(Reply::Stream {
+        sub,
+        first: Box::new(first),
+    })
 }

@@ -1,1 +1,301 @@
-pub fn x() {}
+//! agentd-io-smol: the async driver. One small smol executor runs an accept task per
+//! listener and a task per connection; `async-io` timers carry the core's deadlines, and a
+//! channel wakes a connection task when a task it watches changes.
+//!
+//! The operating-system helpers (clock, entropy, listener binding, the peer-uid check) are
+//! shared with the blocking driver, [`agentd_io_std::os`].
+
+#![forbid(unsafe_code)]
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Wake, Waker};
+use std::time::Duration;
+
+use agentd_core::auth::Principal;
+use agentd_core::{Connection, Instance};
+use agentd_io_std::os::{unix_peer_allowed, BoundListener, Clock};
+use async_io::{Async, Timer};
+use futures_lite::{future, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+pub use agentd_io_std::os;
+
+/// How the driver runs.
+#[derive(Clone, Copy, Debug)]
+pub struct DriverOptions {
+    /// Connections served at once; past it a new connection is answered 503 and closed.
+    pub max_connections: usize,
+    /// Bytes read from a socket at a time.
+    pub read_buffer: usize,
+    /// Threads running the executor.
+    pub threads: usize,
+}
+
+impl Default for DriverOptions {
+    fn default() -> Self {
+        DriverOptions {
+            max_connections: 10_000,
+            read_buffer: 16 * 1024,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+/// A running server.
+pub struct ServerHandle {
+    stop: Arc<AtomicBool>,
+    stop_tx: async_channel::Sender<()>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    listeners: Vec<Arc<BoundListener>>,
+}
+
+impl ServerHandle {
+    /// Stops the executor (open connections are dropped) and removes unix socket files.
+    pub fn shutdown(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.stop_tx.close();
+        for t in self.threads {
+            let _ = t.join();
+        }
+        for l in &self.listeners {
+            l.cleanup();
+        }
+    }
+
+    /// Blocks until the executor threads end.
+    pub fn wait(self) {
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Serves `listeners` (their order is the instance's listener order) from `instance`.
+pub fn serve(
+    instance: Arc<Mutex<Instance>>,
+    listeners: Vec<BoundListener>,
+    options: DriverOptions,
+    clock: Clock,
+) -> io::Result<ServerHandle> {
+    let executor = Arc::new(smol::Executor::<'static>::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (stop_tx, stop_rx) = async_channel::bounded::<()>(1);
+    let active = Arc::new(AtomicUsize::new(0));
+    let listeners: Vec<Arc<BoundListener>> = listeners.into_iter().map(Arc::new).collect();
+    for (index, listener) in listeners.iter().enumerate() {
+        let ctx = Ctx {
+            instance: instance.clone(),
+            executor: executor.clone(),
+            active: active.clone(),
+            options,
+            clock,
+            index,
+        };
+        match &**listener {
+            BoundListener::Tcp(l) => {
+                let l = Async::new(l.try_clone()?)?;
+                executor.spawn(ctx.accept_tcp(l)).detach();
+            }
+            BoundListener::Unix { listener: l, .. } => {
+                let l = Async::new(l.try_clone()?)?;
+                executor.spawn(ctx.accept_unix(l)).detach();
+            }
+        }
+    }
+    let mut threads = Vec::new();
+    for i in 0..options.threads.max(1) {
+        let ex = executor.clone();
+        let rx = stop_rx.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("agentd-smol-{i}"))
+                .spawn(move || {
+                    let _ = smol::block_on(ex.run(rx.recv()));
+                })?,
+        );
+    }
+    Ok(ServerHandle {
+        stop,
+        stop_tx,
+        threads,
+        listeners,
+    })
+}
+
+#[derive(Clone)]
+struct Ctx {
+    instance: Arc<Mutex<Instance>>,
+    executor: Arc<smol::Executor<'static>>,
+    active: Arc<AtomicUsize>,
+    options: DriverOptions,
+    clock: Clock,
+    index: usize,
+}
+
+const BUSY: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+
+impl Ctx {
+    fn lock(&self) -> MutexGuard<'_, Instance> {
+        self.instance.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes a connection slot, or answers 503 when none is free.
+    async fn admit<S: AsyncWrite + Unpin>(&self, stream: &mut S) -> bool {
+        if self.active.fetch_add(1, Ordering::SeqCst) >= self.options.max_connections {
+            self.active.fetch_sub(1, Ordering::SeqCst);
+            tracing::warn!("connection limit reached; answering 503");
+            let _ = future::or(stream.write_all(BUSY), async {
+                Timer::after(Duration::from_millis(100)).await;
+                Ok(())
+            })
+            .await;
+            return false;
+        }
+        true
+    }
+
+    async fn accept_tcp(self, listener: Async<std::net::TcpListener>) {
+        loop {
+            let mut stream = match listener.accept().await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    Timer::after(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = stream.get_ref().set_nodelay(true);
+            let ctx = self.clone();
+            self.executor
+                .spawn(async move {
+                    if ctx.admit(&mut stream).await {
+                        ctx.clone().serve(stream).await;
+                        ctx.active.fetch_sub(1, Ordering::SeqCst);
+                    }
+                })
+                .detach();
+        }
+    }
+
+    async fn accept_unix(self, listener: Async<std::os::unix::net::UnixListener>) {
+        loop {
+            let mut stream = match listener.accept().await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    Timer::after(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            // The kernel's word on who the peer is, before any byte is read.
+            match unix_peer_allowed(stream.get_ref()) {
+                Ok((true, _)) => {}
+                Ok((false, uid)) => {
+                    tracing::warn!(
+                        uid,
+                        "unix socket peer refused: not this daemon's uid or root"
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "unix socket peer credentials unreadable");
+                    continue;
+                }
+            }
+            let ctx = self.clone();
+            self.executor
+                .spawn(async move {
+                    if ctx.admit(&mut stream).await {
+                        ctx.clone().serve(stream).await;
+                        ctx.active.fetch_sub(1, Ordering::SeqCst);
+                    }
+                })
+                .detach();
+        }
+    }
+
+    async fn serve<S: AsyncRead + AsyncWrite + Unpin>(self, mut stream: S) {
+        let (wake_tx, wake_rx) = async_channel::bounded::<()>(1);
+        let waker = Waker::from(Arc::new(ChannelWake(wake_tx)));
+        let limits = self.lock().config().conn;
+        let mut conn = Connection::new(
+            self.index,
+            Principal::operator(),
+            limits,
+            waker,
+            self.clock.now(),
+        );
+        let mut buf = vec![0u8; self.options.read_buffer];
+        let write_timeout = Duration::from_millis(limits.write_timeout_ms.max(1));
+        'conn: loop {
+            conn.poll(&mut self.lock(), self.clock.now());
+            while !conn.pending_output().is_empty() {
+                let written = future::or(
+                    async { Some(stream.write(conn.pending_output()).await) },
+                    async {
+                        Timer::after(write_timeout).await;
+                        None
+                    },
+                )
+                .await;
+                match written {
+                    Some(Ok(n)) if n > 0 => conn.consume_output(n, self.clock.now()),
+                    // Gone, or not reading for the whole write timeout.
+                    _ => break 'conn,
+                }
+            }
+            if conn.is_finished() {
+                break;
+            }
+            let deadline = conn.poll_timeout().map(|d| self.clock.instant_at(d));
+            let timer = async {
+                match deadline {
+                    Some(at) => {
+                        Timer::at(at).await;
+                    }
+                    None => future::pending::<()>().await,
+                }
+            };
+            if conn.wants_read() {
+                let read = future::or(async { Some(stream.read(&mut buf).await) }, async {
+                    timer.await;
+                    None
+                })
+                .await;
+                let now = self.clock.now();
+                match read {
+                    Some(Ok(0)) => conn.handle_eof(&mut self.lock(), now),
+                    Some(Ok(n)) => conn.handle_input(&mut self.lock(), &buf[..n], now),
+                    Some(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Some(Err(_)) => break,
+                    None => conn.handle_timeout(&mut self.lock(), now),
+                }
+            } else {
+                let woken = future::or(async { wake_rx.recv().await.is_ok() }, async {
+                    timer.await;
+                    false
+                })
+                .await;
+                if !woken {
+                    conn.handle_timeout(&mut self.lock(), self.clock.now());
+                }
+            }
+        }
+        let _ = stream.close().await;
+        conn.close(&mut self.lock());
+    }
+}
+
+/// Wakes a connection task: a full channel already holds a wake-up, which is enough.
+struct ChannelWake(async_channel::Sender<()>);
+
+impl Wake for ChannelWake {
+    fn wake(self: Arc<Self>) {
+        let _ = self.0.try_send(());
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        let _ = self.0.try_send(());
+    }
+}

@@ -1,1 +1,17 @@
-pub fn x() {}
+//! agentd-io-std: the blocking driver. A thread accepts on each listener; each connection
+//! gets a thread that moves bytes between its socket and the core's [`Connection`], sleeps
+//! on read timeouts taken from `poll_timeout`, and parks while it waits for a task.
+//!
+//! The [`os`] module holds what both drivers need from the operating system: the clock, the
+//! entropy source, listener binding (a unix socket created mode 0600 with no window in which
+//! it is wider) and the peer-uid check.
+
+#![forbid(unsafe_code)]
+
+pub mod os;
+mod server;
+
+pub use os::{BoundListener, Clock, Endpoint, OsEntropy};
+pub use server::{serve, DriverOptions, ServerHandle};
+
+pub use agentd_core::Connection;

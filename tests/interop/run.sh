@@ -104,29 +104,50 @@ echo "interop: starting ${cmd[*]}" >&2
 "${cmd[@]}" >"$work/agentd.log" 2>&1 </dev/null &
 daemon_pid=$!
 
-# Readiness is the card answering 200, whatever the daemon prints.
-ready=""
-for _ in $(seq 1 100); do
-    if ! kill -0 "$daemon_pid" 2>/dev/null; then
-        echo "interop: agentd exited before it served its card" >&2
-        show_log
-        exit 1
-    fi
-    if "$py" - "$url" <<'EOF' 2>/dev/null; then
-import sys, urllib.request
-with urllib.request.urlopen(sys.argv[1] + ".well-known/agent-card.json", timeout=1) as r:
-    sys.exit(0 if r.status == 200 else 1)
+# Readiness is the card answering 200, whatever the daemon prints. One
+# poller with a real 10 s deadline; it also notices the daemon dying (or
+# lingering as a zombie) so a crash is reported at once.
+set +e
+"$py" - "$url" "$daemon_pid" <<'EOF'
+import sys, time, urllib.request
+url, pid = sys.argv[1] + ".well-known/agent-card.json", sys.argv[2]
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
+
+def alive():
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+deadline = time.monotonic() + 10
+while time.monotonic() < deadline:
+    if not alive():
+        sys.exit(3)
+    try:
+        with opener.open(url, timeout=1) as r:
+            if r.status == 200:
+                sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(0.05)
+sys.exit(1)
 EOF
-        ready=1
-        break
-    fi
-    sleep 0.1
-done
-if [[ -z "$ready" ]]; then
+wait_status=$?
+set -e
+case "$wait_status" in
+0) ;;
+3)
+    echo "interop: agentd exited before it served its card" >&2
+    show_log
+    exit 1
+    ;;
+*)
     echo "interop: agentd did not serve its card at $url within 10 s" >&2
     show_log
     exit 1
-fi
+    ;;
+esac
 echo "interop: agentd is up at $url" >&2
 
 set +e

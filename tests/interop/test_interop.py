@@ -40,7 +40,7 @@ import os
 import re
 import uuid
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +55,7 @@ from google.protobuf.message import Message as ProtoMessage
 from google.rpc import error_details_pb2  # noqa: F401 -- registers ErrorInfo/BadRequest for Any
 
 from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
+from a2a.client.transports.jsonrpc import JsonRpcTransport
 from a2a.types import (
     AgentCard,
     CancelTaskRequest,
@@ -349,12 +350,13 @@ class _TeeStream(httpx.AsyncByteStream):
         await self._inner.aclose()
 
 
-class Recorder(httpx.AsyncBaseTransport):
-    """An httpx transport that keeps a copy of every exchange for checking."""
+class _RecordingTransport(httpx.AsyncBaseTransport):
+    """One per httpx client (a client closes its transport); all of them
+    append to their Recorder's shared list."""
 
-    def __init__(self) -> None:
+    def __init__(self, exchanges: list[Exchange]) -> None:
         self._inner = httpx.AsyncHTTPTransport()
-        self.exchanges: list[Exchange] = []
+        self._exchanges = exchanges
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         body = await request.aread()
@@ -367,7 +369,7 @@ class Recorder(httpx.AsyncBaseTransport):
             status=response.status_code,
             headers=response.headers,
         )
-        self.exchanges.append(ex)
+        self._exchanges.append(ex)
         return httpx.Response(
             status_code=response.status_code,
             headers=response.headers,
@@ -379,8 +381,19 @@ class Recorder(httpx.AsyncBaseTransport):
     async def aclose(self) -> None:
         await self._inner.aclose()
 
+
+class Recorder:
+    """Keeps a copy of every HTTP exchange made through its clients."""
+
+    def __init__(self) -> None:
+        self.exchanges: list[Exchange] = []
+
     def http(self, **kwargs: Any) -> httpx.AsyncClient:
-        return httpx.AsyncClient(transport=self, timeout=HTTP_TIMEOUT, **kwargs)
+        # An explicit transport also keeps httpx from routing loopback
+        # traffic through a proxy named in the environment.
+        return httpx.AsyncClient(
+            transport=_RecordingTransport(self.exchanges), timeout=HTTP_TIMEOUT, **kwargs
+        )
 
     def posts(self) -> list[Exchange]:
         return [ex for ex in self.exchanges if ex.method == 'POST']
@@ -472,7 +485,7 @@ def _agentd_url() -> str:
 
 
 @pytest.fixture
-def wire() -> Recorder:
+def wire() -> Iterator[Recorder]:
     """Records this test's HTTP traffic; checks all of it strictly afterwards."""
     recorder = Recorder()
     yield recorder
@@ -481,13 +494,18 @@ def wire() -> Recorder:
 
 @asynccontextmanager
 async def sdk_client(recorder: Recorder, *, streaming: bool) -> AsyncIterator[Client]:
-    """An SDK client built the documented way: resolve the card, then
-    ClientFactory.create(card). It talks to the URL the card advertises."""
+    """An SDK client built as the SDK intends: A2ACardResolver fetches the
+    card, ClientFactory.create(card) picks the interface from it -- so every
+    call goes to the URL agentd advertises, not to AGENTD_URL."""
     async with recorder.http() as http:
         card = await A2ACardResolver(http, AGENTD_URL).get_agent_card()
         # ClientFactory adds `A2A-Version: 1.0` to a caller-supplied client.
         factory = ClientFactory(ClientConfig(streaming=streaming, httpx_client=http))
         client = factory.create(card)
+        # The factory picks the transport from the card's protocolVersion; a
+        # card that slipped to "0.3" would silently get the 0.3 compat
+        # transport (old method names) and test the wrong protocol.
+        assert type(client._transport) is JsonRpcTransport, client._transport
         try:
             yield client
         finally:

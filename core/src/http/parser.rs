@@ -180,7 +180,7 @@ impl RequestParser {
     }
 
     /// The next event, `Ok(None)` when more bytes are needed.
-    pub fn next(&mut self) -> Result<Option<Event>, HttpError> {
+    pub fn next_event(&mut self) -> Result<Option<Event>, HttpError> {
         let r = self.step();
         if r.is_err() {
             self.state = State::Failed;
@@ -562,7 +562,7 @@ mod tests {
 
     fn all_events(p: &mut RequestParser) -> Result<Vec<Event>, HttpError> {
         let mut out = Vec::new();
-        while let Some(e) = p.next()? {
+        while let Some(e) = p.next_event()? {
             out.push(e);
         }
         Ok(out)
@@ -645,7 +645,7 @@ mod tests {
             assert_eq!(err.status, *status, "{}", String::from_utf8_lossy(bytes));
             // Once failed, always failed: nothing after a framing error is trusted.
             p.push(POST);
-            assert!(p.next().is_err());
+            assert!(p.next_event().is_err());
         }
     }
 
@@ -655,7 +655,7 @@ mod tests {
         let mut big = b"GET / HTTP/1.1\r\nHost: x\r\nX: ".to_vec();
         big.resize(20_000, b'a');
         p.push(&big);
-        assert_eq!(p.next().unwrap_err().status, 431);
+        assert_eq!(p.next_event().unwrap_err().status, 431);
 
         let mut p = parser();
         let mut many = b"GET / HTTP/1.1\r\nHost: x\r\n".to_vec();
@@ -664,14 +664,14 @@ mod tests {
         }
         many.extend_from_slice(b"\r\n");
         p.push(&many);
-        assert_eq!(p.next().unwrap_err().status, 431);
+        assert_eq!(p.next_event().unwrap_err().status, 431);
     }
 
     #[test]
     fn keep_alive_and_expect() {
         let mut p = parser();
         p.push(b"POST / HTTP/1.0\r\nContent-Length: 1\r\nExpect: 100-continue\r\n\r\n");
-        let Some(Event::Head(h)) = p.next().unwrap() else {
+        let Some(Event::Head(h)) = p.next_event().unwrap() else {
             panic!()
         };
         assert!(!h.keep_alive);
@@ -680,14 +680,14 @@ mod tests {
 
         let mut p = parser();
         p.push(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Close\r\n\r\n");
-        let Some(Event::Head(h)) = p.next().unwrap() else {
+        let Some(Event::Head(h)) = p.next_event().unwrap() else {
             panic!()
         };
         assert!(!h.keep_alive);
 
         let mut p = parser();
         p.push(b"\r\n\r\nGET http://example/x?y HTTP/1.1\nHost: x\n\n");
-        let Some(Event::Head(h)) = p.next().unwrap() else {
+        let Some(Event::Head(h)) = p.next_event().unwrap() else {
             panic!()
         };
         assert_eq!(h.path, "/x");

@@ -1,0 +1,309 @@
+//! The blocking server: a thread per listener, a thread per connection (bounded).
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Wake, Waker};
+use std::thread;
+use std::time::Duration;
+
+use agentd_core::auth::Principal;
+use agentd_core::{Connection, Instance};
+
+use crate::os::{unix_peer_allowed, BoundListener, Clock};
+
+/// How the driver runs.
+#[derive(Clone, Copy, Debug)]
+pub struct DriverOptions {
+    /// Connections served at once; past it a new connection is answered 503 and closed.
+    pub max_connections: usize,
+    /// Bytes read from a socket at a time.
+    pub read_buffer: usize,
+}
+
+impl Default for DriverOptions {
+    fn default() -> Self {
+        DriverOptions {
+            max_connections: 1024,
+            read_buffer: 16 * 1024,
+        }
+    }
+}
+
+/// A running server; dropping it does not stop it, [`ServerHandle::shutdown`] does.
+pub struct ServerHandle {
+    stop: Arc<AtomicBool>,
+    threads: Vec<thread::JoinHandle<()>>,
+    listeners: Vec<Arc<BoundListener>>,
+}
+
+impl ServerHandle {
+    /// Stops accepting, and removes unix socket files. Open connections end on their own
+    /// deadlines.
+    pub fn shutdown(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for l in &self.listeners {
+            // Wake the accept call so it sees the flag.
+            match &**l {
+                BoundListener::Tcp(t) => {
+                    if let Ok(addr) = t.local_addr() {
+                        let _ = TcpStream::connect(addr);
+                    }
+                }
+                BoundListener::Unix { path, .. } => {
+                    let _ = UnixStream::connect(path);
+                }
+            }
+        }
+        for t in self.threads {
+            let _ = t.join();
+        }
+        for l in &self.listeners {
+            l.cleanup();
+        }
+    }
+
+    /// Blocks until every accept thread ends (never, unless shut down from elsewhere).
+    pub fn wait(self) {
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Serves `listeners` (their order is the instance's listener order) from `instance`.
+pub fn serve(
+    instance: Arc<Mutex<Instance>>,
+    listeners: Vec<BoundListener>,
+    options: DriverOptions,
+    clock: Clock,
+) -> io::Result<ServerHandle> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let active = Arc::new(AtomicUsize::new(0));
+    let listeners: Vec<Arc<BoundListener>> = listeners.into_iter().map(Arc::new).collect();
+    let mut threads = Vec::new();
+    for (index, listener) in listeners.iter().enumerate() {
+        let ctx = AcceptContext {
+            instance: instance.clone(),
+            stop: stop.clone(),
+            active: active.clone(),
+            options,
+            clock,
+            index,
+        };
+        let listener = listener.clone();
+        threads.push(
+            thread::Builder::new()
+                .name(format!("agentd-accept-{index}"))
+                .spawn(move || ctx.accept_loop(&listener))?,
+        );
+    }
+    Ok(ServerHandle {
+        stop,
+        threads,
+        listeners,
+    })
+}
+
+#[derive(Clone)]
+struct AcceptContext {
+    instance: Arc<Mutex<Instance>>,
+    stop: Arc<AtomicBool>,
+    active: Arc<AtomicUsize>,
+    options: DriverOptions,
+    clock: Clock,
+    index: usize,
+}
+
+/// The stream operations the connection loop needs from TCP and unix sockets alike.
+trait Stream: Read + Write + Send + 'static {
+    fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()>;
+    fn set_write_timeout(&self, d: Option<Duration>) -> io::Result<()>;
+}
+
+impl Stream for TcpStream {
+    fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_read_timeout(self, d)
+    }
+    fn set_write_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_write_timeout(self, d)
+    }
+}
+
+impl Stream for UnixStream {
+    fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_read_timeout(self, d)
+    }
+    fn set_write_timeout(&self, d: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_write_timeout(self, d)
+    }
+}
+
+impl AcceptContext {
+    fn accept_loop(&self, listener: &BoundListener) {
+        loop {
+            let accepted = match listener {
+                BoundListener::Tcp(l) => l.accept().map(|(s, _)| Accepted::Tcp(s)),
+                BoundListener::Unix { listener: l, .. } => {
+                    l.accept().map(|(s, _)| Accepted::Unix(s))
+                }
+            };
+            if self.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            let mut accepted = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    // Out of descriptors or similar: back off instead of spinning.
+                    thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            };
+            if self.active.fetch_add(1, Ordering::SeqCst) >= self.options.max_connections {
+                self.active.fetch_sub(1, Ordering::SeqCst);
+                tracing::warn!("connection limit reached; answering 503");
+                accepted.refuse_busy();
+                continue;
+            }
+            let ctx = self.clone();
+            let spawned = thread::Builder::new()
+                .name(format!("agentd-conn-{}", self.index))
+                .spawn(move || {
+                    let active = ctx.active.clone();
+                    match accepted {
+                        Accepted::Tcp(s) => {
+                            let _ = s.set_nodelay(true);
+                            ctx.serve(s)
+                        }
+                        // The kernel's word on who the peer is, before any byte is read.
+                        Accepted::Unix(s) => match unix_peer_allowed(&s) {
+                            Ok((true, _)) => ctx.serve(s),
+                            Ok((false, uid)) => {
+                                tracing::warn!(uid, "unix socket peer refused: not this daemon's uid or root")
+                            }
+                            Err(e) => tracing::warn!(error = %e, "unix socket peer credentials unreadable"),
+                        },
+                    }
+                    active.fetch_sub(1, Ordering::SeqCst);
+                });
+            if spawned.is_err() {
+                self.active.fetch_sub(1, Ordering::SeqCst);
+                tracing::warn!("could not start a connection thread");
+            }
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Instance> {
+        // A panic while holding the lock cannot leave the instance half-changed in a way a
+        // later request would misread more than a crash would; keep serving.
+        self.instance.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn serve<S: Stream>(self, mut stream: S) {
+        let notify = Arc::new(ThreadNotify {
+            thread: thread::current(),
+            woken: AtomicBool::new(false),
+        });
+        let waker = Waker::from(notify.clone());
+        let now = self.clock.now();
+        let limits = self.lock().config().conn;
+        let _ =
+            stream.set_write_timeout(Some(Duration::from_millis(limits.write_timeout_ms.max(1))));
+        let mut conn = Connection::new(self.index, Principal::operator(), limits, waker, now);
+        let mut buf = vec![0u8; self.options.read_buffer];
+        loop {
+            {
+                let now = self.clock.now();
+                conn.poll(&mut self.lock(), now);
+            }
+            if !flush(&mut stream, &mut conn, &self.clock) {
+                break;
+            }
+            if conn.is_finished() {
+                break;
+            }
+            let now = self.clock.now();
+            let deadline = conn.poll_timeout();
+            if conn.wants_read() {
+                let wait = deadline.map(|d| self.clock.until(now, d).max(Duration::from_millis(1)));
+                let _ = stream.set_read_timeout(wait);
+                match stream.read(&mut buf) {
+                    Ok(0) => conn.handle_eof(&mut self.lock(), self.clock.now()),
+                    Ok(n) => conn.handle_input(&mut self.lock(), &buf[..n], self.clock.now()),
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        ) =>
+                    {
+                        conn.handle_timeout(&mut self.lock(), self.clock.now())
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            } else {
+                if !notify.woken.swap(false, Ordering::SeqCst) {
+                    match deadline {
+                        Some(d) => thread::park_timeout(self.clock.until(now, d)),
+                        None => thread::park(),
+                    }
+                    notify.woken.store(false, Ordering::SeqCst);
+                }
+                let now = self.clock.now();
+                if deadline.is_some_and(|d| now.mono_ms >= d) {
+                    conn.handle_timeout(&mut self.lock(), now);
+                }
+            }
+        }
+        conn.close(&mut self.lock());
+    }
+}
+
+/// A connection just accepted.
+enum Accepted {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Accepted {
+    /// Best effort, never blocking the accept loop: the server is at its connection limit.
+    fn refuse_busy(&mut self) {
+        const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+        let _ = match self {
+            Accepted::Tcp(s) => s.set_nonblocking(true).and_then(|_| s.write(BUSY)),
+            Accepted::Unix(s) => s.set_nonblocking(true).and_then(|_| s.write(BUSY)),
+        };
+    }
+}
+
+/// Writes all pending output. False when the peer is gone or stopped reading.
+fn flush<S: Stream>(stream: &mut S, conn: &mut Connection, clock: &Clock) -> bool {
+    while !conn.pending_output().is_empty() {
+        match stream.write(conn.pending_output()) {
+            Ok(0) => return false,
+            Ok(n) => conn.consume_output(n, clock.now()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Wakes a connection thread parked waiting for its task.
+struct ThreadNotify {
+    thread: thread::Thread,
+    woken: AtomicBool,
+}
+
+impl Wake for ThreadNotify {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::SeqCst);
+        self.thread.unpark();
+    }
+}
