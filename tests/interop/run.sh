@@ -3,7 +3,8 @@
 #
 #   tests/interop/run.sh [--driver std|smol] <path-to-agentd> [-- <pytest args>]
 #
-# Starts the binary on a free loopback port with a throwaway config, waits
+# Starts the binary on a free loopback port with a throwaway config
+# (`[a2a] listen = ["tcp://127.0.0.1:PORT"]`), waits
 # for its agent card (up to 10 s), runs pytest with AGENTD_URL set, and
 # always stops the daemon. Exits with pytest's status; "no tests ran"
 # (pytest's 5) counts as a failure.
@@ -95,7 +96,10 @@ show_log() {
 # it before agentd binds; agentd then exits and we say so below.
 port="$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 url="http://127.0.0.1:$port/"
-printf 'listen = ["tcp://127.0.0.1:%s"]\n' "$port" >"$work/agentd.toml"
+# The listener lives in the [a2a] section (src/config.rs; unknown top-level
+# keys are refused). No [agent] section: the suite expects the agentless
+# behaviour (every task REJECTED).
+printf '[a2a]\nlisten = ["tcp://127.0.0.1:%s"]\n' "$port" >"$work/agentd.toml"
 
 cmd=("$bin")
 [[ -z "$driver" ]] || cmd+=(--driver "$driver")

@@ -18,6 +18,11 @@ log() { printf 'interop setup: %s\n' "$*" >&2; }
 
 command -v "$python" >/dev/null 2>&1 || { log "$python not found"; exit 1; }
 
+# cargo test runs the suite for both drivers at once: one builder at a time.
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
+
 # The stamp covers the interpreter too: a venv made by another python3
 # (say after an upgrade) has stale compiled wheels and must be rebuilt.
 want="$(

@@ -1,0 +1,1285 @@
+//! The core driven in memory: every answer and refusal of the HTTP and JSON-RPC layers,
+//! the task lifecycle against a fake host, split and pipelined input, and every deadline
+//! on a fake clock.
+
+mod support;
+
+use agentd_core::a2a::types::{Artifact, Part, TaskState};
+use agentd_core::{Completion, CompletionError, Effect};
+use serde_json::{json, Value};
+use support::*;
+
+fn complete(h: &mut Harness, task_id: &str, state: TaskState, text: Option<&str>) {
+    h.inst
+        .handle_completion(
+            Completion::Status {
+                task_id: task_id.into(),
+                state,
+                message: text.map(|t| vec![Part::text(t)]),
+            },
+            h.now,
+        )
+        .expect("completion accepted");
+}
+
+fn artifact(h: &mut Harness, task_id: &str, id: &str, text: &str, append: bool) {
+    h.inst
+        .handle_completion(
+            Completion::Artifact {
+                task_id: task_id.into(),
+                artifact: Artifact {
+                    artifact_id: id.into(),
+                    description: String::new(),
+                    extensions: vec![],
+                    metadata: None,
+                    name: "out".into(),
+                    parts: vec![Part::text(text)],
+                },
+                append,
+                last_chunk: !append,
+            },
+            h.now,
+        )
+        .expect("artifact accepted");
+}
+
+/// Sends a message with returnImmediately and returns the new task id.
+fn new_task(h: &mut Harness, c: &mut Client, text: &str) -> String {
+    let out = c.feed(
+        h,
+        &call(
+            "SendMessage",
+            1,
+            json!({"message": text_message(text, "m"), "configuration": {"returnImmediately": true}}),
+        ),
+    );
+    let task = one(&out).json()["result"]["task"].clone();
+    assert_eq!(task["status"]["state"], "TASK_STATE_SUBMITTED");
+    let id = h.turn();
+    assert_eq!(task["id"], id.as_str());
+    id
+}
+
+fn rpc_result(h: &mut Harness, c: &mut Client, method: &str, params: Value) -> Value {
+    let r = one(&c.feed(h, &call(method, 9, params)));
+    let j = r.json();
+    assert!(j.get("error").is_none(), "{method} failed: {j}");
+    j["result"].clone()
+}
+
+fn rpc_error(
+    h: &mut Harness,
+    c: &mut Client,
+    method: &str,
+    params: Value,
+    code: i64,
+    reason: Option<&str>,
+) -> Value {
+    let r = one(&c.feed(h, &call(method, 9, params)));
+    assert_rpc_error(&r, code, reason)
+}
+
+// ---------------------------------------------------------------- HTTP layer
+
+#[test]
+fn card_get_head_etag_and_refusals() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let get = one(&c.feed(
+        &mut h,
+        b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n",
+    ));
+    assert_eq!(get.status, 200);
+    assert_eq!(get.header("content-type"), Some("application/json"));
+    assert_eq!(get.header("cache-control"), Some("public, max-age=60"));
+    let card = get.json();
+    assert_eq!(
+        card["supportedInterfaces"],
+        json!([{"protocolBinding":"JSONRPC","protocolVersion":"1.0","url":"http://127.0.0.1:8420/"}])
+    );
+    assert_eq!(
+        card["capabilities"],
+        json!({"extendedAgentCard":false,"pushNotifications":false,"streaming":true})
+    );
+    for key in [
+        "name",
+        "description",
+        "version",
+        "skills",
+        "defaultInputModes",
+        "defaultOutputModes",
+    ] {
+        assert!(card.get(key).is_some(), "card lacks {key}");
+    }
+    let etag = get.header("etag").unwrap().to_owned();
+
+    // HEAD: the GET's headers, its length, and no body.
+    let head = c.feed(
+        &mut h,
+        b"HEAD /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n",
+    );
+    let text = String::from_utf8(head).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(text.ends_with("\r\n\r\n"), "no body after the head: {text}");
+    let length = format!("content-length: {}\r\n", get.body.len());
+    assert!(text.contains(&length), "{text}");
+
+    let cond = format!("GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\nIf-None-Match: \"nope\", W/{etag}\r\n\r\n");
+    let not_modified = one(&c.feed(&mut h, cond.as_bytes()));
+    assert_eq!(not_modified.status, 304);
+    assert_eq!(not_modified.header("etag"), Some(etag.as_str()));
+
+    let post = one(&c.feed(
+        &mut h,
+        b"POST /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+    ));
+    assert_eq!(
+        (post.status, post.header("allow")),
+        (405, Some("GET, HEAD, OPTIONS"))
+    );
+    assert!(
+        !c.conn.is_finished(),
+        "a bodiless refusal keeps the connection"
+    );
+
+    // The old pre-1.0 card name is not served.
+    let old = one(&c.feed(
+        &mut h,
+        b"GET /.well-known/agent.json HTTP/1.1\r\nHost: x\r\n\r\n",
+    ));
+    assert_eq!(old.status, 404);
+}
+
+#[test]
+fn unix_listener_card_names_the_binding() {
+    let mut h = Harness::new();
+    let mut c = h.conn_on(1);
+    let card = one(&c.feed(
+        &mut h,
+        b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n",
+    ))
+    .json();
+    assert_eq!(
+        card["supportedInterfaces"],
+        json!([{"protocolBinding":"https://agentd.dev/a2a/binding/jsonrpc-unix","protocolVersion":"1.0","url":"unix:///run/a.sock"}])
+    );
+}
+
+#[test]
+fn route_refusals_have_their_statuses() {
+    let cases: &[(&[u8], u16, Option<&str>, bool)] = &[
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 405, Some("POST, OPTIONS"), false),
+        (b"PUT / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 405, Some("POST, OPTIONS"), true),
+        (b"GET /rpc HTTP/1.1\r\nHost: x\r\n\r\n", 404, None, false),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\n{}", 415, None, true),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 415, None, true),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/jsonx\r\nContent-Length: 0\r\n\r\n", 415, None, false),
+        (b"OPTIONS / HTTP/1.1\r\nHost: x\r\n\r\n", 204, Some("POST, OPTIONS"), false),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", 400, None, true),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1x\r\n\r\n", 400, None, true),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 9999999\r\n\r\n", 413, None, true),
+        (b"POST / HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 0\r\n\r\n", 400, None, true),
+        (b"GARBAGE\r\n\r\n", 400, None, true),
+    ];
+    for (req, status, allow, closes) in cases {
+        let mut h = Harness::new();
+        let mut c = h.conn();
+        let r = one(&c.feed(&mut h, req));
+        let what = String::from_utf8_lossy(req);
+        assert_eq!(r.status, *status, "{what}");
+        assert_eq!(r.header("allow"), *allow, "{what}");
+        assert_eq!(c.conn.is_finished(), *closes, "closes after {what}");
+        if *closes {
+            assert_eq!(r.header("connection"), Some("close"), "{what}");
+            // Nothing after the refusal is read.
+            assert!(c
+                .feed(
+                    &mut h,
+                    b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n"
+                )
+                .is_empty());
+        }
+    }
+}
+
+#[test]
+fn header_block_and_count_limits_answer_431() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let mut req = b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: ".to_vec();
+    req.resize(17 * 1024, b'a');
+    let r = one(&c.feed(&mut h, &req));
+    assert_eq!(r.status, 431);
+    assert!(c.conn.is_finished());
+
+    let mut h = Harness::with(|cfg| cfg.conn.http.max_headers = 4);
+    let mut c = h.conn();
+    let r = one(&c.feed(
+        &mut h,
+        b"GET / HTTP/1.1\r\nHost: x\r\nA: 1\r\nB: 1\r\nC: 1\r\nD: 1\r\n\r\n",
+    ));
+    assert_eq!(r.status, 431);
+}
+
+#[test]
+fn body_limit_counts_decoded_chunked_bytes() {
+    let mut h = Harness::with(|cfg| cfg.conn.http.max_body_bytes = 10);
+    let mut c = h.conn();
+    let r = one(&c.feed(
+        &mut h,
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n8\r\n12345678\r\n8\r\n12345678\r\n",
+    ));
+    assert_eq!(r.status, 413);
+    assert!(c.conn.is_finished());
+}
+
+#[test]
+fn chunked_request_body_is_answered() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let body = r#"{"jsonrpc":"2.0","id":"c","method":"GetTask","params":{"id":"nope"}}"#;
+    let (a, b) = body.split_at(20);
+    let req = format!(
+        "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nA2A-Version: 1.0\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
+        a.len(),
+        b.len()
+    );
+    let j = assert_rpc_error(
+        &one(&c.feed(&mut h, req.as_bytes())),
+        -32001,
+        Some("TASK_NOT_FOUND"),
+    );
+    assert_eq!(j["id"], "c");
+}
+
+#[test]
+fn expect_continue_is_answered_before_the_body() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"id":"x"}}"#;
+    let head = format!(
+        "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nA2A-Version: 1.0\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    assert_eq!(
+        c.feed(&mut h, head.as_bytes()),
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+    );
+    assert_rpc_error(&one(&c.feed(&mut h, body.as_bytes())), -32001, None);
+
+    // A request refused from its head gets no 100: the final answer, and the body unread.
+    let mut c = h.conn();
+    let r = one(&c.feed(&mut h, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n"));
+    assert_eq!(r.status, 415);
+    assert!(c.conn.is_finished());
+}
+
+#[test]
+fn http10_keep_alive_and_connection_close() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let r = one(&c.feed(&mut h, b"GET /.well-known/agent-card.json HTTP/1.0\r\n\r\n"));
+    assert_eq!(r.header("connection"), Some("close"));
+    assert!(c.conn.is_finished());
+
+    let mut c = h.conn();
+    let r = one(&c.feed(
+        &mut h,
+        b"GET /.well-known/agent-card.json HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+    ));
+    assert_eq!(r.header("connection"), Some("keep-alive"));
+    assert!(!c.conn.is_finished());
+
+    let mut c = h.conn();
+    let r = one(&c.feed(
+        &mut h,
+        b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    ));
+    assert_eq!(r.header("connection"), Some("close"));
+    assert!(c.conn.is_finished());
+}
+
+// ---------------------------------------------------------------- JSON-RPC layer
+
+#[test]
+fn envelope_and_version_refusals() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let cases: &[(&str, i64, &str)] = &[
+        ("{", -32700, "null"),
+        ("", -32700, "null"),
+        (
+            r#"[{"jsonrpc":"2.0","id":1,"method":"GetTask"}]"#,
+            -32600,
+            "null",
+        ),
+        (r#"{"jsonrpc":"2.0","method":"GetTask"}"#, -32600, "null"),
+        (
+            r#"{"jsonrpc":"2.0","id":null,"method":"GetTask"}"#,
+            -32600,
+            "null",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":[1],"method":"GetTask"}"#,
+            -32600,
+            "null",
+        ),
+        (r#"{"id":5,"method":"GetTask"}"#, -32600, "5"),
+        (r#"{"jsonrpc":"2.0","id":"a","method":1}"#, -32600, "\"a\""),
+        (
+            r#"{"jsonrpc":"2.0","id":5,"method":"GetTask","params":"x"}"#,
+            -32602,
+            "5",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":5,"method":"message/send","params":{}}"#,
+            -32601,
+            "5",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":5,"method":"sendMessage","params":{}}"#,
+            -32601,
+            "5",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":5,"method":"SubscribeToEvents","params":{}}"#,
+            -32601,
+            "5",
+        ),
+    ];
+    for (body, code, id) in cases {
+        let r = one(&c.feed(&mut h, &rpc(body)));
+        let j = assert_rpc_error(&r, *code, None);
+        assert_eq!(j["id"].to_string(), *id, "{body}");
+        assert_eq!(r.header("content-type"), Some("application/json"));
+    }
+    let j = rpc_error(
+        &mut h,
+        &mut c,
+        "agentd.events/SubscribeToEvents",
+        json!({"fromSeq":0}),
+        -32601,
+        Some("EXTENSION_NOT_DECLARED"),
+    );
+    assert_eq!(j["error"]["data"][0]["domain"], "agentd.dev");
+
+    // A2A-Version: missing, empty, 0.3 and 1.1 are refused; 1.0.x is served.
+    let body = r#"{"jsonrpc":"2.0","id":7,"method":"GetTask","params":{"id":"x"}}"#;
+    for version in [None, Some(""), Some("0.3"), Some("1.1"), Some("2.0")] {
+        let header = version
+            .map(|v| format!("A2A-Version: {v}\r\n"))
+            .unwrap_or_default();
+        let req = format!(
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{header}Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let j = assert_rpc_error(
+            &one(&c.feed(&mut h, req.as_bytes())),
+            -32009,
+            Some("VERSION_NOT_SUPPORTED"),
+        );
+        assert_eq!(j["id"], 7);
+        assert_eq!(j["error"]["data"][0]["domain"], "a2a-protocol.org");
+        assert_eq!(
+            j["error"]["data"][0]["metadata"]["supportedVersions"],
+            "1.0"
+        );
+    }
+    let req = format!(
+        "POST / HTTP/1.1\r\nHost: x\r\ncontent-type: Application/JSON; charset=utf-8\r\na2a-version: 1.0.3\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    assert_rpc_error(
+        &one(&c.feed(&mut h, req.as_bytes())),
+        -32001,
+        Some("TASK_NOT_FOUND"),
+    );
+}
+
+#[test]
+fn ids_are_echoed_byte_for_byte() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    for id in [
+        "0",
+        "-7",
+        "\"\"",
+        "\"x\\u0041\"",
+        "123456789012345678901234567890",
+        "1.50",
+    ] {
+        let body =
+            format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"GetTask","params":{{"id":"x"}}}}"#);
+        let r = one(&c.feed(&mut h, &rpc(&body)));
+        let text = String::from_utf8(r.body).unwrap();
+        assert!(
+            text.contains(&format!(",\"id\":{id},")),
+            "{id} not echoed exactly in {text}"
+        );
+    }
+}
+
+#[test]
+fn params_refusals_name_the_field() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let bad_sends: &[(Value, &str)] = &[
+        (json!({}), "message"),
+        (
+            json!({"message": {"role":"ROLE_USER","parts":[{"text":"a"}]}}),
+            "message.messageId",
+        ),
+        (
+            json!({"message": {"role":"ROLE_AGENT","messageId":"m","parts":[{"text":"a"}]}}),
+            "message.role",
+        ),
+        (
+            json!({"message": {"messageId":"m","parts":[{"text":"a"}]}}),
+            "message.role",
+        ),
+        (
+            json!({"message": {"role":"ROLE_USER","messageId":"m","parts":[]}}),
+            "message.parts",
+        ),
+        (
+            json!({"message": {"role":"ROLE_USER","messageId":"m","parts":[{}]}}),
+            "message.parts[0]",
+        ),
+        (
+            json!({"message": {"role":"ROLE_USER","messageId":"m","parts":[{"text":"a","data":1}]}}),
+            "message.parts[0]",
+        ),
+        (
+            json!({"message": {"role":"user","messageId":"m","parts":[{"text":"a"}]}}),
+            "message.role",
+        ),
+        (
+            json!({"message": text_message("a", "m"), "configuration": {"historyLength": -1}}),
+            "configuration.historyLength",
+        ),
+    ];
+    for (params, field) in bad_sends {
+        let j = rpc_error(&mut h, &mut c, "SendMessage", params.clone(), -32602, None);
+        let details = j["error"]["data"].as_array().expect("details");
+        let bad = details
+            .iter()
+            .find(|d| d["@type"] == "type.googleapis.com/google.rpc.BadRequest")
+            .expect("BadRequest");
+        assert_eq!(bad["fieldViolations"][0]["field"], *field, "{params}");
+    }
+    assert_eq!(h.inst.task_count(), 0, "nothing refused creates a task");
+    assert!(h.take_effects().is_empty(), "nothing refused runs");
+
+    let j = rpc_error(
+        &mut h,
+        &mut c,
+        "SendMessage",
+        json!({"message": {"role":"ROLE_USER","messageId":"m","parts":[{"url":"https://x/y.pdf","mediaType":"application/pdf"}]}}),
+        -32005,
+        Some("CONTENT_TYPE_NOT_SUPPORTED"),
+    );
+    assert!(j["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("application/pdf"));
+    rpc_error(
+        &mut h,
+        &mut c,
+        "SendMessage",
+        json!({"message": text_message("a", "m"), "configuration": {"taskPushNotificationConfig": {"url": "https://x"}}}),
+        -32003,
+        Some("PUSH_NOTIFICATION_NOT_SUPPORTED"),
+    );
+    assert_eq!(h.inst.task_count(), 0);
+    for (method, params) in [
+        ("GetTask", json!({})),
+        ("GetTask", json!({"id": "x", "historyLength": -2})),
+        ("CancelTask", json!({})),
+        ("SubscribeToTask", json!({})),
+        ("ListTasks", json!({"pageSize": 0})),
+        ("ListTasks", json!({"pageSize": 101})),
+        ("ListTasks", json!({"pageToken": "not-a-token"})),
+        ("ListTasks", json!({"statusTimestampAfter": "yesterday"})),
+        ("ListTasks", json!({"status": "TASK_STATE_DONE"})),
+        ("ListTasks", json!({"historyLength": -1})),
+    ] {
+        rpc_error(&mut h, &mut c, method, params, -32602, None);
+    }
+}
+
+#[test]
+fn unsupported_methods_answer_their_codes() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    for method in [
+        "CreateTaskPushNotificationConfig",
+        "GetTaskPushNotificationConfig",
+        "ListTaskPushNotificationConfigs",
+        "DeleteTaskPushNotificationConfig",
+    ] {
+        rpc_error(
+            &mut h,
+            &mut c,
+            method,
+            json!({"taskId": "t", "id": "c", "url": "https://x"}),
+            -32003,
+            Some("PUSH_NOTIFICATION_NOT_SUPPORTED"),
+        );
+    }
+    // GetExtendedAgentCard with params absent, as the spec's example sends it.
+    let r = one(&c.feed(
+        &mut h,
+        &rpc(r#"{"jsonrpc":"2.0","id":3,"method":"GetExtendedAgentCard"}"#),
+    ));
+    assert_rpc_error(&r, -32004, Some("UNSUPPORTED_OPERATION"));
+}
+
+// ---------------------------------------------------------------- lifecycle
+
+#[test]
+fn blocking_send_waits_for_the_host() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let out = c.feed(
+        &mut h,
+        &call(
+            "SendMessage",
+            1,
+            json!({"message": text_message("hi", "m-1")}),
+        ),
+    );
+    assert!(
+        out.is_empty(),
+        "a blocking send answers only once the task settles"
+    );
+    assert!(
+        !c.conn.wants_read(),
+        "no further request is read while one is pending"
+    );
+    let (task_id, context_id, message) = match h.take_effects().as_slice() {
+        [Effect::Turn {
+            task_id,
+            context_id,
+            message,
+            ..
+        }] => (task_id.clone(), context_id.clone(), message.clone()),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(message.task_id, task_id);
+    assert_eq!(message.context_id, context_id);
+    assert!(!context_id.is_empty());
+
+    complete(&mut h, &task_id, TaskState::Working, None);
+    assert!(
+        c.poll(&mut h).is_empty(),
+        "working is not the end of a turn"
+    );
+    artifact(&mut h, &task_id, "a1", "part one", false);
+    artifact(&mut h, &task_id, "a1", " and two", true);
+    let wakes = c.wakes();
+    complete(&mut h, &task_id, TaskState::Completed, Some("done"));
+    assert!(c.wakes() > wakes, "the waiting connection is woken");
+    let task = one(&c.poll(&mut h)).json()["result"]["task"].clone();
+    assert_eq!(task["id"], task_id.as_str());
+    assert_eq!(task["contextId"], context_id.as_str());
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED");
+    assert_eq!(task["status"]["message"]["role"], "ROLE_AGENT");
+    assert_eq!(
+        task["status"]["message"]["messageId"],
+        format!("{task_id}.status.1")
+    );
+    assert_eq!(
+        task["artifacts"][0]["parts"],
+        json!([{"text":"part one"},{"text":" and two"}])
+    );
+    assert_eq!(task["history"][0]["messageId"], "m-1");
+    assert!(c.conn.wants_read(), "back to reading after the answer");
+    assert_eq!(h.inst.subscription_count(), 0);
+
+    // A terminal task never changes again.
+    let err = h
+        .inst
+        .handle_completion(
+            Completion::Status {
+                task_id: task_id.clone(),
+                state: TaskState::Working,
+                message: None,
+            },
+            h.now,
+        )
+        .unwrap_err();
+    assert_eq!(err, CompletionError::TaskTerminal(TaskState::Completed));
+    assert_eq!(
+        h.inst.handle_completion(
+            Completion::Status {
+                task_id: "nope".into(),
+                state: TaskState::Failed,
+                message: None
+            },
+            h.now
+        ),
+        Err(CompletionError::UnknownTask)
+    );
+}
+
+#[test]
+fn input_required_turns_continue_the_task() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    c.feed(
+        &mut h,
+        &call(
+            "SendMessage",
+            1,
+            json!({"message": text_message("deploy?", "m-1")}),
+        ),
+    );
+    let task_id = h.turn();
+    complete(
+        &mut h,
+        &task_id,
+        TaskState::InputRequired,
+        Some("which environment?"),
+    );
+    let task = one(&c.poll(&mut h)).json()["result"]["task"].clone();
+    assert_eq!(task["status"]["state"], "TASK_STATE_INPUT_REQUIRED");
+    let context_id = task["contextId"].as_str().unwrap().to_owned();
+
+    // A contextId that is not the task's is refused, and changes nothing.
+    let mut wrong = text_message("prod", "m-2");
+    wrong["taskId"] = json!(task_id);
+    wrong["contextId"] = json!("other");
+    rpc_error(
+        &mut h,
+        &mut c,
+        "SendMessage",
+        json!({"message": wrong}),
+        -32602,
+        None,
+    );
+    assert!(h.take_effects().is_empty());
+
+    let mut answer = text_message("prod", "m-2");
+    answer["taskId"] = json!(task_id);
+    assert!(c
+        .feed(&mut h, &call("SendMessage", 2, json!({"message": answer})))
+        .is_empty());
+    match h.take_effects().as_slice() {
+        [Effect::Turn {
+            task_id: t,
+            context_id: ctx,
+            message,
+            ..
+        }] => {
+            assert_eq!(t, &task_id);
+            assert_eq!(ctx, &context_id);
+            assert_eq!(message.message_id, "m-2");
+        }
+        other => panic!("{other:?}"),
+    }
+    complete(&mut h, &task_id, TaskState::Completed, Some("deployed"));
+    let task = one(&c.poll(&mut h)).json()["result"]["task"].clone();
+    let ids: Vec<_> = task["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["messageId"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids, ["m-1", format!("{task_id}.status.1").as_str(), "m-2"]);
+
+    // Terminal: refused with -32004, nothing queued.
+    let mut late = text_message("again", "m-3");
+    late["taskId"] = json!(task_id);
+    rpc_error(
+        &mut h,
+        &mut c,
+        "SendMessage",
+        json!({"message": late}),
+        -32004,
+        Some("UNSUPPORTED_OPERATION"),
+    );
+    let mut unknown = text_message("x", "m-4");
+    unknown["taskId"] = json!("no-such-task");
+    rpc_error(
+        &mut h,
+        &mut c,
+        "SendMessage",
+        json!({"message": unknown}),
+        -32001,
+        Some("TASK_NOT_FOUND"),
+    );
+    assert!(h.take_effects().is_empty());
+}
+
+#[test]
+fn a_client_context_id_is_kept_and_history_length_applies() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let mut m = text_message("hi", "m-1");
+    m["contextId"] = json!("my-context");
+    let task = rpc_result(
+        &mut h,
+        &mut c,
+        "SendMessage",
+        json!({"message": m, "configuration": {"returnImmediately": true, "historyLength": 0}}),
+    )["task"]
+        .clone();
+    assert_eq!(task["contextId"], "my-context");
+    assert!(
+        task.get("history").is_none(),
+        "historyLength 0 omits history"
+    );
+    let id = h.turn();
+    let full = rpc_result(&mut h, &mut c, "GetTask", json!({"id": id}));
+    assert_eq!(full["history"].as_array().unwrap().len(), 1);
+    let none = rpc_result(
+        &mut h,
+        &mut c,
+        "GetTask",
+        json!({"id": id, "historyLength": "0"}),
+    );
+    assert!(none.get("history").is_none());
+    rpc_error(
+        &mut h,
+        &mut c,
+        "GetTask",
+        json!({"id": "missing"}),
+        -32001,
+        Some("TASK_NOT_FOUND"),
+    );
+}
+
+#[test]
+fn streaming_send_frames_and_keep_alive() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let out = c.feed(
+        &mut h,
+        &call(
+            "SendStreamingMessage",
+            5,
+            json!({"message": text_message("hi", "m-1")}),
+        ),
+    );
+    let head_end = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&out[..head_end]).to_string();
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    assert!(head.contains("content-type: text/event-stream"), "{head}");
+    assert!(head.contains("transfer-encoding: chunked"), "{head}");
+    let task_id = h.turn();
+    complete(&mut h, &task_id, TaskState::Working, None);
+    artifact(&mut h, &task_id, "a1", "hello", false);
+    complete(&mut h, &task_id, TaskState::Completed, None);
+    let mut all = out.clone();
+    all.extend(c.poll(&mut h));
+    let stream = one(&all);
+    let events = stream.events();
+    let kinds: Vec<String> = events
+        .iter()
+        .map(|e| {
+            assert_eq!(e["id"], 5);
+            assert_eq!(e["jsonrpc"], "2.0");
+            let result = e["result"].as_object().unwrap();
+            assert_eq!(result.len(), 1, "exactly one member per frame: {e}");
+            result.keys().next().unwrap().clone()
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        ["task", "statusUpdate", "artifactUpdate", "statusUpdate"]
+    );
+    assert_eq!(
+        events[0]["result"]["task"]["status"]["state"],
+        "TASK_STATE_SUBMITTED"
+    );
+    assert_eq!(events[2]["result"]["artifactUpdate"]["lastChunk"], true);
+    assert_eq!(
+        events[3]["result"]["statusUpdate"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+    assert_eq!(h.inst.subscription_count(), 0);
+
+    // The same connection takes the next request.
+    let next = one(&c.feed(
+        &mut h,
+        b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n",
+    ));
+    assert_eq!(next.status, 200);
+}
+
+#[test]
+fn streams_end_at_input_required_and_http10_streams_close() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let mut out = c.feed(
+        &mut h,
+        &call(
+            "SendStreamingMessage",
+            1,
+            json!({"message": text_message("hi", "m")}),
+        ),
+    );
+    let t = h.turn();
+    complete(&mut h, &t, TaskState::InputRequired, Some("?"));
+    out.extend(c.poll(&mut h));
+    assert_eq!(one(&out).events().len(), 2);
+    assert!(!c.conn.is_finished());
+
+    let mut c = h.conn();
+    let body = json!({"jsonrpc":"2.0","id":1,"method":"SendStreamingMessage","params":{"message":text_message("hi","m")}}).to_string();
+    let req = format!("POST / HTTP/1.0\r\nContent-Type: application/json\r\nA2A-Version: 1.0\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+    let mut out = c.feed(&mut h, req.as_bytes());
+    let t = h.turn();
+    complete(&mut h, &t, TaskState::Rejected, None);
+    out.extend(c.poll(&mut h));
+    let text = String::from_utf8_lossy(&out);
+    assert!(
+        !text.contains("transfer-encoding"),
+        "HTTP/1.0 has no chunked coding: {text}"
+    );
+    assert_eq!(one(&out).events().len(), 2);
+    assert!(c.conn.is_finished(), "an HTTP/1.0 stream ends by closing");
+}
+
+#[test]
+fn subscribe_cancel_and_many_watchers() {
+    let mut h = Harness::new();
+    let mut a = h.conn();
+    let task_id = new_task(&mut h, &mut a, "work");
+    complete(&mut h, &task_id, TaskState::Working, None);
+
+    let mut s1 = h.conn();
+    let mut s2 = h.conn();
+    let mut o1 = s1.feed(&mut h, &call("SubscribeToTask", 1, json!({"id": task_id})));
+    let mut o2 = s2.feed(&mut h, &call("SubscribeToTask", 2, json!({"id": task_id})));
+    assert_eq!(h.inst.subscription_count(), 2);
+
+    let canceled = rpc_result(&mut h, &mut a, "CancelTask", json!({"id": task_id}));
+    assert_eq!(canceled["status"]["state"], "TASK_STATE_CANCELED");
+    assert_eq!(
+        h.take_effects(),
+        vec![Effect::Cancel {
+            task_id: task_id.clone()
+        }]
+    );
+    o1.extend(s1.poll(&mut h));
+    o2.extend(s2.poll(&mut h));
+    for (out, id) in [(o1, 1), (o2, 2)] {
+        let ev = one(&out).events();
+        assert_eq!(ev.len(), 2, "snapshot then the cancel");
+        assert_eq!(ev[0]["id"], id);
+        assert_eq!(
+            ev[0]["result"]["task"]["status"]["state"],
+            "TASK_STATE_WORKING"
+        );
+        assert_eq!(
+            ev[1]["result"]["statusUpdate"]["status"]["state"],
+            "TASK_STATE_CANCELED"
+        );
+    }
+    assert_eq!(h.inst.subscription_count(), 0);
+
+    // Terminal now: cancel and subscribe are refused as plain JSON; late completions too.
+    let j = rpc_error(
+        &mut h,
+        &mut a,
+        "CancelTask",
+        json!({"id": task_id}),
+        -32002,
+        Some("TASK_NOT_CANCELABLE"),
+    );
+    assert!(j["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("TASK_STATE_CANCELED"));
+    let r = one(&a.feed(&mut h, &call("SubscribeToTask", 3, json!({"id": task_id}))));
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_rpc_error(&r, -32004, Some("UNSUPPORTED_OPERATION"));
+    rpc_error(
+        &mut h,
+        &mut a,
+        "SubscribeToTask",
+        json!({"id": "nope"}),
+        -32001,
+        None,
+    );
+    rpc_error(
+        &mut h,
+        &mut a,
+        "CancelTask",
+        json!({"id": "nope"}),
+        -32001,
+        None,
+    );
+    assert_eq!(
+        h.inst.handle_completion(
+            Completion::Status {
+                task_id: task_id.clone(),
+                state: TaskState::Completed,
+                message: None
+            },
+            h.now
+        ),
+        Err(CompletionError::TaskTerminal(TaskState::Canceled))
+    );
+}
+
+#[test]
+fn list_tasks_filters_and_pages() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let mut ids = Vec::new();
+    for i in 0..7 {
+        h.advance(10);
+        let mut m = text_message("x", &format!("m{i}"));
+        if i % 2 == 0 {
+            m["contextId"] = json!("even");
+        }
+        let task = rpc_result(
+            &mut h,
+            &mut c,
+            "SendMessage",
+            json!({"message": m, "configuration": {"returnImmediately": true}}),
+        );
+        let id = task["task"]["id"].as_str().unwrap().to_owned();
+        h.turn();
+        if i < 3 {
+            complete(&mut h, &id, TaskState::Rejected, None);
+        }
+        ids.push(id);
+    }
+    artifact(&mut h, &ids[6], "a", "out", false);
+
+    let all = rpc_result(&mut h, &mut c, "ListTasks", json!({}));
+    assert_eq!(all["totalSize"], 7);
+    assert_eq!(all["pageSize"], 50);
+    assert_eq!(all["nextPageToken"], "");
+    let listed: Vec<_> = all["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_owned())
+        .collect();
+    let mut newest_first = ids.clone();
+    newest_first.reverse();
+    assert_eq!(listed, newest_first, "newest status first");
+    for t in all["tasks"].as_array().unwrap() {
+        assert!(t.get("artifacts").is_none(), "artifacts only when asked");
+        assert!(
+            t.get("history").is_none(),
+            "history omitted when historyLength is unset"
+        );
+    }
+    let with = rpc_result(
+        &mut h,
+        &mut c,
+        "ListTasks",
+        json!({"includeArtifacts": true, "historyLength": 1}),
+    );
+    assert_eq!(with["tasks"][0]["artifacts"][0]["artifactId"], "a");
+    assert_eq!(with["tasks"][0]["history"].as_array().unwrap().len(), 1);
+
+    // Paging visits each task once, in order.
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = rpc_result(
+            &mut h,
+            &mut c,
+            "ListTasks",
+            json!({"pageSize": 3, "pageToken": token}),
+        );
+        assert_eq!(page["totalSize"], 7);
+        assert_eq!(page["pageSize"], 3);
+        seen.extend(
+            page["tasks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["id"].as_str().unwrap().to_owned()),
+        );
+        token = page["nextPageToken"].as_str().unwrap().to_owned();
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(seen, newest_first);
+
+    let even = rpc_result(&mut h, &mut c, "ListTasks", json!({"contextId": "even"}));
+    assert_eq!(even["totalSize"], 4);
+    let rejected = rpc_result(
+        &mut h,
+        &mut c,
+        "ListTasks",
+        json!({"status": "TASK_STATE_REJECTED"}),
+    );
+    assert_eq!(rejected["totalSize"], 3);
+    let by_number = rpc_result(&mut h, &mut c, "ListTasks", json!({"status": 7}));
+    assert_eq!(by_number["totalSize"], 3);
+    // statusTimestampAfter is inclusive.
+    let fourth = rpc_result(&mut h, &mut c, "GetTask", json!({"id": ids[3]}));
+    let since = fourth["status"]["timestamp"].as_str().unwrap();
+    let recent = rpc_result(
+        &mut h,
+        &mut c,
+        "ListTasks",
+        json!({"statusTimestampAfter": since}),
+    );
+    assert_eq!(
+        recent["totalSize"], 4,
+        "tasks 3..6 have status at or after {since}"
+    );
+    let empty = rpc_result(&mut h, &mut c, "ListTasks", json!({"contextId": "none"}));
+    assert_eq!(
+        empty,
+        json!({"nextPageToken":"","pageSize":50,"tasks":[],"totalSize":0})
+    );
+}
+
+// ---------------------------------------------------------------- input shapes
+
+/// The request of the seed's curl example and a pipelined pair, fed split at every byte:
+/// the answers never depend on how the bytes arrived.
+#[test]
+fn answers_do_not_depend_on_read_boundaries() {
+    let mut req = call("GetTask", 1, json!({"id": "x"}));
+    req.extend_from_slice(b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n");
+    let reference = {
+        let mut h = Harness::new();
+        let mut c = h.conn();
+        c.feed(&mut h, &req)
+    };
+    assert_eq!(parse_all(&reference).len(), 2);
+    for split in 1..req.len() {
+        let mut h = Harness::new();
+        let mut c = h.conn();
+        let mut out = c.feed(&mut h, &req[..split]);
+        out.extend(c.feed(&mut h, &req[split..]));
+        assert_eq!(out, reference, "split at {split}");
+    }
+    // Byte by byte.
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let mut out = Vec::new();
+    for b in &req {
+        out.extend(c.feed(&mut h, std::slice::from_ref(b)));
+    }
+    assert_eq!(out, reference);
+}
+
+#[test]
+fn pipelined_requests_answer_in_order_behind_a_pending_one() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let mut bytes = call("GetTask", 1, json!({"id": "a"}));
+    bytes.extend(call(
+        "SendMessage",
+        2,
+        json!({"message": text_message("hi", "m")}),
+    ));
+    bytes.extend(call("GetTask", 3, json!({"id": "b"})));
+    let out = c.feed(&mut h, &bytes);
+    let first = parse_all(&out);
+    assert_eq!(
+        first.len(),
+        1,
+        "the third request waits behind the blocking send"
+    );
+    assert_eq!(first[0].json()["id"], 1);
+    let t = h.turn();
+    complete(&mut h, &t, TaskState::Rejected, Some("no"));
+    let rest = parse_all(&c.poll(&mut h));
+    let ids: Vec<_> = rest.iter().map(|r| r.json()["id"].clone()).collect();
+    assert_eq!(ids, [json!(2), json!(3)]);
+}
+
+#[test]
+fn output_backlog_stops_reading() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let one_req = b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n";
+    let many: Vec<u8> = one_req
+        .iter()
+        .copied()
+        .cycle()
+        .take(one_req.len() * 2000)
+        .collect();
+    c.conn.handle_input(&mut h.inst, &many, h.now);
+    let backlog = c.conn.pending_output().len();
+    assert!(
+        backlog >= h.config.conn.max_output_bytes,
+        "answers until the backlog bound"
+    );
+    assert!(
+        backlog < h.config.conn.max_output_bytes + 4096,
+        "and no further: {backlog}"
+    );
+    assert!(!c.conn.wants_read());
+    // Writing the backlog lets the rest be answered.
+    let mut total = 0;
+    loop {
+        let out = c.drain(&h);
+        if out.is_empty() {
+            break;
+        }
+        total += parse_all(&out).len();
+        c.conn.poll(&mut h.inst, h.now);
+    }
+    assert_eq!(total, 2000);
+    assert!(c.conn.wants_read());
+}
+
+// ---------------------------------------------------------------- deadlines
+
+#[test]
+fn slow_heads_and_bodies_get_408() {
+    let mut h = Harness::new();
+    let limits = h.config.conn;
+    let mut c = h.conn();
+    assert!(c.feed(&mut h, b"GET / HTTP/1.1\r\nHo").is_empty());
+    let due = c.conn.poll_timeout().expect("a head deadline");
+    assert_eq!(due, h.now.mono_ms + limits.header_timeout_ms);
+    h.advance(limits.header_timeout_ms - 1);
+    assert!(c.timeout(&mut h).is_empty(), "not yet");
+    // Trickling more bytes does not extend the deadline (slowloris).
+    c.feed(&mut h, b"s");
+    h.advance(1);
+    let r = one(&c.timeout(&mut h));
+    assert_eq!(r.status, 408);
+    assert!(c.conn.is_finished());
+
+    let mut c = h.conn();
+    c.feed(&mut h, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n{");
+    assert_eq!(
+        c.conn.poll_timeout(),
+        Some(h.now.mono_ms + limits.body_timeout_ms)
+    );
+    h.advance(limits.body_timeout_ms);
+    assert_eq!(one(&c.timeout(&mut h)).status, 408);
+    assert!(c.conn.is_finished());
+}
+
+#[test]
+fn idle_connections_close_and_blocking_sends_time_out() {
+    let mut h = Harness::new();
+    let limits = h.config.conn;
+    let mut c = h.conn();
+    c.feed(
+        &mut h,
+        b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n",
+    );
+    assert_eq!(
+        c.conn.poll_timeout(),
+        Some(h.now.mono_ms + limits.idle_timeout_ms)
+    );
+    h.advance(limits.idle_timeout_ms);
+    assert!(c.timeout(&mut h).is_empty());
+    assert!(
+        c.conn.is_finished(),
+        "idle keep-alive connection closes silently"
+    );
+
+    let mut c = h.conn();
+    c.feed(
+        &mut h,
+        &call(
+            "SendMessage",
+            1,
+            json!({"message": text_message("hi", "m")}),
+        ),
+    );
+    let t = h.turn();
+    complete(&mut h, &t, TaskState::Working, None);
+    assert!(c.poll(&mut h).is_empty());
+    h.advance(limits.request_timeout_ms);
+    let task = one(&c.timeout(&mut h)).json()["result"]["task"].clone();
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_WORKING",
+        "the task as it stands"
+    );
+    assert_eq!(h.inst.subscription_count(), 0);
+}
+
+#[test]
+fn streams_send_keep_alives_and_a_stalled_reader_is_dropped() {
+    let mut h = Harness::new();
+    let limits = h.config.conn;
+    let mut c = h.conn();
+    let t = new_task(&mut h, &mut c, "x");
+    c.feed(&mut h, &call("SubscribeToTask", 1, json!({"id": t})));
+    h.advance(limits.sse_keepalive_ms);
+    let ka = c.timeout(&mut h);
+    assert!(
+        String::from_utf8_lossy(&ka).contains(": keep-alive\n\n"),
+        "{}",
+        String::from_utf8_lossy(&ka)
+    );
+
+    // A reader that takes nothing for the write timeout is dropped, and its watch released.
+    complete(&mut h, &t, TaskState::Working, None);
+    c.conn.poll(&mut h.inst, h.now);
+    assert!(!c.conn.pending_output().is_empty());
+    h.advance(limits.write_timeout_ms);
+    c.conn.handle_timeout(&mut h.inst, h.now);
+    assert!(c.conn.is_finished());
+    c.conn.close(&mut h.inst);
+    assert_eq!(h.inst.subscription_count(), 0);
+}
+
+#[test]
+fn a_stream_that_falls_behind_ends_with_an_error_not_unbounded_memory() {
+    let mut h = Harness::with(|cfg| cfg.conn.stream_queue = 4);
+    let mut c = h.conn();
+    let t = new_task(&mut h, &mut c, "x");
+    let mut out = c.feed(&mut h, &call("SubscribeToTask", 1, json!({"id": t})));
+    for i in 0..20 {
+        artifact(&mut h, &t, &format!("a{i}"), "chunk", false);
+    }
+    out.extend(c.poll(&mut h));
+    let events = one(&out).events();
+    assert_eq!(
+        events.len(),
+        1 + 4 + 1,
+        "snapshot, the queued four, then the error"
+    );
+    assert_eq!(events.last().unwrap()["error"]["code"], -32603);
+    assert_eq!(h.inst.subscription_count(), 0);
+}
+
+#[test]
+fn closing_a_connection_releases_its_watch() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    c.feed(
+        &mut h,
+        &call(
+            "SendMessage",
+            1,
+            json!({"message": text_message("hi", "m")}),
+        ),
+    );
+    assert_eq!(h.inst.subscription_count(), 1);
+    c.conn.handle_eof(&mut h.inst, h.now);
+    assert!(
+        !c.conn.is_finished(),
+        "the pending answer still goes out after a half-close"
+    );
+    let t = h.turn();
+    complete(&mut h, &t, TaskState::Rejected, None);
+    let r = one(&c.poll(&mut h));
+    assert_eq!(r.header("connection"), Some("close"));
+    assert!(c.conn.is_finished());
+
+    let mut c = h.conn();
+    c.feed(
+        &mut h,
+        &call(
+            "SendMessage",
+            1,
+            json!({"message": text_message("hi", "m")}),
+        ),
+    );
+    h.take_effects();
+    c.conn.close(&mut h.inst);
+    assert_eq!(h.inst.subscription_count(), 0);
+}
