@@ -182,7 +182,7 @@ write_agentd_config() {  # port file
     sed "s/@PORT@/$1/g" "$BENCH_CONFIG_TEMPLATE" > "$2"
   else
     # Just a loopback listener: no agent, no auth (loopback without a mechanism is open).
-    printf 'listen = ["tcp://%s:%s"]\n' "$HOST" "$1" > "$2"
+    printf '[a2a]\nlisten = ["tcp://%s:%s"]\n' "$HOST" "$1" > "$2"
   fi
 }
 

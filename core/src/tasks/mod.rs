@@ -24,7 +24,7 @@ impl TaskLimits {
     pub const DEFAULT: TaskLimits = TaskLimits {
         history_messages: 64,
         history_bytes: 256 * 1024,
-        max_tasks: 100_000,
+        max_tasks: 10_000,
         max_artifacts: 64,
     };
 }
