@@ -1,0 +1,74 @@
+//! The binary's command line and startup refusals: run as a user would run it.
+
+use std::process::Command;
+
+fn agentd(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_agentd"))
+        .args(args)
+        .env("AGENTD_LOG", "error")
+        .output()
+        .expect("agentd runs")
+}
+
+fn temp_config(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("agentd-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("agentd.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn help_and_version() {
+    let help = agentd(&["--help"]);
+    assert!(help.status.success());
+    let text = String::from_utf8_lossy(&help.stdout);
+    for needle in ["--config", "--driver", "127.0.0.1:8420", "AGENTD_LOG"] {
+        assert!(text.contains(needle), "--help mentions {needle}: {text}");
+    }
+    let version = agentd(&["--version"]);
+    assert!(version.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        format!("agentd {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn bad_arguments_exit_2_with_a_message() {
+    for args in [&["--bogus"][..], &["--driver", "tokio"], &["--config"]] {
+        let out = agentd(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("agentd: "), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn configurations_it_cannot_honour_stop_startup() {
+    let cases = [
+        (
+            "open",
+            "[a2a]\nlisten = \"tcp://0.0.0.0:0\"\n",
+            "authentication",
+        ),
+        ("typo", "[a2a]\nlisen = \"tcp://127.0.0.1:0\"\n", "line 2"),
+        (
+            "scheme",
+            "[a2a]\nlisten = \"udp://127.0.0.1:0\"\n",
+            "expected tcp://",
+        ),
+        ("zero", "[limits]\nmax_body_bytes = 0\n", "greater than 0"),
+    ];
+    for (name, text, needle) in cases {
+        let path = temp_config(name, text);
+        let out = agentd(&["--config", path.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1), "{name}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{name}: {err}");
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    }
+    let out = agentd(&["--config", "/nonexistent/agentd.toml"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/agentd.toml"));
+}
