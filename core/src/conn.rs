@@ -31,6 +31,8 @@ pub const CARD_PATH: &str = "/.well-known/agent-card.json";
 
 const RPC_ALLOW: &str = "POST, OPTIONS";
 const CARD_ALLOW: &str = "GET, HEAD, OPTIONS";
+/// `OPTIONS *`: what the server as a whole answers.
+const SERVER_ALLOW: &str = "GET, HEAD, POST, OPTIONS";
 
 /// Where a request head sent it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,6 +64,7 @@ enum State {
         history: Option<usize>,
         deadline: u64,
         keep_alive: bool,
+        minor_version: u8,
     },
     /// An SSE stream is open.
     Streaming {
@@ -443,6 +446,7 @@ impl Connection {
                     history: history_length,
                     deadline: now.mono_ms + self.limits.request_timeout_ms,
                     keep_alive,
+                    minor_version: head.minor_version,
                 };
                 true
             }
@@ -490,6 +494,7 @@ impl Connection {
             ref task_id,
             history,
             keep_alive,
+            minor_version,
             ..
         } = self.state
         else {
@@ -507,7 +512,7 @@ impl Connection {
             None => jsonrpc::write_error(&mut doc, &id, &RpcError::task_not_found(task_id)),
         }
         self.state = State::Reading { pending: None };
-        self.write_json_keep(200, &doc, keep_alive, now);
+        self.write_json_keep(200, &doc, keep_alive, minor_version, now);
     }
 
     /// Writes queued stream events. True when the stream ended.
@@ -620,18 +625,13 @@ impl Connection {
     }
 
     fn write_json(&mut self, status: u16, doc: &[u8], head: &RequestHead, now: Now) {
-        let keep = head.keep_alive;
-        let minor = head.minor_version;
-        let date = self.date(now);
-        let mut h = Head::new(status, &date).header("content-type", "application/json");
-        self.finish_head(&mut h, minor, keep);
-        h.write_full(&mut self.out, doc, false);
+        self.write_json_keep(status, doc, head.keep_alive, head.minor_version, now);
     }
 
-    fn write_json_keep(&mut self, status: u16, doc: &[u8], keep_alive: bool, now: Now) {
+    fn write_json_keep(&mut self, status: u16, doc: &[u8], keep_alive: bool, minor: u8, now: Now) {
         let date = self.date(now);
         let mut h = Head::new(status, &date).header("content-type", "application/json");
-        self.finish_head(&mut h, 1, keep_alive);
+        self.finish_head(&mut h, minor, keep_alive);
         h.write_full(&mut self.out, doc, false);
     }
 
@@ -700,6 +700,15 @@ fn route(head: &RequestHead) -> Route {
             _ => Route::Refuse {
                 status: 405,
                 allow: Some(CARD_ALLOW),
+            },
+        },
+        "*" => match head.method {
+            Method::Options => Route::Options {
+                allow: SERVER_ALLOW,
+            },
+            _ => Route::Refuse {
+                status: 400,
+                allow: None,
             },
         },
         _ => Route::Refuse {

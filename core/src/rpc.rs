@@ -354,10 +354,10 @@ fn list_tasks(
             && since.is_none_or(|ms| t.status_ms >= ms)
     };
     let total = inst.tasks.newest_first(None).filter(matches).count();
-    let mut page = inst.tasks.newest_first(after.as_ref()).filter(matches);
+    let mut page = inst.tasks.newest_first(after).filter(matches);
     let tasks: Vec<_> = page.by_ref().take(page_size as usize).collect();
     let next_page_token = match (tasks.last(), page.next()) {
-        (Some(last), Some(_)) => encode_page_token(last.status_ms, &last.id),
+        (Some(last), Some(_)) => encode_page_token(last),
         _ => String::new(),
     };
     let response = ListTasksResponse {

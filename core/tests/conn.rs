@@ -175,6 +175,7 @@ fn route_refusals_have_their_statuses() {
         (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 415, None, true),
         (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/jsonx\r\nContent-Length: 0\r\n\r\n", 415, None, false),
         (b"OPTIONS / HTTP/1.1\r\nHost: x\r\n\r\n", 204, Some("POST, OPTIONS"), false),
+        (b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", 204, Some("GET, HEAD, POST, OPTIONS"), false),
         (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", 400, None, true),
         (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1x\r\n\r\n", 400, None, true),
         (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 9999999\r\n\r\n", 413, None, true),

@@ -157,7 +157,15 @@ impl BoundListener {
 /// inside a fresh directory only its owner can enter, narrowed to 0600, then renamed into
 /// place. (A process-wide umask would race with other threads creating files.)
 fn bind_unix_private(path: &Path) -> io::Result<UnixListener> {
-    if path.exists() {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_socket() {
+            // Never delete what is not ours to replace.
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ));
+        }
         if UnixStream::connect(path).is_ok() {
             return Err(io::Error::new(
                 io::ErrorKind::AddrInUse,
@@ -254,6 +262,12 @@ mod tests {
         assert_eq!(uid, rustix::process::getuid().as_raw());
         l.cleanup();
         assert!(!path.exists());
+        // A file that is not a socket is never replaced.
+        std::fs::write(&path, b"precious").unwrap();
+        let err = BoundListener::bind(&Endpoint::Unix(path.clone())).unwrap_err();
+        assert!(err.to_string().contains("not a socket"), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"precious");
+        std::fs::remove_file(&path).unwrap();
         let leftovers: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
         assert!(leftovers.is_empty(), "staging directory left behind");
         std::fs::remove_dir_all(&dir).unwrap();

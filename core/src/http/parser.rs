@@ -347,7 +347,10 @@ impl RequestParser {
             !connection_close
         };
         Ok(RequestHead {
-            expect_continue: expect_continue && !matches!(body, BodyKind::None),
+            // RFC 9110 §10.1.1: an HTTP/1.0 client's expectation is ignored (it may get no 1xx).
+            expect_continue: expect_continue
+                && minor_version == 1
+                && !matches!(body, BodyKind::None),
             method,
             path,
             minor_version,
@@ -675,7 +678,7 @@ mod tests {
             panic!()
         };
         assert!(!h.keep_alive);
-        assert!(h.expect_continue);
+        assert!(!h.expect_continue, "HTTP/1.0 expectations are ignored");
         assert!(p.in_body());
 
         let mut p = parser();

@@ -1,6 +1,6 @@
 //! The task model: records, lifecycle rules, history bounds, listing order and page tokens.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use crate::a2a::types::{Artifact, Message, Role, Task, TaskState, TaskStatus};
 use crate::auth::Principal;
@@ -39,6 +39,9 @@ pub struct TaskRecord {
     pub status_message: Option<Message>,
     /// Epoch milliseconds of the current status.
     pub status_ms: u64,
+    /// The store's update counter when the status last changed: orders tasks whose status
+    /// changed in the same millisecond.
+    pub status_seq: u64,
     pub created_ms: u64,
     history: VecDeque<(Message, usize)>,
     history_bytes: usize,
@@ -125,8 +128,10 @@ pub enum StoreError {
 pub struct TaskStore {
     limits: TaskLimits,
     tasks: HashMap<String, TaskRecord>,
-    /// (status time, id) of every task: newest last.
-    order: BTreeSet<(u64, String)>,
+    /// (status time, update sequence) of every task, to its id: newest last.
+    order: BTreeMap<(u64, u64), String>,
+    /// Counts status changes; never repeats.
+    seq: u64,
     /// (created time, id) of terminal tasks: the eviction order.
     terminal: BTreeSet<(u64, String)>,
 }
@@ -136,7 +141,8 @@ impl TaskStore {
         TaskStore {
             limits,
             tasks: HashMap::new(),
-            order: BTreeSet::new(),
+            order: BTreeMap::new(),
+            seq: 0,
             terminal: BTreeSet::new(),
         }
     }
@@ -185,6 +191,7 @@ impl TaskStore {
             state: TaskState::Submitted,
             status_message: None,
             status_ms: now_ms,
+            status_seq: self.next_seq(),
             created_ms: now_ms,
             history: VecDeque::new(),
             history_bytes: 0,
@@ -193,13 +200,18 @@ impl TaskStore {
             status_history: vec![(TaskState::Submitted, now_ms)],
         };
         rec.push_history(first, &self.limits);
-        self.order.insert((now_ms, id.clone()));
+        self.order.insert((now_ms, rec.status_seq), id.clone());
         Ok(self.tasks.entry(id).or_insert(rec))
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
     }
 
     fn remove(&mut self, id: &str) {
         if let Some(t) = self.tasks.remove(id) {
-            self.order.remove(&(t.status_ms, t.id.clone()));
+            self.order.remove(&(t.status_ms, t.status_seq));
             self.terminal.remove(&(t.created_ms, t.id));
         }
     }
@@ -236,8 +248,9 @@ impl TaskStore {
         now_ms: u64,
     ) -> Result<&TaskRecord, StoreError> {
         let limits = self.limits;
+        let seq = self.seq + 1;
         let t = self.live_mut(id)?;
-        let old_key = (t.status_ms, t.id.clone());
+        let old_key = (t.status_ms, t.status_seq);
         if let Some(prev) = t.status_message.take() {
             t.push_history(prev, &limits);
         }
@@ -245,11 +258,13 @@ impl TaskStore {
         t.state = state;
         // Status times never go backwards, so the listing order stays a total order.
         t.status_ms = now_ms.max(t.status_ms);
+        t.status_seq = seq;
         t.status_history.push((state, t.status_ms));
-        let new_key = (t.status_ms, t.id.clone());
+        let new_key = (t.status_ms, t.status_seq);
         let terminal_key = state.is_terminal().then(|| (t.created_ms, t.id.clone()));
+        self.seq = seq;
         self.order.remove(&old_key);
-        self.order.insert(new_key);
+        self.order.insert(new_key, id.to_owned());
         if let Some(k) = terminal_key {
             self.terminal.insert(k);
         }
@@ -280,12 +295,12 @@ impl TaskStore {
     }
 
     /// Tasks newest first, starting strictly after `after` (a page token's position).
-    pub fn newest_first<'a>(
-        &'a self,
-        after: Option<&'a (u64, String)>,
-    ) -> impl Iterator<Item = &'a TaskRecord> + 'a {
+    pub fn newest_first(
+        &self,
+        after: Option<(u64, u64)>,
+    ) -> impl Iterator<Item = &TaskRecord> + '_ {
         let upper = match after {
-            Some(k) => std::ops::Bound::Excluded(k.clone()),
+            Some(k) => std::ops::Bound::Excluded(k),
             None => std::ops::Bound::Unbounded,
         };
         self.order
@@ -295,14 +310,14 @@ impl TaskStore {
     }
 }
 
-/// A ListTasks page token: the position of the last task of the previous page. Opaque to
-/// clients; a token this server could not have issued is refused.
-pub fn encode_page_token(status_ms: u64, id: &str) -> String {
-    crate::ids::hex(format!("{status_ms}.{id}").as_bytes())
+/// A ListTasks page token: the listing position of the last task of the previous page.
+/// Opaque to clients; a token this server could not have issued is refused.
+pub fn encode_page_token(task: &TaskRecord) -> String {
+    crate::ids::hex(format!("{}.{}", task.status_ms, task.status_seq).as_bytes())
 }
 
-pub fn decode_page_token(token: &str) -> Option<(u64, String)> {
-    if token.len() % 2 != 0 || token.len() > 512 {
+pub fn decode_page_token(token: &str) -> Option<(u64, u64)> {
+    if token.len() % 2 != 0 || token.len() > 80 {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..token.len())
@@ -310,11 +325,14 @@ pub fn decode_page_token(token: &str) -> Option<(u64, String)> {
         .map(|i| u8::from_str_radix(token.get(i..i + 2)?, 16).ok())
         .collect();
     let text = String::from_utf8(bytes?).ok()?;
-    let (ms, id) = text.split_once('.')?;
-    if id.is_empty() || !ms.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some((ms.parse().ok()?, id.to_owned()))
+    let (ms, seq) = text.split_once('.')?;
+    let number = |s: &str| -> Option<u64> {
+        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        s.parse().ok()
+    };
+    Some((number(ms)?, number(seq)?))
 }
 
 #[cfg(test)]
@@ -414,14 +432,18 @@ mod tests {
 
     #[test]
     fn page_tokens_round_trip_and_refuse_garbage() {
-        let t = encode_page_token(42, "a.b-c");
-        assert_eq!(decode_page_token(&t), Some((42, "a.b-c".into())));
+        let mut s = TaskStore::new(TaskLimits::DEFAULT);
+        let t = s
+            .create("t".into(), "c".into(), Principal::operator(), msg("m"), 42)
+            .unwrap();
+        assert_eq!(decode_page_token(&encode_page_token(t)), Some((42, 1)));
         for bad in [
             "",
             "zz",
             "abc",
             &crate::ids::hex(b"x.y"),
             &crate::ids::hex(b"12."),
+            &crate::ids::hex(b"1.2.3"),
         ] {
             assert_eq!(decode_page_token(bad), None, "{bad}");
         }
