@@ -296,10 +296,11 @@ mod tests {
             refusal(r#"{"jsonrpc":"2.0","id":3,"id":4,"method":"GetTask"}"#),
             (-32600, "null".into())
         );
-        // Invalid UTF-8 inside a string is not JSON.
+        // U+00FF is fine JSON (this request only lacks a method); the byte 0xFF alone is
+        // not UTF-8, so not JSON.
         assert_eq!(
-            refusal("{\"jsonrpc\":\"2.0\",\"id\":\"\u{ff}\"}").0,
-            -32600.max(-32700)
+            refusal("{\"jsonrpc\":\"2.0\",\"id\":\"\u{ff}\"}"),
+            (-32600, "\"\u{ff}\"".into())
         );
         let r = parse_request(b"{\"jsonrpc\":\"2.0\",\"id\":\"\xff\"}").unwrap_err();
         assert_eq!(r.error.code(), -32700);
