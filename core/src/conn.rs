@@ -17,8 +17,10 @@ use std::task::Waker;
 use crate::a2a::types::StreamResponse;
 use crate::auth::Principal;
 use crate::errors::{ErrorKind, RpcError};
+use crate::ext::negotiate::ExtSet;
 use crate::http::response::{self, Head};
 use crate::http::{Event, Method, RequestHead, RequestParser};
+use crate::instance::{CallId, CallOutcome, CommandAnswer};
 use crate::instance::{ConnLimits, Instance, SubId};
 use crate::jsonrpc::{self, RequestId};
 use crate::rpc::{self, CallContext, Reply};
@@ -65,14 +67,27 @@ enum State {
         deadline: u64,
         keep_alive: bool,
         minor_version: u8,
+        annotate: bool,
+        activated: ExtSet,
     },
-    /// An SSE stream is open.
+    /// An SSE stream is open; without a subscription its first frame was the whole stream.
     Streaming {
-        sub: SubId,
+        sub: Option<SubId>,
         id: RequestId,
         chunked: bool,
         keep_alive: bool,
         last_write: u64,
+    },
+    /// A command waits for the host's answer.
+    Calling {
+        call: CallId,
+        id: RequestId,
+        streaming: bool,
+        history: Option<usize>,
+        deadline: u64,
+        keep_alive: bool,
+        minor_version: u8,
+        activated: ExtSet,
     },
 }
 
@@ -141,11 +156,14 @@ impl Connection {
         self.drive(inst, now);
         match self.state {
             State::Reading { .. } => self.closing = true,
-            // The answer in progress still goes out; `finish_response` closes after it.
+            // The answer in progress still goes out; the connection closes after it.
             State::Waiting {
                 ref mut keep_alive, ..
             }
             | State::Streaming {
+                ref mut keep_alive, ..
+            }
+            | State::Calling {
                 ref mut keep_alive, ..
             } => *keep_alive = false,
         }
@@ -196,8 +214,18 @@ impl Connection {
 
     /// Releases what the connection holds in the instance. Call once, when dropping it.
     pub fn close(&mut self, inst: &mut Instance) {
-        if let State::Waiting { sub, .. } | State::Streaming { sub, .. } = self.state {
-            inst.unsubscribe(sub);
+        match self.state {
+            State::Waiting { sub, .. } | State::Streaming { sub: Some(sub), .. } => {
+                inst.unsubscribe(sub)
+            }
+            State::Calling { call, .. } => {
+                if let Some(c) = inst.end_call(call) {
+                    if let Some(CallOutcome::Started { sub: Some(sub), .. }) = c.outcome {
+                        inst.unsubscribe(sub);
+                    }
+                }
+            }
+            _ => {}
         }
         self.state = State::Reading { pending: None };
         self.closing = true;
@@ -220,7 +248,7 @@ impl Connection {
                 Some(self.idle_since + l.idle_timeout_ms)
             }
             State::Reading { .. } => None,
-            State::Waiting { deadline, .. } => Some(*deadline),
+            State::Waiting { deadline, .. } | State::Calling { deadline, .. } => Some(*deadline),
             State::Streaming { last_write, .. } => Some(last_write + l.sse_keepalive_ms),
         };
         match (write, state) {
@@ -272,6 +300,33 @@ impl Connection {
                     self.drive(inst, now);
                 }
             }
+            State::Calling {
+                deadline,
+                call,
+                ref id,
+                keep_alive,
+                minor_version,
+                ..
+            } => {
+                if t >= *deadline {
+                    let id = id.clone();
+                    let (call, keep_alive, minor_version) = (*call, *keep_alive, *minor_version);
+                    if let Some(c) = inst.end_call(call) {
+                        if let Some(CallOutcome::Started { sub: Some(sub), .. }) = c.outcome {
+                            inst.unsubscribe(sub);
+                        }
+                    }
+                    self.state = State::Reading { pending: None };
+                    let err = RpcError::new(
+                        ErrorKind::Internal,
+                        "the runtime did not answer this command in time",
+                    );
+                    let mut doc = Vec::with_capacity(128);
+                    jsonrpc::write_error(&mut doc, &id, &err);
+                    self.write_json_keep(200, &doc, keep_alive, minor_version, None, now);
+                    self.drive(inst, now);
+                }
+            }
             State::Streaming {
                 last_write,
                 chunked,
@@ -311,6 +366,7 @@ impl Connection {
                 State::Reading { .. } => self.read_requests(inst, now),
                 State::Waiting { .. } => self.pump_wait(inst, now),
                 State::Streaming { .. } => self.pump_stream(inst, now),
+                State::Calling { .. } => self.pump_call(inst, now),
             };
             if !progressed || self.closing {
                 break;
@@ -416,19 +472,26 @@ impl Connection {
             head: &head,
             now,
         };
-        let (id, reply) = rpc::call(inst, &ctx, body);
+        let rpc::Answer {
+            id,
+            activated,
+            reply,
+        } = rpc::call(inst, &ctx, body);
         let keep_alive = head.keep_alive;
+        let minor = head.minor_version;
+        let annotate = activated.contains(crate::ext::Ext::TaskAnnotations);
         match reply {
             Reply::Result(result) => {
                 let mut doc = Vec::with_capacity(result.len() + 48);
                 jsonrpc::write_result_raw(&mut doc, &id, &result);
-                self.write_json(200, &doc, &head, now);
+                self.write_json_keep(200, &doc, keep_alive, minor, activated.echo(), now);
                 false
             }
             Reply::Error(err) => {
+                // A refused request echoes nothing.
                 let mut doc = Vec::with_capacity(128);
                 jsonrpc::write_error(&mut doc, &id, &err);
-                self.write_json(err.http_status(), &doc, &head, now);
+                self.write_json_keep(err.http_status(), &doc, keep_alive, minor, None, now);
                 false
             }
             Reply::Wait {
@@ -436,9 +499,7 @@ impl Connection {
                 task_id,
                 history_length,
             } => {
-                if let Some(s) = inst.subscription(sub) {
-                    s.waker = Some(self.waker.clone());
-                }
+                self.watch(inst, sub);
                 self.state = State::Waiting {
                     sub,
                     id,
@@ -446,31 +507,209 @@ impl Connection {
                     history: history_length,
                     deadline: now.mono_ms + self.limits.request_timeout_ms,
                     keep_alive,
-                    minor_version: head.minor_version,
+                    minor_version: minor,
+                    annotate,
+                    activated,
                 };
                 true
             }
             Reply::Stream { sub, first } => {
-                if let Some(s) = inst.subscription(sub) {
-                    s.waker = Some(self.waker.clone());
+                self.start_stream(inst, id, sub, &first, keep_alive, minor, activated, now);
+                true
+            }
+            Reply::Call {
+                call,
+                streaming,
+                history_length,
+            } => {
+                if let Some(c) = inst.call(call) {
+                    c.waker = Some(self.waker.clone());
                 }
-                let chunked = head.minor_version >= 1;
-                let date = self.date(now);
-                let mut h = Head::new(200, &date);
-                // HTTP/1.0 has no chunked coding: the stream ends when the connection does.
-                h.close = !chunked || !keep_alive;
-                h.write_sse_start(&mut self.out, chunked);
-                self.state = State::Streaming {
-                    sub,
+                self.state = State::Calling {
+                    call,
                     id,
-                    chunked,
-                    keep_alive: keep_alive && chunked,
-                    last_write: now.mono_ms,
+                    streaming,
+                    history: history_length,
+                    deadline: now.mono_ms + self.limits.request_timeout_ms,
+                    keep_alive,
+                    minor_version: minor,
+                    activated,
                 };
-                self.write_stream_event(inst, &first, now);
                 true
             }
         }
+    }
+
+    /// Points a subscription's wake-ups at this connection.
+    fn watch(&self, inst: &mut Instance, sub: SubId) {
+        if let Some(s) = inst.subscription(sub) {
+            s.waker = Some(self.waker.clone());
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_stream(
+        &mut self,
+        inst: &mut Instance,
+        id: RequestId,
+        sub: Option<SubId>,
+        first: &StreamResponse,
+        keep_alive: bool,
+        minor: u8,
+        activated: ExtSet,
+        now: Now,
+    ) {
+        if let Some(sub) = sub {
+            self.watch(inst, sub);
+        }
+        let chunked = minor >= 1;
+        let date = self.date(now);
+        let mut h = Head::new(200, &date);
+        if let Some(echo) = activated.echo() {
+            h = h.header("a2a-extensions", echo);
+        }
+        // HTTP/1.0 has no chunked coding: the stream ends when the connection does.
+        h.close = !chunked || !keep_alive;
+        h.write_sse_start(&mut self.out, chunked);
+        self.state = State::Streaming {
+            sub,
+            id,
+            chunked,
+            keep_alive: keep_alive && chunked,
+            last_write: now.mono_ms,
+        };
+        self.write_stream_event(inst, first, now);
+    }
+
+    /// A command handed to the host: answers once the host does. True when it did.
+    fn pump_call(&mut self, inst: &mut Instance, now: Now) -> bool {
+        let State::Calling {
+            call,
+            ref id,
+            streaming,
+            history,
+            keep_alive,
+            minor_version,
+            activated,
+            ..
+        } = self.state
+        else {
+            return false;
+        };
+        if inst.call(call).is_some_and(|c| c.outcome.is_none()) {
+            return false;
+        }
+        let id = id.clone();
+        let annotate = activated.contains(crate::ext::Ext::TaskAnnotations);
+        self.state = State::Reading { pending: None };
+        let Some(pending) = inst.end_call(call) else {
+            let err = RpcError::new(ErrorKind::Internal, "the command call was lost");
+            let mut doc = Vec::new();
+            jsonrpc::write_error(&mut doc, &id, &err);
+            self.write_json_keep(200, &doc, keep_alive, minor_version, None, now);
+            return true;
+        };
+        match pending.outcome {
+            None => unreachable!("checked above"),
+            Some(CallOutcome::Answered(CommandAnswer::Refused(err))) => {
+                let mut doc = Vec::with_capacity(128);
+                jsonrpc::write_error(&mut doc, &id, &err);
+                self.write_json_keep(
+                    err.http_status(),
+                    &doc,
+                    keep_alive,
+                    minor_version,
+                    None,
+                    now,
+                );
+            }
+            Some(CallOutcome::Answered(CommandAnswer::Document(result))) => {
+                let message = crate::ext::command::reply_message(
+                    format!("msg-{}", inst.new_id()),
+                    pending.context_id,
+                    result,
+                );
+                let response = StreamResponse::Message(message);
+                if streaming {
+                    self.start_stream(
+                        inst,
+                        id,
+                        None,
+                        &response,
+                        keep_alive,
+                        minor_version,
+                        activated,
+                        now,
+                    );
+                } else {
+                    let mut doc = Vec::with_capacity(256);
+                    jsonrpc::write_result(&mut doc, &id, &response);
+                    self.write_json_keep(
+                        200,
+                        &doc,
+                        keep_alive,
+                        minor_version,
+                        activated.echo(),
+                        now,
+                    );
+                }
+            }
+            Some(CallOutcome::Started { task_id, sub }) => {
+                let snapshot = inst
+                    .tasks
+                    .get(&task_id)
+                    .map(|t| t.view(history, true, annotate));
+                match (sub, snapshot) {
+                    (Some(sub), Some(task)) if streaming => {
+                        self.start_stream(
+                            inst,
+                            id,
+                            Some(sub),
+                            &StreamResponse::Task(task),
+                            keep_alive,
+                            minor_version,
+                            activated,
+                            now,
+                        );
+                    }
+                    (Some(sub), Some(_)) => {
+                        self.watch(inst, sub);
+                        self.state = State::Waiting {
+                            sub,
+                            id,
+                            task_id,
+                            history,
+                            deadline: now.mono_ms + self.limits.request_timeout_ms,
+                            keep_alive,
+                            minor_version,
+                            annotate,
+                            activated,
+                        };
+                    }
+                    (_, Some(task)) => {
+                        let mut doc = Vec::with_capacity(512);
+                        jsonrpc::write_result(&mut doc, &id, &StreamResponse::Task(task));
+                        self.write_json_keep(
+                            200,
+                            &doc,
+                            keep_alive,
+                            minor_version,
+                            activated.echo(),
+                            now,
+                        );
+                    }
+                    (sub, None) => {
+                        if let Some(sub) = sub {
+                            inst.unsubscribe(sub);
+                        }
+                        let mut doc = Vec::with_capacity(128);
+                        jsonrpc::write_error(&mut doc, &id, &RpcError::task_not_found(&task_id));
+                        self.write_json_keep(200, &doc, keep_alive, minor_version, None, now);
+                    }
+                }
+            }
+        }
+        true
     }
 
     /// A blocking send: answers once the task settles. True when it did.
@@ -495,6 +734,8 @@ impl Connection {
             history,
             keep_alive,
             minor_version,
+            annotate,
+            activated,
             ..
         } = self.state
         else {
@@ -503,16 +744,19 @@ impl Connection {
         let id = id.clone();
         inst.unsubscribe(sub);
         let mut doc = Vec::with_capacity(512);
-        match inst.tasks.get(task_id) {
-            Some(t) => jsonrpc::write_result(
-                &mut doc,
-                &id,
-                &StreamResponse::Task(t.to_task(history, true)),
-            ),
-            None => jsonrpc::write_error(&mut doc, &id, &RpcError::task_not_found(task_id)),
-        }
+        let echo = match inst.tasks.get(task_id) {
+            Some(t) => {
+                let task = t.view(history, true, annotate);
+                jsonrpc::write_result(&mut doc, &id, &StreamResponse::Task(task));
+                activated.echo()
+            }
+            None => {
+                jsonrpc::write_error(&mut doc, &id, &RpcError::task_not_found(task_id));
+                None
+            }
+        };
         self.state = State::Reading { pending: None };
-        self.write_json_keep(200, &doc, keep_alive, minor_version, now);
+        self.write_json_keep(200, &doc, keep_alive, minor_version, echo, now);
     }
 
     /// Writes queued stream events. True when the stream ended.
@@ -524,7 +768,7 @@ impl Connection {
             if self.backlog() >= self.limits.max_output_bytes {
                 return false;
             }
-            let Some(s) = inst.subscription(sub) else {
+            let Some(s) = sub.and_then(|sub| inst.subscription(sub)) else {
                 self.end_stream(inst, None);
                 return true;
             };
@@ -599,7 +843,9 @@ impl Connection {
         if chunked {
             response::write_chunked_end(&mut self.out);
         }
-        inst.unsubscribe(sub);
+        if let Some(sub) = sub {
+            inst.unsubscribe(sub);
+        }
         self.state = State::Reading { pending: None };
         if !keep_alive {
             self.closing = true;
@@ -624,13 +870,21 @@ impl Connection {
         h.write_full(&mut self.out, &card.body, head_only);
     }
 
-    fn write_json(&mut self, status: u16, doc: &[u8], head: &RequestHead, now: Now) {
-        self.write_json_keep(status, doc, head.keep_alive, head.minor_version, now);
-    }
-
-    fn write_json_keep(&mut self, status: u16, doc: &[u8], keep_alive: bool, minor: u8, now: Now) {
+    /// A JSON answer; `echo` is the `A2A-Extensions` value of a successful one.
+    fn write_json_keep(
+        &mut self,
+        status: u16,
+        doc: &[u8],
+        keep_alive: bool,
+        minor: u8,
+        echo: Option<String>,
+        now: Now,
+    ) {
         let date = self.date(now);
         let mut h = Head::new(status, &date).header("content-type", "application/json");
+        if let Some(echo) = echo {
+            h = h.header("a2a-extensions", echo);
+        }
         self.finish_head(&mut h, minor, keep_alive);
         h.write_full(&mut self.out, doc, false);
     }

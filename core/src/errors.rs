@@ -26,6 +26,26 @@ pub enum ErrorKind {
     /// `agentd.events/SubscribeToEvents` on an instance that does not declare the events
     /// extension.
     ExtensionNotDeclared,
+    /// That method, and `A2A-Extensions` does not name the events URI.
+    MethodExtensionNotActivated,
+    /// A DataPart under `agentd`, and the header does not name the command URI.
+    ExtensionNotActivated,
+    /// A command, and `message.extensions` does not list the command URI.
+    ExtensionNotMarked,
+    /// More than one part carries a command.
+    CommandEnvelopeAmbiguous,
+    /// A command message names a `taskId`.
+    CommandTaskId,
+    /// No op of that name is served here.
+    UnknownOp,
+    /// The arguments do not match the op's schema.
+    InvalidCommandArgs,
+    /// An introspection op while `a2a.introspection.enabled` is off.
+    IntrospectionDisabled,
+    /// The caller's role and grants do not reach the op.
+    PermissionDenied,
+    /// An op this instance's host does not serve yet.
+    OpNotServed,
 }
 
 /// What the table says about a kind.
@@ -87,13 +107,79 @@ impl ErrorKind {
                 Some("EXTENSION_NOT_DECLARED"),
                 AGENTD_DOMAIN,
             ),
+            MethodExtensionNotActivated => (
+                -32601,
+                "Method not found",
+                Some("EXTENSION_NOT_ACTIVATED"),
+                AGENTD_DOMAIN,
+            ),
+            ExtensionNotActivated => (
+                -32602,
+                "Invalid parameters",
+                Some("EXTENSION_NOT_ACTIVATED"),
+                AGENTD_DOMAIN,
+            ),
+            ExtensionNotMarked => (
+                -32602,
+                "Invalid parameters",
+                Some("EXTENSION_NOT_MARKED"),
+                AGENTD_DOMAIN,
+            ),
+            CommandEnvelopeAmbiguous => (
+                -32602,
+                "Invalid parameters",
+                Some("COMMAND_ENVELOPE_AMBIGUOUS"),
+                AGENTD_DOMAIN,
+            ),
+            CommandTaskId => (
+                -32602,
+                "Invalid parameters",
+                Some("COMMAND_TASK_ID"),
+                AGENTD_DOMAIN,
+            ),
+            UnknownOp => (
+                -32602,
+                "Invalid parameters",
+                Some("UNKNOWN_OP"),
+                AGENTD_DOMAIN,
+            ),
+            InvalidCommandArgs => (
+                -32602,
+                "Invalid parameters",
+                Some("INVALID_COMMAND_ARGS"),
+                AGENTD_DOMAIN,
+            ),
+            IntrospectionDisabled => (
+                -32004,
+                "This operation is not supported",
+                Some("INTROSPECTION_DISABLED"),
+                AGENTD_DOMAIN,
+            ),
+            PermissionDenied => (
+                -31403,
+                "Permission denied",
+                Some("PERMISSION_DENIED"),
+                AGENTD_DOMAIN,
+            ),
+            OpNotServed => (
+                -32004,
+                "This operation is not supported",
+                Some("OP_NOT_SERVED"),
+                AGENTD_DOMAIN,
+            ),
         };
         ErrorRow {
             code,
             message,
             reason,
             domain,
-            http_status: 200,
+            // Only authorization answers at the HTTP layer too; every other refusal is a
+            // JSON-RPC error at 200, which is what A2A clients parse.
+            http_status: if matches!(self, PermissionDenied) {
+                403
+            } else {
+                200
+            },
         }
     }
 }
@@ -217,7 +303,19 @@ mod tests {
             (ErrorKind::ContentTypeNotSupported, -32005),
             (ErrorKind::VersionNotSupported, -32009),
             (ErrorKind::ExtensionNotDeclared, -32601),
+            (ErrorKind::MethodExtensionNotActivated, -32601),
+            (ErrorKind::ExtensionNotActivated, -32602),
+            (ErrorKind::ExtensionNotMarked, -32602),
+            (ErrorKind::CommandEnvelopeAmbiguous, -32602),
+            (ErrorKind::CommandTaskId, -32602),
+            (ErrorKind::UnknownOp, -32602),
+            (ErrorKind::InvalidCommandArgs, -32602),
+            (ErrorKind::IntrospectionDisabled, -32004),
+            (ErrorKind::PermissionDenied, -31403),
         ];
+        assert_eq!(ErrorKind::PermissionDenied.row().http_status, 403);
+        assert_eq!(ErrorKind::ContentTypeNotSupported.row().domain, A2A_DOMAIN);
+        assert_eq!(ErrorKind::UnknownOp.row().domain, AGENTD_DOMAIN);
         for (kind, code) in expect {
             assert_eq!(kind.row().code, code, "{kind:?}");
         }

@@ -16,6 +16,10 @@ use crate::a2a::types::{
 };
 use crate::a2a::PROTOCOL_VERSION;
 use crate::auth::Principal;
+use crate::errors::RpcError;
+use crate::ext::annotations::Link;
+use crate::ext::command::table::ReplyKind;
+use crate::ext::command::{Commands, DeclaredCommand, RegisterError, Switches};
 use crate::http::HttpLimits;
 use crate::ids::Entropy;
 use crate::tasks::{StoreError, TaskLimits, TaskStore};
@@ -84,6 +88,14 @@ pub struct InstanceConfig {
     pub listeners: Vec<ListenerInfo>,
     pub conn: ConnLimits,
     pub tasks: TaskLimits,
+    /// `a2a.events.enabled`: declares the events extension.
+    pub events_enabled: bool,
+    /// `a2a.introspection.enabled`: serves the introspection ops.
+    pub introspection_enabled: bool,
+    /// `a2a.device_grant.enabled`: serves the `auth.device.*` ops.
+    pub device_grant_enabled: bool,
+    /// The effective configuration, secrets redacted, as the `config` op reports it.
+    pub config_document: serde_json::Value,
 }
 
 impl InstanceConfig {
@@ -95,6 +107,10 @@ impl InstanceConfig {
             listeners,
             conn: ConnLimits::DEFAULT,
             tasks: TaskLimits::DEFAULT,
+            events_enabled: false,
+            introspection_enabled: false,
+            device_grant_enabled: false,
+            config_document: serde_json::json!({}),
         }
     }
 }
@@ -111,6 +127,22 @@ pub enum Effect {
     },
     /// The task was canceled: stop working on it. Completions for it are refused from now.
     Cancel { task_id: String },
+    /// A command that passed every check: run it and answer with
+    /// [`Completion::CommandResult`] (a message op, or a refusal of any op) or
+    /// [`Completion::CommandStarted`] (a task op whose task now exists as `task_id`).
+    Command {
+        call: CallId,
+        op: String,
+        /// The envelope without `op`, validated against the op's schema.
+        args: serde_json::Map<String, serde_json::Value>,
+        reply: ReplyKind,
+        /// The workflow a workflow-declared command starts.
+        workflow: Option<String>,
+        principal: Principal,
+        context_id: String,
+        /// The id the task gets if the host starts it (task ops only).
+        task_id: Option<String>,
+    },
 }
 
 /// What the host did, reported back.
@@ -122,6 +154,16 @@ pub enum Completion {
         state: TaskState,
         message: Option<Vec<Part>>,
     },
+    /// The answer to a command call.
+    CommandResult { call: CallId, answer: CommandAnswer },
+    /// A task op was accepted: its task exists from now, tracking `link`.
+    CommandStarted { call: CallId, link: Link },
+    /// An input-required gate's facts, for task annotations (set before the status).
+    Ask {
+        task_id: String,
+        schema: Option<serde_json::Value>,
+        channel: Option<String>,
+    },
     /// The task produced (a chunk of) an artifact.
     Artifact {
         task_id: String,
@@ -129,6 +171,18 @@ pub enum Completion {
         append: bool,
         last_chunk: bool,
     },
+}
+
+/// Identifies a command call waiting for the host.
+pub type CallId = u64;
+
+/// The host's answer to a command, and what the task it started tracks.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CommandAnswer {
+    /// A message op's result document.
+    Document(serde_json::Value),
+    /// Refused: the request gets this error and no task is created.
+    Refused(RpcError),
 }
 
 /// Why a completion was refused.
@@ -140,6 +194,10 @@ pub enum CompletionError {
     /// `TASK_STATE_UNSPECIFIED` and `TASK_STATE_SUBMITTED` are not states a host moves to.
     InvalidState(TaskState),
     TooManyArtifacts,
+    /// No command call of that id is waiting (answered already, or its client left).
+    UnknownCall,
+    /// A document for a task op, or a start for a message op.
+    WrongReplyKind,
 }
 
 /// A pre-serialized card and its entity tag.
@@ -166,6 +224,38 @@ pub(crate) struct Subscription {
     pub(crate) waker: Option<Waker>,
 }
 
+/// How a command call's client waits for its task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CallMode {
+    Stream,
+    Wait,
+    Immediate,
+}
+
+/// What became of a command call.
+#[derive(Debug)]
+pub(crate) enum CallOutcome {
+    Answered(CommandAnswer),
+    /// The task exists; `sub` watches it for a streaming or blocking client.
+    Started {
+        task_id: String,
+        sub: Option<SubId>,
+    },
+}
+
+#[derive(Debug)]
+pub(crate) struct PendingCall {
+    pub(crate) op: String,
+    pub(crate) reply: ReplyKind,
+    pub(crate) mode: CallMode,
+    pub(crate) principal: Principal,
+    pub(crate) context_id: String,
+    pub(crate) task_id: Option<String>,
+    pub(crate) message: Message,
+    pub(crate) waker: Option<Waker>,
+    pub(crate) outcome: Option<CallOutcome>,
+}
+
 /// The shared state of one daemon.
 pub struct Instance {
     pub(crate) config: InstanceConfig,
@@ -178,6 +268,13 @@ pub struct Instance {
     effects: VecDeque<Effect>,
     effect_waker: Option<Waker>,
     started: Now,
+    pub(crate) commands: Commands,
+    calls: HashMap<CallId, PendingCall>,
+    next_call: CallId,
+    /// Stops accepting new work (the runtime's drain sets it).
+    pub draining: bool,
+    /// Holds new work (the runtime's pause sets it).
+    pub paused: bool,
 }
 
 impl Instance {
@@ -205,7 +302,121 @@ impl Instance {
             effects: VecDeque::new(),
             effect_waker: None,
             started: now,
+            commands: Commands::new(),
+            calls: HashMap::new(),
+            next_call: 1,
+            draining: false,
+            paused: false,
         }
+    }
+
+    /// Registers a workflow-declared command op. Built-in op names are reserved.
+    pub fn register_command(&mut self, decl: DeclaredCommand) -> Result<(), RegisterError> {
+        self.commands.register(decl)
+    }
+
+    /// The switches that gate ops, as seen from a listener.
+    pub(crate) fn switches(&self, listener: usize) -> Switches {
+        Switches {
+            introspection: self.config.introspection_enabled,
+            device_grant: self.config.device_grant_enabled,
+            tcp_listener: self
+                .config
+                .listeners
+                .get(listener)
+                .is_some_and(|l| l.kind == ListenerKind::Tcp),
+        }
+    }
+
+    /// Command calls waiting for the host.
+    pub fn pending_calls(&self) -> usize {
+        self.calls.len()
+    }
+
+    pub(crate) fn start_call(
+        &mut self,
+        call: PendingCall,
+        effect: impl FnOnce(CallId) -> Effect,
+    ) -> CallId {
+        let id = self.next_call;
+        self.next_call += 1;
+        self.calls.insert(id, call);
+        self.push_effect(effect(id));
+        id
+    }
+
+    pub(crate) fn call(&mut self, id: CallId) -> Option<&mut PendingCall> {
+        self.calls.get_mut(&id)
+    }
+
+    /// Forgets a call; its client got the answer or left.
+    pub(crate) fn end_call(&mut self, id: CallId) -> Option<PendingCall> {
+        self.calls.remove(&id)
+    }
+
+    fn answer_call(&mut self, id: CallId, answer: CommandAnswer) -> Result<(), CompletionError> {
+        let call = self
+            .calls
+            .get_mut(&id)
+            .ok_or(CompletionError::UnknownCall)?;
+        if call.outcome.is_some() {
+            return Err(CompletionError::UnknownCall);
+        }
+        if call.reply == ReplyKind::Task && matches!(answer, CommandAnswer::Document(_)) {
+            return Err(CompletionError::WrongReplyKind);
+        }
+        call.outcome = Some(CallOutcome::Answered(answer));
+        if let Some(w) = &call.waker {
+            w.wake_by_ref();
+        }
+        Ok(())
+    }
+
+    fn start_call_task(&mut self, id: CallId, link: Link, now: Now) -> Result<(), CompletionError> {
+        let call = self.calls.get(&id).ok_or(CompletionError::UnknownCall)?;
+        if call.outcome.is_some() {
+            return Err(CompletionError::UnknownCall);
+        }
+        if call.reply != ReplyKind::Task {
+            return Err(CompletionError::WrongReplyKind);
+        }
+        let task_id = call
+            .task_id
+            .clone()
+            .ok_or(CompletionError::WrongReplyKind)?;
+        let (context_id, principal, message, op, mode) = (
+            call.context_id.clone(),
+            call.principal.clone(),
+            call.message.clone(),
+            call.op.clone(),
+            call.mode,
+        );
+        self.tasks
+            .create(
+                task_id.clone(),
+                context_id,
+                principal,
+                message,
+                now.epoch_ms,
+            )
+            .map_err(|_| CompletionError::UnknownTask)?;
+        self.tasks.set_origin(&task_id, link, Some(op));
+        let sub = match mode {
+            CallMode::Stream => Some(self.subscribe(&task_id, false)),
+            CallMode::Wait => Some(self.subscribe(&task_id, true)),
+            CallMode::Immediate => None,
+        };
+        let call = self.calls.get_mut(&id).expect("checked above");
+        if let (Some(sub), Some(w)) = (sub, &call.waker) {
+            if let Some(s) = self.subs.get_mut(&sub) {
+                s.waker = Some(w.clone());
+            }
+        }
+        call.outcome = Some(CallOutcome::Started { task_id, sub });
+        if let Some(w) = &call.waker {
+            w.wake_by_ref();
+        }
+        Ok(())
     }
 
     pub fn config(&self) -> &InstanceConfig {
@@ -277,6 +488,24 @@ impl Instance {
                 }
                 self.set_status(&task_id, state, message, now)
                     .map_err(map_err)
+            }
+            Completion::CommandResult { call, answer } => self.answer_call(call, answer),
+            Completion::CommandStarted { call, link } => self.start_call_task(call, link, now),
+            Completion::Ask {
+                task_id,
+                schema,
+                channel,
+            } => {
+                let t = self
+                    .tasks
+                    .get_mut(&task_id)
+                    .ok_or(CompletionError::UnknownTask)?;
+                if t.state.is_terminal() {
+                    return Err(CompletionError::TaskTerminal(t.state));
+                }
+                t.ask_schema = schema;
+                t.ask_channel = channel;
+                Ok(())
             }
             Completion::Artifact {
                 task_id,
@@ -394,6 +623,25 @@ impl Instance {
 }
 
 fn build_card(config: &InstanceConfig, listener: &ListenerInfo) -> AgentCard {
+    use crate::a2a::card::AgentExtension;
+    use crate::ext::registry::{declared, Ext};
+    let extensions = Ext::ALL
+        .into_iter()
+        .filter(|e| declared(*e, config.events_enabled))
+        .map(|e| AgentExtension {
+            description: e.description().into(),
+            params: Some(match e {
+                Ext::Command => crate::ext::command::public_params(),
+                Ext::Events => serde_json::json!({
+                    "method": crate::ext::registry::EVENTS_METHOD,
+                    "schema": e.schema_url(),
+                }),
+                Ext::TaskAnnotations => serde_json::json!({"schema": e.schema_url()}),
+            }),
+            required: false,
+            uri: e.uri().into(),
+        })
+        .collect();
     let binding = match listener.kind {
         ListenerKind::Tcp => "JSONRPC",
         ListenerKind::Unix(_) => UNIX_BINDING_URI,
@@ -402,7 +650,7 @@ fn build_card(config: &InstanceConfig, listener: &ListenerInfo) -> AgentCard {
     AgentCard {
         capabilities: AgentCapabilities {
             extended_agent_card: Some(false),
-            extensions: Vec::new(),
+            extensions,
             push_notifications: Some(false),
             streaming: Some(true),
         },

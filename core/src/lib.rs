@@ -29,6 +29,7 @@ pub mod auth;
 pub mod conn;
 pub mod digest;
 pub mod errors;
+pub mod ext;
 pub mod http;
 pub mod ids;
 pub mod instance;
@@ -39,7 +40,7 @@ pub mod time;
 
 pub use conn::Connection;
 pub use instance::{
-    Completion, CompletionError, ConnLimits, Effect, Instance, InstanceConfig, ListenerInfo,
-    ListenerKind,
+    CallId, CommandAnswer, Completion, CompletionError, ConnLimits, Effect, Instance,
+    InstanceConfig, ListenerInfo, ListenerKind,
 };
 pub use time::Now;

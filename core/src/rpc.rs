@@ -12,14 +12,17 @@ use crate::a2a::types::{
 use crate::a2a::{version_supported, CoreMethod, PROTOCOL_VERSION};
 use crate::auth::Principal;
 use crate::errors::{ErrorKind, RpcError};
+use crate::ext::command::table::ReplyKind;
+use crate::ext::command::{self, Checked};
+use crate::ext::negotiate::{self, ExtSet};
+use crate::ext::registry::{declared, Ext, Route, EVENTS_URI};
 use crate::http::RequestHead;
-use crate::instance::{Effect, Instance, SubId};
+use crate::instance::{CallId, CallMode, Effect, Instance, PendingCall, SubId};
 use crate::jsonrpc::{self, RequestId};
 use crate::tasks::{decode_page_token, encode_page_token, StoreError};
 use crate::time::{parse_rfc3339, Now};
 
-/// The method the events extension adds; not served until that extension is declared.
-pub const EVENTS_METHOD: &str = "agentd.events/SubscribeToEvents";
+pub use crate::ext::registry::EVENTS_METHOD;
 
 /// The media types every part agentd accepts is in.
 const ACCEPTED_PART_TYPES: &str = "text/plain, application/json";
@@ -40,11 +43,25 @@ pub enum Reply {
         task_id: String,
         history_length: Option<usize>,
     },
-    /// A stream: `first` now, then the events of `sub`.
+    /// A stream: `first` now, then the events of `sub` (none: `first` is the whole stream).
     Stream {
-        sub: SubId,
+        sub: Option<SubId>,
         first: Box<StreamResponse>,
     },
+    /// A command handed to the host: answer once it answers.
+    Call {
+        call: CallId,
+        streaming: bool,
+        history_length: Option<usize>,
+    },
+}
+
+/// What a request resolved to: its id, the extensions it activated (echoed only on success)
+/// and the reply.
+pub struct Answer {
+    pub id: RequestId,
+    pub activated: ExtSet,
+    pub reply: Reply,
 }
 
 /// Who asks, over which listener, with which headers.
@@ -56,17 +73,28 @@ pub struct CallContext<'a> {
 }
 
 /// Answers one JSON-RPC request body.
-pub fn call(inst: &mut Instance, ctx: &CallContext<'_>, body: &[u8]) -> (RequestId, Reply) {
+pub fn call(inst: &mut Instance, ctx: &CallContext<'_>, body: &[u8]) -> Answer {
     let req = match jsonrpc::parse_request(body) {
         Ok(r) => r,
-        Err(refusal) => return (refusal.id, Reply::Error(refusal.error)),
+        Err(refusal) => {
+            return Answer {
+                id: refusal.id,
+                activated: ExtSet::EMPTY,
+                reply: Reply::Error(refusal.error),
+            }
+        }
     };
     let id = req.id.clone();
-    let reply = match dispatch(inst, ctx, req.method, req.params) {
+    let mut activated = ExtSet::EMPTY;
+    let reply = match dispatch(inst, ctx, req.method, req.params, &mut activated) {
         Ok(r) => r,
         Err(e) => Reply::Error(e),
     };
-    (id, reply)
+    Answer {
+        id,
+        activated,
+        reply,
+    }
 }
 
 fn dispatch(
@@ -74,6 +102,7 @@ fn dispatch(
     ctx: &CallContext<'_>,
     method: &str,
     params: Option<&RawValue>,
+    activated: &mut ExtSet,
 ) -> Result<Reply, RpcError> {
     if !ctx
         .head
@@ -86,25 +115,54 @@ fn dispatch(
         )
         .with_meta("supportedVersions", PROTOCOL_VERSION));
     }
-    let Some(m) = CoreMethod::from_name(method) else {
-        if method == EVENTS_METHOD {
-            return Err(RpcError::new(
-                ErrorKind::ExtensionNotDeclared,
-                format!("method not found: {method}: this instance does not declare the events extension"),
-            ));
-        }
+    let Some(route) = Route::from_name(method) else {
         return Err(RpcError::new(
             ErrorKind::MethodNotFound,
             format!("method not found: {method}"),
         ));
     };
+    let events_enabled = inst.config.events_enabled;
+    *activated = negotiate::activate(
+        negotiate::requested(ctx.head.header_all("a2a-extensions")),
+        route,
+        events_enabled,
+    );
+    let m =
+        match route {
+            Route::Core(m) => m,
+            // A method is part of its extension: answered only where declared and activated.
+            Route::Events if !declared(Ext::Events, events_enabled) => {
+                return Err(RpcError::new(
+                    ErrorKind::ExtensionNotDeclared,
+                    format!("{EVENTS_URI} is not offered by this instance"),
+                )
+                .with_meta("extension", EVENTS_URI)
+                .with_meta("method", method))
+            }
+            Route::Events if !activated.contains(Ext::Events) => return Err(RpcError::new(
+                ErrorKind::MethodExtensionNotActivated,
+                format!(
+                    "method not available: activate {EVENTS_URI} with the A2A-Extensions header"
+                ),
+            )
+            .with_meta("extension", EVENTS_URI)
+            .with_meta("method", method)),
+            Route::Events => {
+                return Err(RpcError::new(
+                    ErrorKind::OpNotServed,
+                    "the events feed is not built yet; this instance cannot serve it",
+                )
+                .with_meta("method", method))
+            }
+        };
+    let annotate = activated.contains(Ext::TaskAnnotations);
     match m {
-        CoreMethod::SendMessage => send(inst, ctx, parse(params)?, false),
-        CoreMethod::SendStreamingMessage => send(inst, ctx, parse(params)?, true),
-        CoreMethod::GetTask => get_task(inst, ctx, parse(params)?),
-        CoreMethod::ListTasks => list_tasks(inst, ctx, parse(params)?),
-        CoreMethod::CancelTask => cancel_task(inst, ctx, parse(params)?),
-        CoreMethod::SubscribeToTask => subscribe(inst, ctx, parse(params)?),
+        CoreMethod::SendMessage => send(inst, ctx, parse(params)?, false, *activated),
+        CoreMethod::SendStreamingMessage => send(inst, ctx, parse(params)?, true, *activated),
+        CoreMethod::GetTask => get_task(inst, ctx, parse(params)?, annotate),
+        CoreMethod::ListTasks => list_tasks(inst, ctx, parse(params)?, annotate),
+        CoreMethod::CancelTask => cancel_task(inst, ctx, parse(params)?, annotate),
+        CoreMethod::SubscribeToTask => subscribe(inst, ctx, parse(params)?, annotate),
         CoreMethod::CreateTaskPushNotificationConfig
         | CoreMethod::GetTaskPushNotificationConfig
         | CoreMethod::ListTaskPushNotificationConfigs
@@ -167,7 +225,9 @@ fn send(
     ctx: &CallContext<'_>,
     req: SendMessageRequest,
     streaming: bool,
+    activated: ExtSet,
 ) -> Result<Reply, RpcError> {
+    let annotate = activated.contains(Ext::TaskAnnotations);
     let mut message: Message = req
         .message
         .ok_or_else(|| RpcError::invalid_field("message", "is required"))?;
@@ -210,6 +270,24 @@ fn send(
             ErrorKind::PushNotificationNotSupported,
             "configuration.taskPushNotificationConfig: push notifications are not supported by this instance",
         ));
+    }
+    let switches = inst.switches(ctx.listener);
+    if let Some(checked) = command::check(
+        &message,
+        &config,
+        activated,
+        ctx.principal,
+        &inst.commands,
+        switches,
+    )? {
+        let mode = if streaming {
+            CallMode::Stream
+        } else if config.return_immediately == Some(true) {
+            CallMode::Immediate
+        } else {
+            CallMode::Wait
+        };
+        return run_command(inst, ctx, checked, message, mode, history);
     }
 
     let task_id = if message.task_id.is_empty() {
@@ -283,14 +361,14 @@ fn send(
     let snapshot = |inst: &Instance| {
         inst.tasks
             .get(&task_id)
-            .map(|t| t.to_task(history, true))
+            .map(|t| t.view(history, true, annotate))
             .ok_or_else(|| RpcError::task_not_found(&task_id))
     };
     if streaming {
         let first = StreamResponse::Task(snapshot(inst)?);
         let sub = inst.subscribe(&task_id, false);
         return Ok(Reply::Stream {
-            sub,
+            sub: Some(sub),
             first: Box::new(first),
         });
     }
@@ -309,6 +387,7 @@ fn get_task(
     inst: &mut Instance,
     ctx: &CallContext<'_>,
     req: GetTaskRequest,
+    annotate: bool,
 ) -> Result<Reply, RpcError> {
     require_id(&req.id)?;
     let history = history_length(req.history_length, "historyLength")?;
@@ -316,13 +395,14 @@ fn get_task(
         .tasks
         .visible(&req.id, ctx.principal)
         .ok_or_else(|| RpcError::task_not_found(&req.id))?;
-    Ok(serialize(&t.to_task(history, true)))
+    Ok(serialize(&t.view(history, true, annotate)))
 }
 
 fn list_tasks(
     inst: &mut Instance,
     ctx: &CallContext<'_>,
     req: ListTasksRequest,
+    annotate: bool,
 ) -> Result<Reply, RpcError> {
     let page_size = req.page_size.unwrap_or(DEFAULT_PAGE_SIZE);
     if !(1..=MAX_PAGE_SIZE).contains(&page_size) {
@@ -365,7 +445,7 @@ fn list_tasks(
         page_size,
         tasks: tasks
             .into_iter()
-            .map(|t| t.to_task(Some(history), include_artifacts))
+            .map(|t| t.view(Some(history), include_artifacts, annotate))
             .collect(),
         total_size: i32::try_from(total).unwrap_or(i32::MAX),
     };
@@ -376,6 +456,7 @@ fn cancel_task(
     inst: &mut Instance,
     ctx: &CallContext<'_>,
     req: TaskIdRequest,
+    annotate: bool,
 ) -> Result<Reply, RpcError> {
     require_id(&req.id)?;
     let t = inst
@@ -406,13 +487,14 @@ fn cancel_task(
         .tasks
         .get(&req.id)
         .ok_or_else(|| RpcError::task_not_found(&req.id))?;
-    Ok(serialize(&t.to_task(None, true)))
+    Ok(serialize(&t.view(None, true, annotate)))
 }
 
 fn subscribe(
     inst: &mut Instance,
     ctx: &CallContext<'_>,
     req: TaskIdRequest,
+    annotate: bool,
 ) -> Result<Reply, RpcError> {
     require_id(&req.id)?;
     let t = inst
@@ -430,10 +512,111 @@ fn subscribe(
         )
         .with_meta("taskId", &req.id));
     }
-    let first = StreamResponse::Task(t.to_task(None, true));
+    let first = StreamResponse::Task(t.view(None, true, annotate));
     let sub = inst.subscribe(&req.id, false);
     Ok(Reply::Stream {
-        sub,
+        sub: Some(sub),
         first: Box::new(first),
+    })
+}
+
+/// Runs a command that passed every check: `status` and `config` in the core, everything
+/// else handed to the host as an effect.
+fn run_command(
+    inst: &mut Instance,
+    ctx: &CallContext<'_>,
+    checked: Checked,
+    mut message: Message,
+    mode: CallMode,
+    history: Option<usize>,
+) -> Result<Reply, RpcError> {
+    let context_id = if message.context_id.is_empty() {
+        inst.new_id()
+    } else {
+        message.context_id.clone()
+    };
+    message.context_id = context_id.clone();
+    let local = match checked.op.as_str() {
+        "status" => Some(status_document(inst, ctx)),
+        "config" => Some(serde_json::json!({"config": inst.config.config_document})),
+        _ => None,
+    };
+    if let Some(document) = local {
+        let reply = command::reply_message(format!("msg-{}", inst.new_id()), context_id, document);
+        let response = StreamResponse::Message(reply);
+        return Ok(if mode == CallMode::Stream {
+            Reply::Stream {
+                sub: None,
+                first: Box::new(response),
+            }
+        } else {
+            serialize(&response)
+        });
+    }
+    let task_id = (checked.reply == ReplyKind::Task).then(|| inst.new_id());
+    let call = PendingCall {
+        op: checked.op.clone(),
+        reply: checked.reply,
+        mode,
+        principal: ctx.principal.clone(),
+        context_id: context_id.clone(),
+        task_id: task_id.clone(),
+        message,
+        waker: None,
+        outcome: None,
+    };
+    let principal = ctx.principal.clone();
+    let call = inst.start_call(call, |call| Effect::Command {
+        call,
+        op: checked.op,
+        args: checked.args,
+        reply: checked.reply,
+        workflow: checked.workflow,
+        principal,
+        context_id,
+        task_id,
+    });
+    Ok(Reply::Call {
+        call,
+        streaming: mode == CallMode::Stream,
+        history_length: history,
+    })
+}
+
+/// The `status` op: this instance as the caller may see it.
+fn status_document(inst: &Instance, ctx: &CallContext<'_>) -> serde_json::Value {
+    let mut by_state = serde_json::Map::new();
+    let mut visible = 0usize;
+    for t in inst
+        .tasks
+        .newest_first(None)
+        .filter(|t| ctx.principal.may_see(&t.owner))
+    {
+        visible += 1;
+        let n = by_state
+            .entry(t.state.as_str())
+            .or_insert(serde_json::json!(0));
+        *n = serde_json::json!(n.as_u64().unwrap_or(0) + 1);
+    }
+    serde_json::json!({
+        "instance": inst.config.name,
+        "uptime_ms": ctx.now.mono_ms.saturating_sub(inst.started().mono_ms),
+        "draining": inst.draining,
+        "paused": inst.paused,
+        "model": "",
+        "version": inst.config.version,
+        "skills": [],
+        "skill_prefix": "",
+        "values": {},
+        "workflows": [],
+        "runs": [],
+        "conversations": [],
+        "activity": [],
+        "counts": {
+            "tasks": visible,
+            "tasksByState": by_state,
+            "streams": inst.subscription_count(),
+            "pendingCommands": inst.pending_calls(),
+        },
     })
 }

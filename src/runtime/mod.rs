@@ -1,14 +1,18 @@
 //! The built-in runtime: the host that does the work the core hands out as effects.
 //!
 //! No conversation agent can be configured yet, so every turn ends honestly as a task in
-//! `TASK_STATE_REJECTED` whose status message says why; nothing is invented.
+//! `TASK_STATE_REJECTED` whose status message says why; nothing is invented. Likewise the
+//! command ops whose work belongs to the runtime (workflows, subagents, operator controls,
+//! sign-in) are refused with OP_NOT_SERVED, before any task exists. (`status` and `config`
+//! are answered by the core itself.)
 
 use std::sync::{Arc, Mutex};
 use std::task::{Wake, Waker};
 use std::thread;
 
 use agentd_core::a2a::types::{Part, TaskState};
-use agentd_core::{Completion, Effect, Instance};
+use agentd_core::errors::{ErrorKind, RpcError};
+use agentd_core::{CommandAnswer, Completion, Effect, Instance};
 use agentd_io_std::Clock;
 
 /// The status message of a turn no agent can answer.
@@ -52,6 +56,18 @@ fn handle(effect: Effect) -> Option<Completion> {
         }),
         // Nothing runs, so nothing needs stopping.
         Effect::Cancel { .. } => None,
+        Effect::Command { call, op, .. } => Some(Completion::CommandResult {
+            call,
+            answer: CommandAnswer::Refused(
+                RpcError::new(
+                    ErrorKind::OpNotServed,
+                    format!(
+                        "command \"{op}\" is not served yet: the runtime behind it is not built"
+                    ),
+                )
+                .with_meta("op", op),
+            ),
+        }),
     }
 }
 

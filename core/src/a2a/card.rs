@@ -4,7 +4,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 /// The binding URI a unix-socket listener names on its card instead of `JSONRPC`.
-pub const UNIX_BINDING_URI: &str = "https://agentd.dev/a2a/binding/jsonrpc-unix";
+pub use crate::ext::registry::UNIX_BINDING_URI;
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use crate::a2a::types::{Artifact, Message, Role, Task, TaskState, TaskStatus};
 use crate::auth::Principal;
+use crate::ext::annotations::{Link, LinkKind};
 use crate::time::rfc3339_ms;
 
 /// Bounds on what one task keeps.
@@ -50,9 +51,31 @@ pub struct TaskRecord {
     status_count: u64,
     /// Every state the task has been in, oldest first, with when it entered it.
     pub status_history: Vec<(TaskState, u64)>,
+    /// What the task tracks (task annotations' `link`).
+    pub link: Link,
+    /// The command op that started it, if one did.
+    pub command: Option<String>,
+    /// The JSON Schema of the answer an input-required gate asks for.
+    pub ask_schema: Option<serde_json::Value>,
+    /// Where the gate is also announced.
+    pub ask_channel: Option<String>,
 }
 
 impl TaskRecord {
+    /// The task as the wire shows it, with its annotations when the request activated them.
+    pub fn view(
+        &self,
+        history_length: Option<usize>,
+        include_artifacts: bool,
+        annotate: bool,
+    ) -> Task {
+        let mut task = self.to_task(history_length, include_artifacts);
+        if annotate {
+            crate::ext::annotations::annotate(&mut task, self);
+        }
+        task
+    }
+
     /// The task as the wire shows it. `history_length`: `None` all, `Some(n)` the newest n.
     pub fn to_task(&self, history_length: Option<usize>, include_artifacts: bool) -> Task {
         let keep = history_length.unwrap_or(usize::MAX).min(self.history.len());
@@ -159,6 +182,10 @@ impl TaskStore {
         self.tasks.get(id)
     }
 
+    pub(crate) fn get_mut(&mut self, id: &str) -> Option<&mut TaskRecord> {
+        self.tasks.get_mut(id)
+    }
+
     /// A task `principal` may see.
     pub fn visible(&self, id: &str, principal: &Principal) -> Option<&TaskRecord> {
         self.tasks.get(id).filter(|t| principal.may_see(&t.owner))
@@ -198,6 +225,13 @@ impl TaskStore {
             artifacts: Vec::new(),
             status_count: 0,
             status_history: vec![(TaskState::Submitted, now_ms)],
+            link: Link {
+                kind: LinkKind::Turn,
+                id: id.clone(),
+            },
+            command: None,
+            ask_schema: None,
+            ask_channel: None,
         };
         rec.push_history(first, &self.limits);
         self.order.insert((now_ms, rec.status_seq), id.clone());
@@ -222,6 +256,14 @@ impl TaskStore {
             return Err(StoreError::Terminal(t.state));
         }
         Ok(t)
+    }
+
+    /// Sets what a task tracks and which command started it (a host's answer to a command).
+    pub fn set_origin(&mut self, id: &str, link: Link, command: Option<String>) {
+        if let Some(t) = self.tasks.get_mut(id) {
+            t.link = link;
+            t.command = command;
+        }
     }
 
     /// Appends a client message to a live task.

@@ -1,0 +1,73 @@
+//! Task annotations: agentd's facts about a task, in `Task.metadata[<URI>]`, only in an answer
+//! to a request that activated the extension. A webhook body never carries them.
+
+use serde_json::{json, Map, Value};
+
+use super::registry::TASK_ANNOTATIONS_URI;
+use crate::a2a::types::Task;
+use crate::tasks::TaskRecord;
+use crate::time::rfc3339_ms;
+
+/// What a task tracks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    pub kind: LinkKind,
+    pub id: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkKind {
+    /// A workflow run.
+    Run,
+    /// A subagent handle.
+    Subagent,
+    /// A conversation turn.
+    Turn,
+}
+
+impl LinkKind {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            LinkKind::Run => "run",
+            LinkKind::Subagent => "subagent",
+            LinkKind::Turn => "turn",
+        }
+    }
+}
+
+/// The annotations object of a task.
+pub fn object(rec: &TaskRecord) -> Value {
+    let mut a = Map::new();
+    a.insert(
+        "link".into(),
+        json!({"kind": rec.link.kind.as_str(), "id": rec.link.id}),
+    );
+    a.insert("created".into(), json!(rfc3339_ms(rec.created_ms)));
+    a.insert(
+        "statusHistory".into(),
+        Value::Array(
+            rec.status_history
+                .iter()
+                .map(|(state, ts)| json!({"state": state.as_str(), "ts": rfc3339_ms(*ts)}))
+                .collect(),
+        ),
+    );
+    a.insert("principal".into(), json!(rec.owner.id));
+    if let Some(schema) = &rec.ask_schema {
+        a.insert("askSchema".into(), schema.clone());
+    }
+    if let Some(channel) = &rec.ask_channel {
+        a.insert("askChannel".into(), json!(channel));
+    }
+    if let Some(op) = &rec.command {
+        a.insert("command".into(), json!(op));
+    }
+    Value::Object(a)
+}
+
+/// Puts the annotations into `task.metadata`.
+pub fn annotate(task: &mut Task, rec: &TaskRecord) {
+    task.metadata
+        .get_or_insert_with(Map::new)
+        .insert(TASK_ANNOTATIONS_URI.into(), object(rec));
+}
