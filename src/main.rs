@@ -15,6 +15,8 @@ const HELP: &str = "\
 agentd — an A2A 1.0 agent daemon
 
 Usage: agentd [--config FILE] [--driver smol|std]
+       agentd --extensions
+       agentd --extension-schema NAME
 
 With no configuration it serves http://127.0.0.1:8420/ (loopback; local callers are the
 operator).
@@ -22,6 +24,10 @@ operator).
 Options:
   --config FILE     read the TOML configuration FILE
   --driver NAME     smol (default: async, small) or std (blocking, a thread per connection)
+  --extensions      print the registry of extension and binding URIs (JSON), and exit
+  --extension-schema NAME
+                    print the JSON Schema bundle of an extension (command, events or
+                    task-annotations: the last segment of its URI), and exit
   -h, --help        print this help
   -V, --version     print the version
 
@@ -54,6 +60,32 @@ fn parse_args() -> Result<Option<Args>, String> {
             }
             "-V" | "--version" => {
                 println!("agentd {}", env!("CARGO_PKG_VERSION"));
+                return Ok(None);
+            }
+            "--extensions" => {
+                print!(
+                    "{}",
+                    agentd_core::ext::bundle::render(
+                        &agentd_core::ext::registry::registry_document()
+                    )
+                );
+                return Ok(None);
+            }
+            "--extension-schema" => {
+                let name = it.next().ok_or(
+                    "--extension-schema needs a name: command, events or task-annotations",
+                )?;
+                let ext = agentd_core::ext::Ext::from_name(&name).ok_or_else(|| {
+                    if name == "jsonrpc-unix" {
+                        "jsonrpc-unix is a protocol binding: it carries the JSON-RPC binding's own messages and has no schema bundle".to_owned()
+                    } else {
+                        format!("no extension named {name:?}; the names are command, events and task-annotations")
+                    }
+                })?;
+                print!(
+                    "{}",
+                    agentd_core::ext::bundle::render(&agentd_core::ext::bundle::bundle(ext))
+                );
                 return Ok(None);
             }
             "--config" => {

@@ -71,3 +71,49 @@ pub fn annotate(task: &mut Task, rec: &TaskRecord) {
         .get_or_insert_with(Map::new)
         .insert(TASK_ANNOTATIONS_URI.into(), object(rec));
 }
+
+/// The JSON Schema of the annotations object: what [`object`] writes.
+pub fn schema() -> Value {
+    let date_time = json!({"type": "string", "format": "date-time"});
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["link", "created", "statusHistory"],
+        "properties": {
+            "link": {
+                "description": "what the task tracks: a workflow run, a subagent, or a conversation turn",
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["kind", "id"],
+                "properties": {
+                    "kind": {"enum": ["run", "subagent", "turn"]},
+                    "id": {"type": "string"}
+                }
+            },
+            "created": date_time,
+            "statusHistory": {
+                "description": "every state the task has been in, oldest first",
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["state", "ts"],
+                    "properties": {
+                        "state": {"type": "string", "pattern": "^TASK_STATE_"},
+                        "ts": date_time
+                    }
+                }
+            },
+            "principal": {"description": "who started the task", "type": "string"},
+            "askSchema": {
+                "description": "the JSON Schema of the answer an INPUT_REQUIRED gate asks for",
+                "type": ["object", "boolean"]
+            },
+            "askChannel": {
+                "description": "where the gate is also announced, from the instruction document's ::!human",
+                "type": "string"
+            },
+            "command": {"description": "the command op that started the task", "type": "string"}
+        }
+    })
+}

@@ -2,8 +2,10 @@
 //! command extension and task annotations.
 
 pub mod annotations;
+pub mod bundle;
 pub mod command;
 pub mod events_schema;
+pub mod examples;
 pub mod negotiate;
 pub mod registry;
 
