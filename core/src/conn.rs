@@ -654,60 +654,50 @@ impl Connection {
                     );
                 }
             }
-            Some(CallOutcome::Started { task_id, sub }) => {
-                let snapshot = inst
-                    .tasks
-                    .get(&task_id)
-                    .map(|t| t.view(history, true, annotate));
-                match (sub, snapshot) {
-                    (Some(sub), Some(task)) if streaming => {
-                        self.start_stream(
-                            inst,
-                            id,
-                            Some(sub),
-                            &StreamResponse::Task(task),
-                            keep_alive,
-                            minor_version,
-                            activated,
-                            now,
-                        );
-                    }
-                    (Some(sub), Some(_)) => {
-                        self.watch(inst, sub);
-                        self.state = State::Waiting {
-                            sub,
-                            id,
-                            task_id,
-                            history,
-                            deadline: now.mono_ms + self.limits.request_timeout_ms,
-                            keep_alive,
-                            minor_version,
-                            annotate,
-                            activated,
-                        };
-                    }
-                    (_, Some(task)) => {
-                        let mut doc = Vec::with_capacity(512);
-                        jsonrpc::write_result(&mut doc, &id, &StreamResponse::Task(task));
-                        self.write_json_keep(
-                            200,
-                            &doc,
-                            keep_alive,
-                            minor_version,
-                            activated.echo(),
-                            now,
-                        );
-                    }
-                    (sub, None) => {
-                        if let Some(sub) = sub {
-                            inst.unsubscribe(sub);
-                        }
-                        let mut doc = Vec::with_capacity(128);
-                        jsonrpc::write_error(&mut doc, &id, &RpcError::task_not_found(&task_id));
-                        self.write_json_keep(200, &doc, keep_alive, minor_version, None, now);
-                    }
+            Some(CallOutcome::Started {
+                task_id,
+                sub,
+                first,
+            }) => match sub {
+                Some(sub) if streaming => {
+                    self.start_stream(
+                        inst,
+                        id,
+                        Some(sub),
+                        &StreamResponse::Task(*first),
+                        keep_alive,
+                        minor_version,
+                        activated,
+                        now,
+                    );
                 }
-            }
+                Some(sub) => {
+                    self.watch(inst, sub);
+                    self.state = State::Waiting {
+                        sub,
+                        id,
+                        task_id,
+                        history,
+                        deadline: now.mono_ms + self.limits.request_timeout_ms,
+                        keep_alive,
+                        minor_version,
+                        annotate,
+                        activated,
+                    };
+                }
+                None => {
+                    let mut doc = Vec::with_capacity(512);
+                    jsonrpc::write_result(&mut doc, &id, &StreamResponse::Task(*first));
+                    self.write_json_keep(
+                        200,
+                        &doc,
+                        keep_alive,
+                        minor_version,
+                        activated.echo(),
+                        now,
+                    );
+                }
+            },
         }
         true
     }

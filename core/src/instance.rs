@@ -236,10 +236,12 @@ pub(crate) enum CallMode {
 #[derive(Debug)]
 pub(crate) enum CallOutcome {
     Answered(CommandAnswer),
-    /// The task exists; `sub` watches it for a streaming or blocking client.
+    /// The task exists; `sub` watches it for a streaming or blocking client, and `first` is
+    /// the task as it was created, so a stream replays everything since.
     Started {
         task_id: String,
         sub: Option<SubId>,
+        first: Box<crate::a2a::types::Task>,
     },
 }
 
@@ -252,6 +254,9 @@ pub(crate) struct PendingCall {
     pub(crate) context_id: String,
     pub(crate) task_id: Option<String>,
     pub(crate) message: Message,
+    /// The request activated task annotations.
+    pub(crate) annotate: bool,
+    pub(crate) history: Option<usize>,
     pub(crate) waker: Option<Waker>,
     pub(crate) outcome: Option<CallOutcome>,
 }
@@ -384,12 +389,14 @@ impl Instance {
             .task_id
             .clone()
             .ok_or(CompletionError::WrongReplyKind)?;
-        let (context_id, principal, message, op, mode) = (
+        let (context_id, principal, message, op, mode, annotate, history) = (
             call.context_id.clone(),
             call.principal.clone(),
             call.message.clone(),
             call.op.clone(),
             call.mode,
+            call.annotate,
+            call.history,
         );
         self.tasks
             .create(
@@ -401,6 +408,12 @@ impl Instance {
             )
             .map_err(|_| CompletionError::UnknownTask)?;
         self.tasks.set_origin(&task_id, link, Some(op));
+        let first = Box::new(
+            self.tasks
+                .get(&task_id)
+                .map(|t| t.view(history, true, annotate))
+                .ok_or(CompletionError::UnknownTask)?,
+        );
         let sub = match mode {
             CallMode::Stream => Some(self.subscribe(&task_id, false)),
             CallMode::Wait => Some(self.subscribe(&task_id, true)),
@@ -412,7 +425,11 @@ impl Instance {
                 s.waker = Some(w.clone());
             }
         }
-        call.outcome = Some(CallOutcome::Started { task_id, sub });
+        call.outcome = Some(CallOutcome::Started {
+            task_id,
+            sub,
+            first,
+        });
         if let Some(w) = &call.waker {
             w.wake_by_ref();
         }

@@ -127,34 +127,35 @@ fn dispatch(
         route,
         events_enabled,
     );
-    let m =
-        match route {
-            Route::Core(m) => m,
-            // A method is part of its extension: answered only where declared and activated.
-            Route::Events if !declared(Ext::Events, events_enabled) => {
-                return Err(RpcError::new(
-                    ErrorKind::ExtensionNotDeclared,
-                    format!("{EVENTS_URI} is not offered by this instance"),
-                )
-                .with_meta("extension", EVENTS_URI)
-                .with_meta("method", method))
-            }
-            Route::Events if !activated.contains(Ext::Events) => return Err(RpcError::new(
+    let m = match route {
+        Route::Core(m) => m,
+        // A method is part of its extension: answered only where declared and activated.
+        Route::Events if !declared(Ext::Events, events_enabled) => {
+            return Err(RpcError::new(
+                ErrorKind::ExtensionNotDeclared,
+                format!("{EVENTS_URI} is not offered by this instance"),
+            )
+            .with_meta("extension", EVENTS_URI)
+            .with_meta("method", method))
+        }
+        Route::Events if !activated.contains(Ext::Events) => {
+            return Err(RpcError::new(
                 ErrorKind::MethodExtensionNotActivated,
                 format!(
                     "method not available: activate {EVENTS_URI} with the A2A-Extensions header"
                 ),
             )
             .with_meta("extension", EVENTS_URI)
-            .with_meta("method", method)),
-            Route::Events => {
-                return Err(RpcError::new(
-                    ErrorKind::OpNotServed,
-                    "the events feed is not built yet; this instance cannot serve it",
-                )
-                .with_meta("method", method))
-            }
-        };
+            .with_meta("method", method))
+        }
+        Route::Events => {
+            return Err(RpcError::new(
+                ErrorKind::OpNotServed,
+                "the events feed is not built yet; this instance cannot serve it",
+            )
+            .with_meta("method", method))
+        }
+    };
     let annotate = activated.contains(Ext::TaskAnnotations);
     match m {
         CoreMethod::SendMessage => send(inst, ctx, parse(params)?, false, *activated),
@@ -287,7 +288,7 @@ fn send(
         } else {
             CallMode::Wait
         };
-        return run_command(inst, ctx, checked, message, mode, history);
+        return run_command(inst, ctx, checked, message, mode, history, annotate);
     }
 
     let task_id = if message.task_id.is_empty() {
@@ -529,6 +530,7 @@ fn run_command(
     mut message: Message,
     mode: CallMode,
     history: Option<usize>,
+    annotate: bool,
 ) -> Result<Reply, RpcError> {
     let context_id = if message.context_id.is_empty() {
         inst.new_id()
@@ -554,6 +556,7 @@ fn run_command(
         });
     }
     let task_id = (checked.reply == ReplyKind::Task).then(|| inst.new_id());
+    let checked_annotate = annotate;
     let call = PendingCall {
         op: checked.op.clone(),
         reply: checked.reply,
@@ -562,6 +565,8 @@ fn run_command(
         context_id: context_id.clone(),
         task_id: task_id.clone(),
         message,
+        annotate: checked_annotate,
+        history,
         waker: None,
         outcome: None,
     };

@@ -27,8 +27,8 @@ pub const DRAFT: &str = "https://json-schema.org/draft/2020-12/schema";
 /// deliberate change; these names are retired, not free).
 pub const REMOVED_KINDS: &[&str] = &["message", "command", "pairing"];
 
-/// Who receives an event of a kind: its widest audience. An operator receives every event it
-/// is shown at all; the variants say who ELSE may.
+/// Who receives an event of a kind: its widest audience. An operator receives every kind
+/// (`audit` only while introspection is on); the variants say who else may.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Audience {
     /// Every subscriber (events addressed to all).
@@ -300,6 +300,10 @@ fn closed(members: Vec<(&str, Value)>, optional: &[&str]) -> Value {
 /// and an absent `fromSeq` mean "from the start"; the method handles those before validating,
 /// so the schema describes only the object form. Anything else (the old cursor name `after`,
 /// `limit`, a negative or fractional cursor) is refused with -32602.
+///
+/// Why the handler still checks after validating: JSON Schema counts `2.0` as an integer and
+/// has no u64 ceiling, yet the method refuses both `2.0` and out-of-u64 cursors. Read `fromSeq`
+/// with `Value::as_u64` and refuse `params.fromSeq` when that fails.
 pub fn params() -> Value {
     let s = closed(
         vec![(
@@ -670,9 +674,16 @@ fn kind_ref(kind: &str) -> String {
     format!("#/$defs/kinds/$defs/{kind}")
 }
 
-fn described(mut schema: Value, description: &str) -> Value {
-    schema["description"] = json!(description);
-    schema
+fn described(schema: Value, description: &str) -> Value {
+    // Indexing a boolean schema would panic, so a boolean takes its object form first.
+    let mut map = match schema {
+        Value::Object(map) => map,
+        Value::Bool(true) => Map::new(),
+        Value::Bool(false) => json!({"not": {}}).as_object().cloned().unwrap_or_default(),
+        other => panic!("not a JSON Schema: {other}"),
+    };
+    map.insert("description".into(), json!(description));
+    Value::Object(map)
 }
 
 /// Every kind's `data` schema, keyed by kind, each described.

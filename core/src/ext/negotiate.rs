@@ -93,7 +93,7 @@ mod tests {
     #[test]
     fn header_lines_are_merged_trimmed_and_exact() {
         let line1 = format!(" {COMMAND_URI} ,https://example.com/x,, {COMMAND_URI}/");
-        let line2 = format!("{}", TASK_ANNOTATIONS_URI.to_uppercase());
+        let line2 = TASK_ANNOTATIONS_URI.to_uppercase();
         let line3 = TASK_ANNOTATIONS_URI.to_string();
         let set = requested(
             [

@@ -86,19 +86,24 @@ impl Ext {
     /// Whether activation means something on this method.
     pub fn applies_to(self, route: Route) -> bool {
         use CoreMethod::*;
-        match (self, route) {
-            (Ext::Command, Route::Core(SendMessage | SendStreamingMessage)) => true,
-            (Ext::Events, Route::Events) => true,
+        matches!(
+            (self, route),
             (
-                Ext::TaskAnnotations,
-                Route::Core(
-                    SendMessage | SendStreamingMessage | GetTask | ListTasks | CancelTask
-                    | SubscribeToTask,
+                Ext::Command,
+                Route::Core(SendMessage | SendStreamingMessage)
+            ) | (Ext::Events, Route::Events)
+                | (
+                    Ext::TaskAnnotations,
+                    Route::Core(
+                        SendMessage
+                            | SendStreamingMessage
+                            | GetTask
+                            | ListTasks
+                            | CancelTask
+                            | SubscribeToTask
+                    ) | Route::Events
                 )
-                | Route::Events,
-            ) => true,
-            _ => false,
-        }
+        )
     }
 
     /// The schema bundle's address.

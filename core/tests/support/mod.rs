@@ -62,16 +62,14 @@ impl Harness {
     }
 
     pub fn conn_on(&self, listener: usize) -> Client {
+        self.conn_as(listener, Principal::operator())
+    }
+
+    pub fn conn_as(&self, listener: usize, principal: Principal) -> Client {
         let wakes = Arc::new(WakeCount::default());
         let waker = Waker::from(wakes.clone());
         Client {
-            conn: Connection::new(
-                listener,
-                Principal::operator(),
-                self.config.conn,
-                waker,
-                self.now,
-            ),
+            conn: Connection::new(listener, principal, self.config.conn, waker, self.now),
             wakes,
         }
     }
@@ -132,6 +130,26 @@ impl Client {
     pub fn wakes(&self) -> usize {
         self.wakes.0.load(Ordering::SeqCst)
     }
+}
+
+/// A JSON-RPC POST with the A2A-Version header and these `A2A-Extensions` lines.
+pub fn rpc_ext(body: &str, extension_lines: &[&str]) -> Vec<u8> {
+    let lines: String = extension_lines
+        .iter()
+        .map(|l| format!("A2A-Extensions: {l}\r\n"))
+        .collect();
+    format!(
+        "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nA2A-Version: 1.0\r\n{lines}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+pub fn call_ext(method: &str, id: u64, params: Value, extension_lines: &[&str]) -> Vec<u8> {
+    rpc_ext(
+        &serde_json::json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}).to_string(),
+        extension_lines,
+    )
 }
 
 /// A JSON-RPC POST with the A2A-Version header.
@@ -243,6 +261,41 @@ pub fn parse_one(bytes: &[u8]) -> Option<(Resp, usize)> {
     // Close-delimited (an HTTP/1.0 stream): the rest.
     resp.body = bytes[end..].to_vec();
     Some((resp, bytes.len()))
+}
+
+/// The first response's head, and whatever of its body has arrived (an open stream's
+/// frames so far).
+pub fn first_head(bytes: &[u8]) -> Resp {
+    if let Some((resp, _)) = parse_one(bytes) {
+        return resp;
+    }
+    let end = bytes
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head")
+        + 4;
+    let head = std::str::from_utf8(&bytes[..end]).unwrap();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (n, v) = l.split_once(": ").unwrap();
+            (n.to_owned(), v.to_owned())
+        })
+        .collect();
+    Resp {
+        status,
+        headers,
+        body: bytes[end..].to_vec(),
+    }
 }
 
 /// The single response in `bytes`.
