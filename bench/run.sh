@@ -15,7 +15,7 @@ set -euo pipefail
 # ---------------------------------------------------------------------------------------------
 BENCH_SECONDS=${BENCH_SECONDS:-10}                    # wrk duration per run
 BENCH_TARGETS=${BENCH_TARGETS:-"smol std"}            # agentd drivers (or other targets)
-BENCH_SCENARIOS=${BENCH_SCENARIOS:-"card get-unknown send"}  # `send` last: it grows state
+BENCH_SCENARIOS=${BENCH_SCENARIOS:-"card get-unknown status send"}  # `send` last: it grows state
 BENCH_CONNS=${BENCH_CONNS:-"1 32"}                    # wrk connection counts
 BENCH_SKIP_BUILD=${BENCH_SKIP_BUILD:-0}               # 1: use the existing binary as is
 BENCH_START_TIMEOUT=${BENCH_START_TIMEOUT:-15}        # seconds to wait for the card to answer
@@ -228,6 +228,7 @@ wait_ready() {  # pid url t0_us log
 # ---------------------------------------------------------------------------------------------
 scenario_card()        { run_wrk "$1" "$LUA_DIR/card.lua" "$CARD_PATH"; }
 scenario_get-unknown() { run_wrk "$1" "$LUA_DIR/get-unknown.lua" /; }
+scenario_status()      { run_wrk "$1" "$LUA_DIR/status.lua" /; }
 scenario_send()        { run_wrk "$1" "$LUA_DIR/send.lua" /; }
 
 RUN_SEQ=0
