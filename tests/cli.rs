@@ -72,3 +72,63 @@ fn configurations_it_cannot_honour_stop_startup() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/agentd.toml"));
 }
+
+#[test]
+fn extensions_and_schemas_print_with_no_config_and_no_network() {
+    let out = agentd(&["--extensions"]);
+    assert!(out.status.success());
+    let rows: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("--extensions prints JSON");
+    let uris: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["uri"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        uris,
+        [
+            "https://agentd.dev/a2a/ext/command",
+            "https://agentd.dev/a2a/ext/events",
+            "https://agentd.dev/a2a/ext/task-annotations",
+            "https://agentd.dev/a2a/binding/jsonrpc-unix"
+        ],
+        "registry order: extensions, then bindings"
+    );
+    assert!(rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["required"] == false));
+    assert_eq!(
+        rows[3]["schema"],
+        serde_json::Value::Null,
+        "the binding has no bundle"
+    );
+    for name in ["command", "events", "task-annotations"] {
+        let out = agentd(&["--extension-schema", name]);
+        assert!(out.status.success(), "{name}");
+        let bundle: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            bundle["$id"],
+            format!("https://agentd.dev/a2a/ext/{name}/schema.json")
+        );
+        assert!(
+            out.stdout.ends_with(b"}\n"),
+            "pretty-printed with a trailing newline"
+        );
+    }
+    for (name, needle) in [
+        ("nope", "command, events and task-annotations"),
+        ("jsonrpc-unix", "no schema bundle"),
+        ("Command", "no extension"),
+    ] {
+        let out = agentd(&["--extension-schema", name]);
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(needle),
+            "{name}"
+        );
+        assert!(out.stdout.is_empty());
+    }
+}
