@@ -145,13 +145,64 @@ impl Config {
             }
             c.tasks.max_tasks = n;
         }
+        c.config_document = effective_document(&c, self.limits.max_connections);
         Ok(c)
     }
+}
+
+/// The effective configuration, every default filled in, as the `config` op reports it.
+/// Nothing secret is configurable yet; a credential will appear here only as its
+/// `{{secret:…}}` reference.
+fn effective_document(c: &InstanceConfig, max_connections: Option<usize>) -> serde_json::Value {
+    let l = &c.conn;
+    serde_json::json!({
+        "agent": {"name": c.name, "description": c.description},
+        "a2a": {
+            "listen": c.listeners.iter().map(|l| l.url.clone()).collect::<Vec<_>>(),
+            "events": {"enabled": c.events_enabled},
+            "introspection": {"enabled": c.introspection_enabled},
+            "device_grant": {"enabled": c.device_grant_enabled},
+        },
+        "limits": {
+            "max_header_bytes": l.http.max_header_bytes,
+            "max_headers": l.http.max_headers,
+            "max_body_bytes": l.http.max_body_bytes,
+            "idle_timeout_ms": l.idle_timeout_ms,
+            "header_timeout_ms": l.header_timeout_ms,
+            "body_timeout_ms": l.body_timeout_ms,
+            "request_timeout_ms": l.request_timeout_ms,
+            "write_timeout_ms": l.write_timeout_ms,
+            "sse_keepalive_ms": l.sse_keepalive_ms,
+            "stream_queue": l.stream_queue,
+            "max_tasks": c.tasks.max_tasks,
+            "max_connections": max_connections,
+        },
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_config_op_reports_effective_values() {
+        let c: Config =
+            toml::from_str("[agent]\nname = \"reviewer\"\n[limits]\nmax_body_bytes = 1024")
+                .unwrap();
+        let listener = agentd_core::ListenerInfo {
+            kind: agentd_core::ListenerKind::Tcp,
+            url: "http://127.0.0.1:1/".into(),
+        };
+        let ic = c.instance_config(vec![listener]).unwrap();
+        let d = &ic.config_document;
+        assert_eq!(d["agent"]["name"], "reviewer");
+        assert_eq!(d["a2a"]["listen"][0], "http://127.0.0.1:1/");
+        assert_eq!(d["limits"]["max_body_bytes"], 1024);
+        assert_eq!(
+            d["limits"]["idle_timeout_ms"], 60_000,
+            "defaults are filled in"
+        );
+    }
 
     #[test]
     fn default_is_loopback_8420() {
