@@ -47,6 +47,21 @@ pub struct A2aSection {
     /// One endpoint or a list: `tcp://host:port`, `http://host:port` or `unix:///path`.
     #[serde(default)]
     pub listen: Listen,
+    #[serde(default)]
+    pub events: EventsSection,
+}
+
+/// `[a2a.events]`: the instance-wide observation feed.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsSection {
+    /// Declares the events extension and builds the feed.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Events kept for a reconnecting subscriber (default 1024).
+    pub ring: Option<usize>,
+    /// A feed stream ends with `goodbye` `deadline` after this long (default 600000).
+    pub stream_deadline_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -145,6 +160,20 @@ impl Config {
             }
             c.tasks.max_tasks = n;
         }
+        let ev = &self.a2a.events;
+        c.events_enabled = ev.enabled;
+        if let Some(n) = ev.ring {
+            if n == 0 {
+                return Err("a2a.events.ring: must be greater than 0".into());
+            }
+            c.events_ring = n;
+        }
+        if let Some(ms) = ev.stream_deadline_ms {
+            if ms == 0 {
+                return Err("a2a.events.stream_deadline_ms: must be greater than 0".into());
+            }
+            c.events_stream_deadline_ms = ms;
+        }
         c.config_document = effective_document(&c, self.limits.max_connections);
         Ok(c)
     }
@@ -159,7 +188,11 @@ fn effective_document(c: &InstanceConfig, max_connections: Option<usize>) -> ser
         "agent": {"name": c.name, "description": c.description},
         "a2a": {
             "listen": c.listeners.iter().map(|l| l.url.clone()).collect::<Vec<_>>(),
-            "events": {"enabled": c.events_enabled},
+            "events": {
+                "enabled": c.events_enabled,
+                "ring": c.events_ring,
+                "stream_deadline_ms": c.events_stream_deadline_ms,
+            },
             "introspection": {"enabled": c.introspection_enabled},
             "device_grant": {"enabled": c.device_grant_enabled},
         },

@@ -78,6 +78,18 @@ enum State {
         keep_alive: bool,
         last_write: u64,
     },
+    /// The events feed is streaming.
+    Feed {
+        watcher: u64,
+        id: RequestId,
+        /// The last seq this subscriber has been shown or skipped.
+        cursor: u64,
+        chunked: bool,
+        keep_alive: bool,
+        deadline: u64,
+        annotate: bool,
+        last_write: u64,
+    },
     /// A command waits for the host's answer.
     Calling {
         call: CallId,
@@ -165,6 +177,9 @@ impl Connection {
             }
             | State::Calling {
                 ref mut keep_alive, ..
+            }
+            | State::Feed {
+                ref mut keep_alive, ..
             } => *keep_alive = false,
         }
     }
@@ -218,6 +233,7 @@ impl Connection {
             State::Waiting { sub, .. } | State::Streaming { sub: Some(sub), .. } => {
                 inst.unsubscribe(sub)
             }
+            State::Feed { watcher, .. } => inst.unwatch_feed(watcher),
             State::Calling { call, .. } => {
                 if let Some(c) = inst.end_call(call) {
                     if let Some(CallOutcome::Started { sub: Some(sub), .. }) = c.outcome {
@@ -250,6 +266,11 @@ impl Connection {
             State::Reading { .. } => None,
             State::Waiting { deadline, .. } | State::Calling { deadline, .. } => Some(*deadline),
             State::Streaming { last_write, .. } => Some(last_write + l.sse_keepalive_ms),
+            State::Feed {
+                last_write,
+                deadline,
+                ..
+            } => Some((last_write + l.sse_keepalive_ms).min(*deadline)),
         };
         match (write, state) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -298,6 +319,21 @@ impl Connection {
                 if t >= *deadline {
                     self.finish_wait(inst, now);
                     self.drive(inst, now);
+                }
+            }
+            State::Feed {
+                deadline,
+                last_write,
+                chunked,
+                ..
+            } => {
+                if t >= *deadline {
+                    self.end_feed(inst, Some(crate::feed::Goodbye::Deadline));
+                    self.drive(inst, now);
+                } else if t >= *last_write + l.sse_keepalive_ms {
+                    response::write_sse_comment(&mut self.out, "keep-alive", *chunked);
+                    *last_write = t;
+                    self.note_output(now);
                 }
             }
             State::Calling {
@@ -367,6 +403,7 @@ impl Connection {
                 State::Waiting { .. } => self.pump_wait(inst, now),
                 State::Streaming { .. } => self.pump_stream(inst, now),
                 State::Calling { .. } => self.pump_call(inst, now),
+                State::Feed { .. } => self.pump_feed(inst, now),
             };
             if !progressed || self.closing {
                 break;
@@ -517,6 +554,10 @@ impl Connection {
                 self.start_stream(inst, id, sub, &first, keep_alive, minor, activated, now);
                 true
             }
+            Reply::Feed { from_seq } => {
+                self.start_feed(inst, id, from_seq, keep_alive, minor, activated, now);
+                true
+            }
             Reply::Call {
                 call,
                 streaming,
@@ -579,6 +620,141 @@ impl Connection {
             last_write: now.mono_ms,
         };
         self.write_stream_event(inst, first, now);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_feed(
+        &mut self,
+        inst: &mut Instance,
+        id: RequestId,
+        from_seq: u64,
+        keep_alive: bool,
+        minor: u8,
+        activated: ExtSet,
+        now: Now,
+    ) {
+        let (newest, resync, start) = match inst.feed() {
+            Some(ring) => {
+                let resync = ring.needs_resync(from_seq);
+                // The replay starts at the ring's start with resync, or when the cursor
+                // (0: "from the start") is older than anything the ring still holds.
+                let ring_start = ring.oldest() - 1;
+                let start = if resync {
+                    ring_start
+                } else {
+                    from_seq.max(ring_start)
+                };
+                (ring.newest(), resync, start)
+            }
+            None => (0, from_seq > 0, 0),
+        };
+        let watcher = inst.watch_feed(self.waker.clone());
+        let chunked = minor >= 1;
+        let date = self.date(now);
+        let mut h = Head::new(200, &date);
+        if let Some(echo) = activated.echo() {
+            h = h.header("a2a-extensions", echo);
+        }
+        h.close = !chunked || !keep_alive;
+        h.write_sse_start(&mut self.out, chunked);
+        let hello = crate::feed::hello(
+            newest,
+            from_seq,
+            resync,
+            inst.config().introspection_enabled,
+            &inst.config().version,
+        );
+        let mut doc = Vec::with_capacity(160);
+        jsonrpc::write_result(&mut doc, &id, &serde_json::json!({ "hello": hello }));
+        response::write_sse_event(&mut self.out, &doc, chunked);
+        self.state = State::Feed {
+            watcher,
+            id,
+            cursor: start,
+            chunked,
+            keep_alive: keep_alive && chunked,
+            deadline: now.mono_ms + inst.config().events_stream_deadline_ms,
+            annotate: activated.contains(crate::ext::Ext::TaskAnnotations),
+            last_write: now.mono_ms,
+        };
+    }
+
+    /// Writes feed events past the cursor that this caller may see. True when the stream
+    /// ended (the subscriber fell out of the ring).
+    fn pump_feed(&mut self, inst: &mut Instance, now: Now) -> bool {
+        let State::Feed {
+            ref id,
+            ref mut cursor,
+            chunked,
+            annotate,
+            ref mut last_write,
+            ..
+        } = self.state
+        else {
+            return false;
+        };
+        let Some(ring) = inst.feed.as_ref() else {
+            return false;
+        };
+        if ring.overran(*cursor) {
+            // Too slow: the events it needs are gone. End the stream without goodbye; its
+            // reconnect from the same cursor is answered with resync.
+            self.end_feed(inst, None);
+            return true;
+        }
+        let mut wrote = false;
+        // Bounded by the output backlog: the driver writes it, then polls again.
+        for e in ring.after(*cursor) {
+            if self.out.len() - self.out_pos >= self.limits.max_output_bytes {
+                break;
+            }
+            *cursor = e.seq;
+            if !e.visible_to(&self.principal) {
+                continue;
+            }
+            let frame = e.frame(annotate);
+            let mut doc = Vec::with_capacity(frame.len() + 64);
+            doc.extend_from_slice(b"{\"id\":");
+            doc.extend_from_slice(id.as_json().as_bytes());
+            doc.extend_from_slice(b",\"jsonrpc\":\"2.0\",\"result\":{\"event\":");
+            doc.extend_from_slice(frame.as_bytes());
+            doc.extend_from_slice(b"}}");
+            response::write_sse_event(&mut self.out, &doc, chunked);
+            wrote = true;
+        }
+        if wrote {
+            *last_write = now.mono_ms;
+        }
+        false
+    }
+
+    /// Ends the feed stream, with `goodbye` when it has a reason to give.
+    fn end_feed(&mut self, inst: &mut Instance, goodbye: Option<crate::feed::Goodbye>) {
+        let State::Feed {
+            watcher,
+            ref id,
+            cursor,
+            chunked,
+            keep_alive,
+            ..
+        } = self.state
+        else {
+            return;
+        };
+        if let Some(reason) = goodbye {
+            let mut doc = Vec::with_capacity(96);
+            let frame = serde_json::json!({"goodbye": {"reason": reason.as_str(), "seq": cursor}});
+            jsonrpc::write_result(&mut doc, id, &frame);
+            response::write_sse_event(&mut self.out, &doc, chunked);
+        }
+        if chunked {
+            response::write_chunked_end(&mut self.out);
+        }
+        inst.unwatch_feed(watcher);
+        self.state = State::Reading { pending: None };
+        if !keep_alive {
+            self.closing = true;
+        }
     }
 
     /// A command handed to the host: answers once the host does. True when it did.

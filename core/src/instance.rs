@@ -96,6 +96,10 @@ pub struct InstanceConfig {
     pub device_grant_enabled: bool,
     /// The effective configuration, secrets redacted, as the `config` op reports it.
     pub config_document: serde_json::Value,
+    /// Events the feed keeps for a reconnecting subscriber (`a2a.events.ring`).
+    pub events_ring: usize,
+    /// A feed stream ends with `goodbye` `deadline` after this long.
+    pub events_stream_deadline_ms: u64,
 }
 
 impl InstanceConfig {
@@ -111,6 +115,8 @@ impl InstanceConfig {
             introspection_enabled: false,
             device_grant_enabled: false,
             config_document: serde_json::json!({}),
+            events_ring: 1024,
+            events_stream_deadline_ms: 600_000,
         }
     }
 }
@@ -276,6 +282,11 @@ pub struct Instance {
     pub(crate) commands: Commands,
     calls: HashMap<CallId, PendingCall>,
     next_call: CallId,
+    /// The events feed, while the events extension is declared.
+    pub(crate) feed: Option<crate::feed::Ring>,
+    /// Wakers of the connections streaming the feed.
+    feed_watchers: HashMap<u64, Waker>,
+    next_feed_watcher: u64,
     /// Stops accepting new work (the runtime's drain sets it).
     pub draining: bool,
     /// Holds new work (the runtime's pause sets it).
@@ -296,8 +307,12 @@ impl Instance {
                 }
             })
             .collect();
+        let feed = config
+            .events_enabled
+            .then(|| crate::feed::Ring::new(config.events_ring));
         Instance {
             tasks: TaskStore::new(config.tasks),
+            feed,
             config,
             cards,
             entropy,
@@ -307,12 +322,92 @@ impl Instance {
             effects: VecDeque::new(),
             effect_waker: None,
             started: now,
+            feed_watchers: HashMap::new(),
+            next_feed_watcher: 1,
             commands: Commands::new(),
             calls: HashMap::new(),
             next_call: 1,
             draining: false,
             paused: false,
         }
+    }
+
+    /// Pushes an event of the host's kinds (runs, steps, subagents, lifecycle, config, ...)
+    /// onto the feed: the one typed way onto it. `task` and `task.removed` are the instance's
+    /// own, pushed from the task store. Without the events extension this is a no-op.
+    pub fn push_event(
+        &mut self,
+        event: crate::feed::FeedEvent,
+        now: Now,
+    ) -> Result<u64, crate::feed::PushError> {
+        if let crate::feed::FeedEvent::Task { .. } = event {
+            return Err(crate::feed::PushError::Reserved("task"));
+        }
+        if let crate::feed::FeedEvent::TaskRemoved { .. } = event {
+            return Err(crate::feed::PushError::Reserved("task.removed"));
+        }
+        self.push_feed(event, now)
+    }
+
+    pub(crate) fn push_feed(
+        &mut self,
+        event: crate::feed::FeedEvent,
+        now: Now,
+    ) -> Result<u64, crate::feed::PushError> {
+        let introspection = self.config.introspection_enabled;
+        let Some(ring) = self.feed.as_mut() else {
+            return Ok(0);
+        };
+        let seq = crate::feed::push(ring, event, now.epoch_ms, introspection)?;
+        for w in self.feed_watchers.values() {
+            w.wake_by_ref();
+        }
+        Ok(seq)
+    }
+
+    /// A task changed: tell the feed (and, for tasks evicted to make room, that they left).
+    pub(crate) fn task_changed(&mut self, task_id: &str, now: Now) {
+        for (id, owner) in self.tasks.take_evicted() {
+            let _ = self.push_feed(
+                crate::feed::FeedEvent::TaskRemoved {
+                    id,
+                    owner: owner.id,
+                },
+                now,
+            );
+        }
+        if self.feed.is_none() {
+            return;
+        }
+        if let Some(t) = self.tasks.get(task_id) {
+            let event = crate::feed::FeedEvent::Task {
+                task: Box::new(t.view(None, true, true)),
+                owner: t.owner.id.clone(),
+            };
+            let pushed = self.push_feed(event, now);
+            debug_assert!(pushed.is_ok(), "task events match their schema: {pushed:?}");
+        }
+    }
+
+    /// The feed, while the events extension is declared.
+    pub fn feed(&self) -> Option<&crate::feed::Ring> {
+        self.feed.as_ref()
+    }
+
+    pub(crate) fn watch_feed(&mut self, waker: Waker) -> u64 {
+        let id = self.next_feed_watcher;
+        self.next_feed_watcher += 1;
+        self.feed_watchers.insert(id, waker);
+        id
+    }
+
+    pub(crate) fn unwatch_feed(&mut self, id: u64) {
+        self.feed_watchers.remove(&id);
+    }
+
+    /// Connections streaming the feed.
+    pub fn feed_subscribers(&self) -> usize {
+        self.feed_watchers.len()
     }
 
     /// Registers a workflow-declared command op. Built-in op names are reserved.
@@ -408,6 +503,7 @@ impl Instance {
             )
             .map_err(|_| CompletionError::UnknownTask)?;
         self.tasks.set_origin(&task_id, link, Some(op));
+        self.task_changed(&task_id, now);
         let first = Box::new(
             self.tasks
                 .get(&task_id)
@@ -546,6 +642,7 @@ impl Instance {
                     task_id: task_id.clone(),
                 });
                 self.publish(&task_id, event, false);
+                self.task_changed(&task_id, now);
                 Ok(())
             }
         }
@@ -569,6 +666,7 @@ impl Instance {
             task_id: t.id.clone(),
         });
         self.publish(task_id, event, state.ends_a_turn());
+        self.task_changed(task_id, now);
         Ok(())
     }
 

@@ -181,6 +181,8 @@ pub fn parse_request(body: &[u8]) -> Result<Request<'_>, Refusal> {
         _ => return Err(invalid(id, "method must be a non-empty string")),
     };
     let params = match m.params {
+        // `null` params carry nothing: read as absent.
+        Some(p) if p.get() == "null" => None,
         Some(p) if !p.get().starts_with('{') => {
             return Err(Refusal {
                 id,

@@ -30,6 +30,7 @@ pub mod conn;
 pub mod digest;
 pub mod errors;
 pub mod ext;
+pub mod feed;
 pub mod http;
 pub mod ids;
 pub mod instance;

@@ -48,6 +48,10 @@ pub enum Reply {
         sub: Option<SubId>,
         first: Box<StreamResponse>,
     },
+    /// The events feed from a cursor: `hello`, the replay, live events, `goodbye`.
+    Feed {
+        from_seq: u64,
+    },
     /// A command handed to the host: answer once it answers.
     Call {
         call: CallId,
@@ -149,11 +153,9 @@ fn dispatch(
             .with_meta("method", method))
         }
         Route::Events => {
-            return Err(RpcError::new(
-                ErrorKind::OpNotServed,
-                "the events feed is not built yet; this instance cannot serve it",
-            )
-            .with_meta("method", method))
+            return Ok(Reply::Feed {
+                from_seq: feed_params(params)?,
+            })
         }
     };
     let annotate = activated.contains(Ext::TaskAnnotations);
@@ -175,6 +177,43 @@ fn dispatch(
             ErrorKind::UnsupportedOperation,
             "this listener declares no authentication scheme, so it has no extended agent card",
         )),
+    }
+}
+
+/// The feed method's params: closed `{fromSeq?: u64}`; absent params or cursor mean "from
+/// the start".
+fn feed_params(params: Option<&RawValue>) -> Result<u64, RpcError> {
+    let refuse = |field: String, detail: &str| {
+        let mut e = RpcError::invalid_field(field, detail);
+        e.message = format!(
+            "invalid params for {EVENTS_METHOD} (it takes only fromSeq): {}",
+            e.message
+        );
+        e
+    };
+    let Some(raw) = params else { return Ok(0) };
+    let value: serde_json::Value =
+        serde_json::from_str(raw.get()).map_err(|e| refuse("params".into(), &e.to_string()))?;
+    let obj = match value {
+        serde_json::Value::Null => return Ok(0),
+        serde_json::Value::Object(obj) => obj,
+        _ => return Err(refuse("params".into(), "must be an object")),
+    };
+    if let Some(other) = obj.keys().find(|k| *k != "fromSeq") {
+        return Err(refuse(
+            format!("params.{other}"),
+            "is not a parameter of this method",
+        ));
+    }
+    match obj.get("fromSeq") {
+        None | Some(serde_json::Value::Null) => Ok(0),
+        // as_u64 refuses negatives, fractions (2.0 included) and anything past u64.
+        Some(v) => v.as_u64().ok_or_else(|| {
+            refuse(
+                "params.fromSeq".into(),
+                "must be an integer from 0 to 2^64-1",
+            )
+        }),
     }
 }
 
@@ -313,6 +352,7 @@ fn send(
             }
         }
         message.task_id = task_id.clone();
+        inst.task_changed(&task_id, ctx.now);
         inst.push_effect(Effect::Turn {
             task_id: task_id.clone(),
             context_id,

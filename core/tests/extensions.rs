@@ -189,10 +189,14 @@ fn negotiation_is_an_intersection() {
                         assert_ne!(code, -32008, "agentd never sends -32008");
                     }
                 }
-                // Which methods succeed is fixed by the method, never by the header.
-                let should_succeed = !method.contains("PushNotification")
-                    && method != "GetExtendedAgentCard"
-                    && method != "agentd.events/SubscribeToEvents";
+                // Which core methods succeed is fixed by the method, never by the header.
+                let should_succeed = match method {
+                    "GetExtendedAgentCard" => false,
+                    m if m.contains("PushNotification") => false,
+                    // A method is part of its extension: declared and activated, or refused.
+                    "agentd.events/SubscribeToEvents" => events_enabled && requested.contains(&EVENTS_URI),
+                    _ => true,
+                };
                 assert_eq!(
                     matches!(outcome, Outcome::Success),
                     should_succeed,

@@ -231,6 +231,7 @@ impl Ctx {
         let write_timeout = Duration::from_millis(limits.write_timeout_ms.max(1));
         'conn: loop {
             conn.poll(&mut self.lock(), self.clock.now());
+            let wrote = !conn.pending_output().is_empty();
             while !conn.pending_output().is_empty() {
                 let written = future::or(
                     async { Some(stream.write(conn.pending_output()).await) },
@@ -245,6 +246,10 @@ impl Ctx {
                     // Gone, or not reading for the whole write timeout.
                     _ => break 'conn,
                 }
+            }
+            if wrote && !conn.is_finished() {
+                // Writing may have made room for more (a long replay): poll again first.
+                continue;
             }
             if conn.is_finished() {
                 break;

@@ -219,8 +219,12 @@ impl AcceptContext {
                 let now = self.clock.now();
                 conn.poll(&mut self.lock(), now);
             }
-            if !flush(&mut stream, &mut conn, &self.clock) {
-                break;
+            if !conn.pending_output().is_empty() {
+                if !flush(&mut stream, &mut conn, &self.clock) {
+                    break;
+                }
+                // Writing may have made room for more (a long replay): poll again first.
+                continue;
             }
             if conn.is_finished() {
                 break;

@@ -157,6 +157,8 @@ pub struct TaskStore {
     seq: u64,
     /// (created time, id) of terminal tasks: the eviction order.
     terminal: BTreeSet<(u64, String)>,
+    /// Tasks evicted to make room, not yet reported: (id, owner).
+    evicted: Vec<(String, Principal)>,
 }
 
 impl TaskStore {
@@ -166,6 +168,7 @@ impl TaskStore {
             tasks: HashMap::new(),
             order: BTreeMap::new(),
             seq: 0,
+            evicted: Vec::new(),
             terminal: BTreeSet::new(),
         }
     }
@@ -243,11 +246,16 @@ impl TaskStore {
         self.seq
     }
 
-    fn remove(&mut self, id: &str) {
-        if let Some(t) = self.tasks.remove(id) {
-            self.order.remove(&(t.status_ms, t.status_seq));
-            self.terminal.remove(&(t.created_ms, t.id));
-        }
+    fn remove(&mut self, id: &str) -> Option<TaskRecord> {
+        let t = self.tasks.remove(id)?;
+        self.order.remove(&(t.status_ms, t.status_seq));
+        self.terminal.remove(&(t.created_ms, t.id.clone()));
+        Some(t)
+    }
+
+    /// Tasks evicted since the last call, oldest first.
+    pub(crate) fn take_evicted(&mut self) -> Vec<(String, Principal)> {
+        std::mem::take(&mut self.evicted)
     }
 
     fn live_mut(&mut self, id: &str) -> Result<&mut TaskRecord, StoreError> {

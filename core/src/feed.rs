@@ -1,0 +1,417 @@
+//! The events extension's feed: one bounded ring of instance-wide events, and the typed API
+//! that is the only way onto it.
+//!
+//! Every event is `{seq, ts, kind, data}` with `seq` strictly increasing. The ring's capacity
+//! is fixed when the instance is built, and pushing never grows it: the oldest event leaves.
+//! A subscriber holds nothing but its cursor into the ring, so a slow reader costs no memory:
+//! it either keeps up, or the ring overwrites past its cursor and its stream ends (without a
+//! `goodbye`), and its reconnect with `fromSeq` gets `resync: true`.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use crate::a2a::types::Task;
+use crate::auth::Principal;
+use crate::ext::events_schema::{self, Audience};
+use crate::ext::registry::TASK_ANNOTATIONS_URI;
+
+/// Messages and bytes of history a `task` event carries.
+const TASK_EVENT_HISTORY: usize = 4;
+const TASK_EVENT_HISTORY_BYTES: usize = 32 * 1024;
+
+/// One event on the ring.
+#[derive(Debug)]
+pub struct FeedEntry {
+    pub seq: u64,
+    /// Epoch milliseconds.
+    pub ts: u64,
+    pub kind: &'static str,
+    /// Who receives it besides operators: everyone, or the owning principal's id.
+    pub audience: Audience,
+    pub owner: Option<String>,
+    /// The `data` document as JSON text, rendered once for every subscriber.
+    pub data: Arc<str>,
+    /// For a `task` event, the same document without task annotations.
+    pub data_plain: Option<Arc<str>>,
+}
+
+impl FeedEntry {
+    /// Whether `p` receives this event: an operator receives every event; anyone else what
+    /// its principal owns and what is addressed to every subscriber.
+    pub fn visible_to(&self, p: &Principal) -> bool {
+        match self.audience {
+            _ if p.is_operator() => true,
+            Audience::All => p.role != crate::auth::Role::Anonymous,
+            Audience::Owner => self.owner.as_deref().is_some_and(|o| o == p.id),
+            Audience::Operator => false,
+        }
+    }
+
+    /// The `event` frame's member, as JSON text: `{"kind":…,"seq":…,"ts":…,"data":…}`.
+    pub fn frame(&self, annotate: bool) -> String {
+        let data = match (&self.data_plain, annotate) {
+            (Some(plain), false) => plain,
+            _ => &self.data,
+        };
+        format!(
+            "{{\"kind\":\"{}\",\"seq\":{},\"ts\":{},\"data\":{}}}",
+            self.kind, self.seq, self.ts, data
+        )
+    }
+}
+
+/// What may be pushed: the closed vocabulary, one variant per family of kinds.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FeedEvent {
+    /// A task changed (created, status, artifact). Carries the Task, stored annotated.
+    Task { task: Box<Task>, owner: String },
+    /// A task left the store.
+    TaskRemoved { id: String, owner: String },
+    /// Any other kind of the vocabulary, with its document; `owner` for owner-audience kinds.
+    Other {
+        kind: &'static str,
+        data: Value,
+        owner: Option<String>,
+    },
+}
+
+/// Why a push was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PushError {
+    /// Not a kind of the closed vocabulary.
+    UnknownKind(String),
+    /// `task` and `task.removed` are pushed by the instance itself, from the task store.
+    Reserved(&'static str),
+    /// The document does not match the kind's schema (checked in debug builds).
+    Invalid {
+        kind: &'static str,
+        errors: Vec<String>,
+    },
+}
+
+/// The ring and its bookkeeping.
+#[derive(Debug)]
+pub struct Ring {
+    capacity: usize,
+    entries: VecDeque<FeedEntry>,
+    /// The seq of the newest event; 0 before the first.
+    newest: u64,
+    /// Events that left the ring.
+    dropped: u64,
+}
+
+impl Ring {
+    pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        Ring {
+            capacity,
+            entries: VecDeque::with_capacity(capacity),
+            newest: 0,
+            dropped: 0,
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn newest(&self) -> u64 {
+        self.newest
+    }
+
+    /// The seq of the oldest event still held (newest + 1 when empty).
+    pub fn oldest(&self) -> u64 {
+        self.entries.front().map_or(self.newest + 1, |e| e.seq)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Whether a cursor (the last seq a client read) cannot be honoured: events past it have
+    /// left the ring, or it is ahead of the feed (it comes from before a restart).
+    pub fn needs_resync(&self, after: u64) -> bool {
+        let evicted = after > 0 && self.dropped > 0 && after + 1 < self.oldest();
+        evicted || after > self.newest
+    }
+
+    /// Whether a live reader at `cursor` has been overrun: the next event it needs is gone.
+    pub fn overran(&self, cursor: u64) -> bool {
+        self.dropped > 0 && cursor + 1 < self.oldest()
+    }
+
+    /// Events after `cursor`, oldest first.
+    pub fn after(&self, cursor: u64) -> impl Iterator<Item = &FeedEntry> {
+        let skip = cursor.saturating_add(1).saturating_sub(self.oldest()) as usize;
+        self.entries.iter().skip(skip)
+    }
+
+    /// The only way onto the ring (see [`crate::instance::Instance::push_event`]).
+    fn push_entry(
+        &mut self,
+        ts: u64,
+        kind: &'static str,
+        audience: Audience,
+        owner: Option<String>,
+        data: Arc<str>,
+        data_plain: Option<Arc<str>>,
+    ) -> u64 {
+        if self.entries.len() == self.capacity {
+            self.entries.pop_front();
+            self.dropped += 1;
+        }
+        self.newest += 1;
+        self.entries.push_back(FeedEntry {
+            seq: self.newest,
+            ts,
+            kind,
+            audience,
+            owner,
+            data,
+            data_plain,
+        });
+        self.newest
+    }
+}
+
+/// Builds, checks and appends one event. Returns its seq.
+pub(crate) fn push(
+    ring: &mut Ring,
+    event: FeedEvent,
+    ts: u64,
+    introspection: bool,
+) -> Result<u64, PushError> {
+    let (kind, data, data_plain, owner) = match event {
+        FeedEvent::Task { task, owner } => {
+            let task = trim_history(*task);
+            let annotated = json!({"task": task});
+            let mut plain_task = task;
+            if let Some(meta) = plain_task.metadata.as_mut() {
+                meta.remove(TASK_ANNOTATIONS_URI);
+                if meta.is_empty() {
+                    plain_task.metadata = None;
+                }
+            }
+            let plain = json!({"task": plain_task});
+            ("task", annotated, Some(plain), Some(owner))
+        }
+        FeedEvent::TaskRemoved { id, owner } => {
+            ("task.removed", json!({"id": id}), None, Some(owner))
+        }
+        FeedEvent::Other { kind, .. } if kind == "task" || kind == "task.removed" => {
+            return Err(PushError::Reserved(kind))
+        }
+        FeedEvent::Other { kind, data, owner } => (kind, data, None, owner),
+    };
+    let spec = events_schema::kind(kind).ok_or_else(|| PushError::UnknownKind(kind.to_owned()))?;
+    if spec.introspection_only && !introspection {
+        // Audit events exist only while introspection is on.
+        return Ok(ring.newest());
+    }
+    #[cfg(debug_assertions)]
+    check_against_schema(spec.kind, &data)?;
+    let render =
+        |v: &Value| -> Arc<str> { Arc::from(serde_json::to_string(v).unwrap_or_default()) };
+    let plain = data_plain.as_ref().map(render);
+    Ok(ring.push_entry(ts, spec.kind, spec.audience, owner, render(&data), plain))
+}
+
+/// A Task for the feed: its history cut to the newest few messages.
+fn trim_history(mut task: Task) -> Task {
+    let keep_from = task.history.len().saturating_sub(TASK_EVENT_HISTORY);
+    task.history.drain(..keep_from);
+    let mut bytes: usize = task
+        .history
+        .iter()
+        .map(|m| serde_json::to_vec(m).map_or(0, |v| v.len()))
+        .sum();
+    while bytes > TASK_EVENT_HISTORY_BYTES && !task.history.is_empty() {
+        let first = task.history.remove(0);
+        bytes -= serde_json::to_vec(&first).map_or(0, |v| v.len());
+    }
+    task
+}
+
+#[cfg(debug_assertions)]
+fn check_against_schema(kind: &'static str, data: &Value) -> Result<(), PushError> {
+    use std::collections::HashMap;
+    use std::sync::OnceLock;
+    static VALIDATORS: OnceLock<HashMap<&'static str, jsonschema::Validator>> = OnceLock::new();
+    let validators = VALIDATORS.get_or_init(|| {
+        events_schema::KINDS
+            .iter()
+            .map(|k| {
+                let v = jsonschema::draft202012::new(&(k.data)()).unwrap_or_else(|e| {
+                    panic!("the schema of feed kind {} is invalid: {e}", k.kind)
+                });
+                (k.kind, v)
+            })
+            .collect()
+    });
+    let Some(v) = validators.get(kind) else {
+        return Ok(());
+    };
+    let errors: Vec<String> = v
+        .iter_errors(data)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(PushError::Invalid { kind, errors })
+    }
+}
+
+/// The `hello` frame's member.
+pub fn hello(newest: u64, resume: u64, resync: bool, introspection: bool, version: &str) -> Value {
+    json!({"introspection": introspection, "resume": resume, "resync": resync, "seq": newest, "version": version})
+}
+
+/// Why a feed stream ended with `goodbye`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Goodbye {
+    Deadline,
+    Revoked,
+}
+
+impl Goodbye {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Goodbye::Deadline => "deadline",
+            Goodbye::Revoked => "revoked",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lifecycle(paused: bool) -> FeedEvent {
+        FeedEvent::Other {
+            kind: "lifecycle",
+            data: if paused {
+                json!({"paused": true, "reason": "x"})
+            } else {
+                json!({"paused": false})
+            },
+            owner: None,
+        }
+    }
+
+    #[test]
+    fn the_ring_is_bounded_and_seq_strictly_increases() {
+        let mut r = Ring::new(3);
+        for i in 0..10 {
+            let seq = push(&mut r, lifecycle(i % 2 == 0), 1000 + i, false).unwrap();
+            assert_eq!(seq, i + 1);
+            assert!(r.len() <= 3);
+        }
+        assert_eq!((r.oldest(), r.newest()), (8, 10));
+        let seqs: Vec<u64> = r.after(0).map(|e| e.seq).collect();
+        assert_eq!(seqs, [8, 9, 10]);
+        assert_eq!(r.after(8).map(|e| e.seq).collect::<Vec<_>>(), [9, 10]);
+        assert_eq!(r.after(10).count(), 0);
+        // Resync: a cursor whose next event left, or one from before a restart.
+        assert!(r.needs_resync(5));
+        assert!(!r.needs_resync(7));
+        assert!(!r.needs_resync(10));
+        assert!(r.needs_resync(11));
+        assert!(r.overran(6));
+        assert!(!r.overran(7));
+        let fresh = Ring::new(3);
+        assert!(!fresh.needs_resync(0));
+        assert!(
+            fresh.needs_resync(1),
+            "the feed restarted below this cursor"
+        );
+    }
+
+    #[test]
+    fn only_the_vocabulary_gets_on_and_documents_are_checked() {
+        let mut r = Ring::new(8);
+        let bad = FeedEvent::Other {
+            kind: "message",
+            data: json!({}),
+            owner: None,
+        };
+        assert_eq!(
+            push(&mut r, bad, 1, false),
+            Err(PushError::UnknownKind("message".into()))
+        );
+        let reserved = FeedEvent::Other {
+            kind: "task",
+            data: json!({}),
+            owner: None,
+        };
+        assert_eq!(
+            push(&mut r, reserved, 1, false),
+            Err(PushError::Reserved("task"))
+        );
+        let wrong = FeedEvent::Other {
+            kind: "config",
+            data: json!({"paths": "x"}),
+            owner: None,
+        };
+        if cfg!(debug_assertions) {
+            assert!(matches!(
+                push(&mut r, wrong, 1, false),
+                Err(PushError::Invalid { kind: "config", .. })
+            ));
+        }
+        // Audit exists only while introspection is on.
+        let audit = FeedEvent::Other {
+            kind: "audit",
+            data: json!({"ts": 1, "principal": null, "role": null, "action": "a", "target": null, "outcome": "ok"}),
+            owner: None,
+        };
+        push(&mut r, audit.clone(), 1, false).unwrap();
+        assert!(r.is_empty());
+        push(&mut r, audit, 1, true).unwrap();
+        assert_eq!(r.len(), 1);
+    }
+
+    #[test]
+    fn visibility() {
+        let mut r = Ring::new(8);
+        push(&mut r, lifecycle(true), 1, false).unwrap();
+        push(
+            &mut r,
+            FeedEvent::TaskRemoved {
+                id: "t".into(),
+                owner: "user:a".into(),
+            },
+            1,
+            false,
+        )
+        .unwrap();
+        push(
+            &mut r,
+            FeedEvent::Other {
+                kind: "config",
+                data: json!({"paths": ["a"], "source": "reload"}),
+                owner: None,
+            },
+            1,
+            false,
+        )
+        .unwrap();
+        let alice = Principal::new("user:a", crate::auth::Role::User, vec![]);
+        let bob = Principal::new("user:b", crate::auth::Role::User, vec![]);
+        let seen = |p: &Principal| {
+            r.after(0)
+                .filter(|e| e.visible_to(p))
+                .map(|e| e.seq)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(seen(&Principal::operator()), [1, 2, 3]);
+        assert_eq!(seen(&alice), [1, 2, 3]);
+        assert_eq!(seen(&bob), [1, 3], "gaps where others' events were");
+    }
+}
