@@ -225,6 +225,7 @@ mod tests {
         let listener = agentd_core::ListenerInfo {
             kind: agentd_core::ListenerKind::Tcp,
             url: "http://127.0.0.1:1/".into(),
+            loopback: true,
         };
         let ic = c.instance_config(vec![listener]).unwrap();
         let d = &ic.config_document;

@@ -103,3 +103,248 @@ mod tests {
         assert!(!anon.may_see(&anon));
     }
 }
+
+/// What the transport proved about a connection's peer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// A unix-socket peer the driver admitted (the daemon's own uid, or root): the kernel is
+    /// the authenticator, so it is the operator.
+    Unix { uid: u32 },
+    /// A TCP peer.
+    Tcp,
+    /// An embedder that authenticated the caller itself.
+    Fixed(Principal),
+}
+
+/// A bearer credential from the configuration, kept only as its SHA-256.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BearerRule {
+    pub digest: [u8; 32],
+    pub principal: Principal,
+}
+
+/// How callers authenticate: the one source for the resolver, the card's security fields and
+/// the extended-card gate.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AuthConfig {
+    /// `a2a.bearer`'s digest: the operator credential.
+    pub operator_bearer: Option<[u8; 32]>,
+    /// `bearer_ref` rules, in declared order.
+    pub bearers: Vec<BearerRule>,
+    /// The principal of an `any` rule: whoever presents nothing.
+    pub any: Option<Principal>,
+}
+
+impl AuthConfig {
+    /// A bearer mechanism is configured.
+    pub fn has_bearer(&self) -> bool {
+        self.operator_bearer.is_some() || !self.bearers.is_empty()
+    }
+
+    /// The operator credential and one rule, for tests and embedders: digests of the tokens.
+    pub fn digest(token: &str) -> [u8; 32] {
+        crate::digest::sha256(token.as_bytes())
+    }
+}
+
+/// Why a request has no principal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unauthenticated {
+    /// Nothing was presented.
+    Missing,
+    /// A credential was presented and matched nothing.
+    InvalidToken,
+    /// A browser request (it carries `Origin`) on a listener whose only evidence would be
+    /// the implicit loopback operator: admission is not trust.
+    Browser,
+}
+
+/// Who a request is, from the transport and its headers, in the fixed order of evidence:
+/// the unix peer; a presented bearer (which never falls back to other evidence); an `any`
+/// rule; the implicit operator of a loopback listener with nothing configured; else nobody.
+pub fn resolve(
+    config: &AuthConfig,
+    peer: &Peer,
+    loopback_listener: bool,
+    authorization: Option<&[u8]>,
+    has_origin: bool,
+) -> Result<(Principal, Via), Unauthenticated> {
+    match peer {
+        Peer::Unix { .. } => return Ok((Principal::operator(), Via::Unix)),
+        Peer::Fixed(p) => return Ok((p.clone(), Via::Fixed)),
+        Peer::Tcp => {}
+    }
+    if let Some(value) = authorization {
+        if config.has_bearer() {
+            let token = bearer_token(value).ok_or(Unauthenticated::InvalidToken)?;
+            let digest = crate::digest::sha256(token);
+            // Every configured digest is compared, in constant time, whatever matches.
+            let mut found: Option<Principal> = None;
+            if let Some(op) = &config.operator_bearer {
+                if constant_time_eq(op, &digest) {
+                    found = Some(Principal::operator());
+                }
+            }
+            for rule in &config.bearers {
+                if constant_time_eq(&rule.digest, &digest) && found.is_none() {
+                    found = Some(rule.principal.clone());
+                }
+            }
+            return match found {
+                Some(p) if p.role != Role::Anonymous => Ok((p, Via::Bearer)),
+                _ => Err(Unauthenticated::InvalidToken),
+            };
+        }
+        // A bearer on a listener with no bearer mechanism names nothing: go on.
+    }
+    if let Some(p) = &config.any {
+        if p.role == Role::Anonymous {
+            return Err(Unauthenticated::Missing);
+        }
+        return Ok((p.clone(), Via::AnyRule));
+    }
+    if loopback_listener && !config.has_bearer() {
+        if has_origin {
+            return Err(Unauthenticated::Browser);
+        }
+        return Ok((Principal::operator(), Via::Implicit));
+    }
+    Err(Unauthenticated::Missing)
+}
+
+/// How a principal was established.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    Unix,
+    Bearer,
+    AnyRule,
+    Implicit,
+    Fixed,
+}
+
+impl Via {
+    /// Named through a scheme the card declares: what the extended card requires.
+    pub fn declared_scheme(self) -> bool {
+        matches!(self, Via::Bearer | Via::Fixed)
+    }
+}
+
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let text = value.trim_ascii();
+    let (scheme, token) = text.split_at(text.iter().position(|b| *b == b' ')?);
+    if !scheme.eq_ignore_ascii_case(b"bearer") {
+        return None;
+    }
+    let token = token.trim_ascii();
+    (!token.is_empty()).then_some(token)
+}
+
+/// Compares two digests without an early exit, so timing says nothing about where they differ.
+pub fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let mut diff = 0u8;
+    for (x, y) in a.iter().zip(b.iter()) {
+        diff |= x ^ y;
+    }
+    diff == 0
+}
+
+#[cfg(test)]
+mod resolve_tests {
+    use super::*;
+
+    fn config() -> AuthConfig {
+        AuthConfig {
+            operator_bearer: Some(AuthConfig::digest("op-secret")),
+            bearers: vec![BearerRule {
+                digest: AuthConfig::digest("peer-secret"),
+                principal: Principal::new(
+                    "agent:peer-a",
+                    Role::Agent,
+                    vec!["workflow.signal".into()],
+                ),
+            }],
+            any: None,
+        }
+    }
+
+    #[test]
+    fn evidence_in_order() {
+        let c = config();
+        let r = |auth: Option<&str>, loopback: bool, origin: bool| {
+            resolve(&c, &Peer::Tcp, loopback, auth.map(str::as_bytes), origin)
+        };
+        assert_eq!(
+            r(Some("Bearer op-secret"), true, false).unwrap().0,
+            Principal::operator()
+        );
+        assert_eq!(
+            r(Some("bearer  peer-secret "), false, false).unwrap().0.id,
+            "agent:peer-a"
+        );
+        assert_eq!(
+            r(Some("Bearer nope"), true, false),
+            Err(Unauthenticated::InvalidToken)
+        );
+        assert_eq!(
+            r(Some("Basic b3A="), true, false),
+            Err(Unauthenticated::InvalidToken)
+        );
+        assert_eq!(
+            r(None, true, false),
+            Err(Unauthenticated::Missing),
+            "a bearer mechanism ends the implicit operator"
+        );
+        let open = AuthConfig::default();
+        assert_eq!(
+            resolve(&open, &Peer::Tcp, true, None, false).unwrap(),
+            (Principal::operator(), Via::Implicit)
+        );
+        assert_eq!(
+            resolve(&open, &Peer::Tcp, true, Some(b"Bearer x"), false)
+                .unwrap()
+                .1,
+            Via::Implicit,
+            "ignored where no bearer is configured"
+        );
+        assert_eq!(
+            resolve(&open, &Peer::Tcp, true, None, true),
+            Err(Unauthenticated::Browser)
+        );
+        assert_eq!(
+            resolve(&open, &Peer::Tcp, false, None, false),
+            Err(Unauthenticated::Missing)
+        );
+        assert_eq!(
+            resolve(
+                &c,
+                &Peer::Unix { uid: 0 },
+                false,
+                Some(b"Bearer nope"),
+                true
+            )
+            .unwrap()
+            .1,
+            Via::Unix
+        );
+        let any = AuthConfig {
+            any: Some(Principal::new("user:guest", Role::User, vec![])),
+            ..config()
+        };
+        assert_eq!(
+            resolve(&any, &Peer::Tcp, false, None, false).unwrap().1,
+            Via::AnyRule
+        );
+        assert_eq!(
+            resolve(&any, &Peer::Tcp, false, Some(b"Bearer nope"), false),
+            Err(Unauthenticated::InvalidToken),
+            "a failed bearer never falls back"
+        );
+    }
+
+    #[test]
+    fn constant_time_compare() {
+        let a = AuthConfig::digest("a");
+        assert!(constant_time_eq(&a, &a));
+        assert!(!constant_time_eq(&a, &AuthConfig::digest("b")));
+    }
+}

@@ -15,7 +15,7 @@ use std::borrow::Cow;
 use std::task::Waker;
 
 use crate::a2a::types::StreamResponse;
-use crate::auth::Principal;
+use crate::auth::{Peer, Principal, Unauthenticated};
 use crate::errors::{ErrorKind, RpcError};
 use crate::ext::negotiate::ExtSet;
 use crate::http::response::{self, Head};
@@ -81,6 +81,8 @@ enum State {
     /// The events feed is streaming.
     Feed {
         watcher: u64,
+        /// Who reads it: decides which events it receives.
+        principal: Principal,
         id: RequestId,
         /// The last seq this subscriber has been shown or skipped.
         cursor: u64,
@@ -106,7 +108,8 @@ enum State {
 /// One HTTP/1.1 connection.
 pub struct Connection {
     listener: usize,
-    principal: Principal,
+    /// What the transport proved about the peer; each request is resolved from it.
+    peer: Peer,
     limits: ConnLimits,
     waker: Waker,
     parser: RequestParser,
@@ -126,18 +129,12 @@ pub struct Connection {
 
 impl Connection {
     /// A new connection on `listener` (an index into the instance's listeners) from a peer
-    /// the transport identified as `principal`. `waker` is woken when the connection has
-    /// output to produce without new input (a task it watches changed).
-    pub fn new(
-        listener: usize,
-        principal: Principal,
-        limits: ConnLimits,
-        waker: Waker,
-        now: Now,
-    ) -> Self {
+    /// the transport identified as `peer`. `waker` is woken when the connection has output to
+    /// produce without new input (a task it watches changed).
+    pub fn new(listener: usize, peer: Peer, limits: ConnLimits, waker: Waker, now: Now) -> Self {
         Connection {
             listener,
-            principal,
+            peer,
             limits,
             waker,
             parser: RequestParser::new(limits.http),
@@ -503,8 +500,30 @@ impl Connection {
         body: &[u8],
         now: Now,
     ) -> bool {
+        let loopback = inst
+            .config()
+            .listeners
+            .get(self.listener)
+            .is_some_and(|l| l.loopback);
+        let resolved = crate::auth::resolve(
+            &inst.config().auth,
+            &self.peer,
+            loopback,
+            head.header("authorization"),
+            head.header("origin").is_some(),
+        );
+        let (principal, via) = match resolved {
+            Ok(found) => found,
+            Err(why) => {
+                // Nothing costly runs before the caller is known: refused before the body is
+                // read as JSON, so the id is null.
+                self.write_unauthenticated(why, &head, now);
+                return false;
+            }
+        };
         let ctx = CallContext {
-            principal: &self.principal,
+            principal: &principal,
+            via,
             listener: self.listener,
             head: &head,
             now,
@@ -555,7 +574,9 @@ impl Connection {
                 true
             }
             Reply::Feed { from_seq } => {
-                self.start_feed(inst, id, from_seq, keep_alive, minor, activated, now);
+                self.start_feed(
+                    inst, id, principal, from_seq, keep_alive, minor, activated, now,
+                );
                 true
             }
             Reply::Call {
@@ -627,6 +648,7 @@ impl Connection {
         &mut self,
         inst: &mut Instance,
         id: RequestId,
+        principal: Principal,
         from_seq: u64,
         keep_alive: bool,
         minor: u8,
@@ -669,6 +691,7 @@ impl Connection {
         response::write_sse_event(&mut self.out, &doc, chunked);
         self.state = State::Feed {
             watcher,
+            principal,
             id,
             cursor: start,
             chunked,
@@ -684,6 +707,7 @@ impl Connection {
     fn pump_feed(&mut self, inst: &mut Instance, now: Now) -> bool {
         let State::Feed {
             ref id,
+            ref principal,
             ref mut cursor,
             chunked,
             annotate,
@@ -709,7 +733,7 @@ impl Connection {
                 break;
             }
             *cursor = e.seq;
-            if !e.visible_to(&self.principal) {
+            if !e.visible_to(principal) {
                 continue;
             }
             let frame = e.frame(annotate);
@@ -1034,6 +1058,33 @@ impl Connection {
             .header("access-control-allow-origin", "*");
         self.finish_head(&mut h, head.minor_version, head.keep_alive);
         h.write_full(&mut self.out, &card.body, head_only);
+    }
+
+    /// 401: who the caller is could not be established. The challenge says which scheme.
+    fn write_unauthenticated(&mut self, why: Unauthenticated, head: &RequestHead, now: Now) {
+        let (challenge, message) = match why {
+            Unauthenticated::Missing => (
+                "Bearer realm=\"agentd\"",
+                "authentication required: present a bearer token",
+            ),
+            Unauthenticated::InvalidToken => (
+                "Bearer realm=\"agentd\", error=\"invalid_token\"",
+                "the presented credential is not valid here",
+            ),
+            Unauthenticated::Browser => (
+                "Bearer realm=\"agentd\"",
+                "browser requests must authenticate: a request with Origin is never the implicit operator",
+            ),
+        };
+        let err = RpcError::new(ErrorKind::Unauthenticated, message);
+        let mut doc = Vec::with_capacity(192);
+        jsonrpc::write_error(&mut doc, &RequestId::null(), &err);
+        let date = self.date(now);
+        let mut h = Head::new(401, &date)
+            .header("content-type", "application/json")
+            .header("www-authenticate", challenge);
+        self.finish_head(&mut h, head.minor_version, head.keep_alive);
+        h.write_full(&mut self.out, &doc, false);
     }
 
     /// A JSON answer; `echo` is the `A2A-Extensions` value of a successful one.

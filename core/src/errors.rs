@@ -46,6 +46,8 @@ pub enum ErrorKind {
     PermissionDenied,
     /// An op this instance's host does not serve yet.
     OpNotServed,
+    /// No credential, or one that names nobody (HTTP 401).
+    Unauthenticated,
 }
 
 /// What the table says about a kind.
@@ -167,6 +169,12 @@ impl ErrorKind {
                 Some("OP_NOT_SERVED"),
                 AGENTD_DOMAIN,
             ),
+            Unauthenticated => (
+                -31401,
+                "Unauthenticated",
+                Some("UNAUTHENTICATED"),
+                AGENTD_DOMAIN,
+            ),
         };
         ErrorRow {
             code,
@@ -175,10 +183,10 @@ impl ErrorKind {
             domain,
             // Only authorization answers at the HTTP layer too; every other refusal is a
             // JSON-RPC error at 200, which is what A2A clients parse.
-            http_status: if matches!(self, PermissionDenied) {
-                403
-            } else {
-                200
+            http_status: match self {
+                PermissionDenied => 403,
+                Unauthenticated => 401,
+                _ => 200,
             },
         }
     }

@@ -39,6 +39,16 @@ pub struct ListenerInfo {
     pub kind: ListenerKind,
     /// The URL the card's interface names: `http://127.0.0.1:8420/` or `unix:///path`.
     pub url: String,
+    /// A TCP listener bound to a loopback address: with no credential configured, its local
+    /// callers are the operator.
+    pub loopback: bool,
+}
+
+impl ListenerInfo {
+    /// Whether this listener declares an authentication scheme (so has an extended card).
+    pub fn declares_scheme(&self, auth: &crate::auth::AuthConfig) -> bool {
+        self.kind == ListenerKind::Tcp && auth.has_bearer()
+    }
 }
 
 /// Deadlines and bounds of one connection, in milliseconds where they are times.
@@ -100,6 +110,8 @@ pub struct InstanceConfig {
     pub events_ring: usize,
     /// A feed stream ends with `goodbye` `deadline` after this long.
     pub events_stream_deadline_ms: u64,
+    /// Credentials and rules: who callers are.
+    pub auth: crate::auth::AuthConfig,
 }
 
 impl InstanceConfig {
@@ -117,6 +129,7 @@ impl InstanceConfig {
             config_document: serde_json::json!({}),
             events_ring: 1024,
             events_stream_deadline_ms: 600_000,
+            auth: crate::auth::AuthConfig::default(),
         }
     }
 }

@@ -6,15 +6,19 @@
 //!
 //! ```
 //! use agentd_core::{Connection, Instance, InstanceConfig, ListenerInfo, ListenerKind, Now};
-//! use agentd_core::auth::Principal;
+//! use agentd_core::auth::Peer;
 //! use agentd_core::ids::CounterEntropy;
 //!
 //! let now = Now::new(0, 1_767_225_600_000);
-//! let listener = ListenerInfo { kind: ListenerKind::Tcp, url: "http://127.0.0.1:8420/".into() };
+//! let listener = ListenerInfo {
+//!     kind: ListenerKind::Tcp,
+//!     url: "http://127.0.0.1:8420/".into(),
+//!     loopback: true,
+//! };
 //! let config = InstanceConfig::new(vec![listener]);
 //! let mut instance = Instance::new(config.clone(), Box::new(CounterEntropy(1)), now);
 //! let waker = std::task::Waker::noop().clone();
-//! let mut conn = Connection::new(0, Principal::operator(), config.conn, waker, now);
+//! let mut conn = Connection::new(0, Peer::Tcp, config.conn, waker, now);
 //!
 //! conn.handle_input(&mut instance, b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n", now);
 //! let answer = String::from_utf8_lossy(conn.pending_output()).into_owned();

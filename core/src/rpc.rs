@@ -71,6 +71,8 @@ pub struct Answer {
 /// Who asks, over which listener, with which headers.
 pub struct CallContext<'a> {
     pub principal: &'a Principal,
+    /// How the principal was established.
+    pub via: crate::auth::Via,
     pub listener: usize,
     pub head: &'a RequestHead,
     pub now: Now,

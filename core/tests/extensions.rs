@@ -194,7 +194,9 @@ fn negotiation_is_an_intersection() {
                     "GetExtendedAgentCard" => false,
                     m if m.contains("PushNotification") => false,
                     // A method is part of its extension: declared and activated, or refused.
-                    "agentd.events/SubscribeToEvents" => events_enabled && requested.contains(&EVENTS_URI),
+                    "agentd.events/SubscribeToEvents" => {
+                        events_enabled && requested.contains(&EVENTS_URI)
+                    }
                     _ => true,
                 };
                 assert_eq!(

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Wake, Waker};
 use std::time::Duration;
 
-use agentd_core::auth::Principal;
+use agentd_core::auth::Peer;
 use agentd_core::{Connection, Instance};
 use agentd_io_std::os::{unix_peer_allowed, BoundListener, Clock};
 use async_io::{Async, Timer};
@@ -171,7 +171,7 @@ impl Ctx {
             self.executor
                 .spawn(async move {
                     if ctx.admit(&mut stream).await {
-                        ctx.clone().serve(stream).await;
+                        ctx.clone().serve(stream, Peer::Tcp).await;
                         ctx.active.fetch_sub(1, Ordering::SeqCst);
                     }
                 })
@@ -190,8 +190,8 @@ impl Ctx {
                 }
             };
             // The kernel's word on who the peer is, before any byte is read.
-            match unix_peer_allowed(stream.get_ref()) {
-                Ok((true, _)) => {}
+            let uid = match unix_peer_allowed(stream.get_ref()) {
+                Ok((true, uid)) => uid,
                 Ok((false, uid)) => {
                     tracing::warn!(
                         uid,
@@ -203,12 +203,12 @@ impl Ctx {
                     tracing::warn!(error = %e, "unix socket peer credentials unreadable");
                     continue;
                 }
-            }
+            };
             let ctx = self.clone();
             self.executor
                 .spawn(async move {
                     if ctx.admit(&mut stream).await {
-                        ctx.clone().serve(stream).await;
+                        ctx.clone().serve(stream, Peer::Unix { uid }).await;
                         ctx.active.fetch_sub(1, Ordering::SeqCst);
                     }
                 })
@@ -216,17 +216,11 @@ impl Ctx {
         }
     }
 
-    async fn serve<S: AsyncRead + AsyncWrite + Unpin>(self, mut stream: S) {
+    async fn serve<S: AsyncRead + AsyncWrite + Unpin>(self, mut stream: S, peer: Peer) {
         let (wake_tx, wake_rx) = async_channel::bounded::<()>(1);
         let waker = Waker::from(Arc::new(ChannelWake(wake_tx)));
         let limits = self.lock().config().conn;
-        let mut conn = Connection::new(
-            self.index,
-            Principal::operator(),
-            limits,
-            waker,
-            self.clock.now(),
-        );
+        let mut conn = Connection::new(self.index, peer, limits, waker, self.clock.now());
         let mut buf = vec![0u8; self.options.read_buffer];
         let write_timeout = Duration::from_millis(limits.write_timeout_ms.max(1));
         'conn: loop {

@@ -134,13 +134,18 @@ impl BoundListener {
     /// What the core needs to know about it: the URL its card advertises.
     pub fn info(&self) -> io::Result<ListenerInfo> {
         Ok(match self {
-            BoundListener::Tcp(l) => ListenerInfo {
-                kind: ListenerKind::Tcp,
-                url: format!("http://{}/", l.local_addr()?),
-            },
+            BoundListener::Tcp(l) => {
+                let addr = l.local_addr()?;
+                ListenerInfo {
+                    kind: ListenerKind::Tcp,
+                    url: format!("http://{addr}/"),
+                    loopback: addr.ip().is_loopback(),
+                }
+            }
             BoundListener::Unix { path, .. } => ListenerInfo {
                 kind: ListenerKind::Unix(path.display().to_string()),
                 url: format!("unix://{}", path.display()),
+                loopback: false,
             },
         })
     }

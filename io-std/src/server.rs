@@ -9,7 +9,7 @@ use std::task::{Wake, Waker};
 use std::thread;
 use std::time::Duration;
 
-use agentd_core::auth::Principal;
+use agentd_core::auth::Peer;
 use agentd_core::{Connection, Instance};
 
 use crate::os::{unix_peer_allowed, BoundListener, Clock};
@@ -176,11 +176,11 @@ impl AcceptContext {
                     match accepted {
                         Accepted::Tcp(s) => {
                             let _ = s.set_nodelay(true);
-                            ctx.serve(s)
+                            ctx.serve(s, Peer::Tcp)
                         }
                         // The kernel's word on who the peer is, before any byte is read.
                         Accepted::Unix(s) => match unix_peer_allowed(&s) {
-                            Ok((true, _)) => ctx.serve(s),
+                            Ok((true, uid)) => ctx.serve(s, Peer::Unix { uid }),
                             Ok((false, uid)) => {
                                 tracing::warn!(uid, "unix socket peer refused: not this daemon's uid or root")
                             }
@@ -202,7 +202,7 @@ impl AcceptContext {
         self.instance.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn serve<S: Stream>(self, mut stream: S) {
+    fn serve<S: Stream>(self, mut stream: S, peer: Peer) {
         let notify = Arc::new(ThreadNotify {
             thread: thread::current(),
             woken: AtomicBool::new(false),
@@ -212,7 +212,7 @@ impl AcceptContext {
         let limits = self.lock().config().conn;
         let _ =
             stream.set_write_timeout(Some(Duration::from_millis(limits.write_timeout_ms.max(1))));
-        let mut conn = Connection::new(self.index, Principal::operator(), limits, waker, now);
+        let mut conn = Connection::new(self.index, peer, limits, waker, now);
         let mut buf = vec![0u8; self.options.read_buffer];
         loop {
             {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Wake, Waker};
 
-use agentd_core::auth::Principal;
+use agentd_core::auth::{Peer, Principal};
 use agentd_core::ids::CounterEntropy;
 use agentd_core::{Connection, Effect, Instance, InstanceConfig, ListenerInfo, ListenerKind, Now};
 use serde_json::Value;
@@ -41,10 +41,12 @@ impl Harness {
             ListenerInfo {
                 kind: ListenerKind::Tcp,
                 url: "http://127.0.0.1:8420/".into(),
+                loopback: true,
             },
             ListenerInfo {
                 kind: ListenerKind::Unix("/run/a.sock".into()),
                 url: "unix:///run/a.sock".into(),
+                loopback: false,
             },
         ]);
         tweak(&mut config);
@@ -61,15 +63,27 @@ impl Harness {
         self.conn_on(0)
     }
 
+    /// A connection whose peer the transport proved: a unix peer on listener 1, a TCP peer
+    /// (resolved per request from its credentials) on listener 0.
     pub fn conn_on(&self, listener: usize) -> Client {
-        self.conn_as(listener, Principal::operator())
+        let peer = if listener == 1 {
+            Peer::Unix { uid: 0 }
+        } else {
+            Peer::Tcp
+        };
+        self.conn_peer(listener, peer)
     }
 
+    /// A connection whose caller an embedder already authenticated.
     pub fn conn_as(&self, listener: usize, principal: Principal) -> Client {
+        self.conn_peer(listener, Peer::Fixed(principal))
+    }
+
+    pub fn conn_peer(&self, listener: usize, peer: Peer) -> Client {
         let wakes = Arc::new(WakeCount::default());
         let waker = Waker::from(wakes.clone());
         Client {
-            conn: Connection::new(listener, principal, self.config.conn, waker, self.now),
+            conn: Connection::new(listener, peer, self.config.conn, waker, self.now),
             wakes,
         }
     }
