@@ -49,6 +49,33 @@ pub struct A2aSection {
     pub listen: Listen,
     #[serde(default)]
     pub events: EventsSection,
+    /// The operator's bearer credential, as a secret reference.
+    pub bearer: Option<String>,
+    /// Who else may call, and what they may do.
+    #[serde(default)]
+    pub principals: Vec<PrincipalRule>,
+}
+
+/// `[[a2a.principals]]`: one rule.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrincipalRule {
+    pub id: Option<String>,
+    #[serde(rename = "match")]
+    pub matcher: RuleMatch,
+    pub role: String,
+    #[serde(default)]
+    pub grants: Vec<String>,
+}
+
+/// What a rule matches: a bearer credential (a secret reference), or anyone (`any = true`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleMatch {
+    pub bearer_ref: Option<String>,
+    pub any: Option<bool>,
+    pub san: Option<String>,
+    pub sub: Option<String>,
 }
 
 /// `[a2a.events]`: the instance-wide observation feed.
@@ -174,9 +201,152 @@ impl Config {
             }
             c.events_stream_deadline_ms = ms;
         }
+        c.auth = self.auth_config()?;
         c.config_document = effective_document(&c, self.limits.max_connections);
+        if let Some(obj) = c.config_document["a2a"].as_object_mut() {
+            // Credentials appear only as their references.
+            obj.insert("bearer".into(), serde_json::json!(self.a2a.bearer));
+            let rules: Vec<serde_json::Value> = self
+                .a2a
+                .principals
+                .iter()
+                .map(|r| {
+                    serde_json::json!({
+                        "id": r.id,
+                        "role": r.role,
+                        "grants": r.grants,
+                        "match": {"bearer_ref": r.matcher.bearer_ref, "any": r.matcher.any},
+                    })
+                })
+                .collect();
+            obj.insert("principals".into(), serde_json::Value::Array(rules));
+        }
         Ok(c)
     }
+
+    /// Credentials and rules, resolved from their secret references and checked.
+    fn auth_config(&self) -> Result<agentd_core::auth::AuthConfig, String> {
+        use agentd_core::auth::{AuthConfig, BearerRule, Principal, Role};
+        use agentd_core::ext::command::table::{self, Floor, REMOVED_OPS};
+        let mut auth = AuthConfig::default();
+        let mut secrets: Vec<(String, String)> = Vec::new();
+        if let Some(reference) = &self.a2a.bearer {
+            let secret = resolve_secret("a2a.bearer", reference)?;
+            auth.operator_bearer = Some(AuthConfig::digest(&secret));
+            secrets.push(("a2a.bearer".into(), secret));
+        }
+        let mut ids = std::collections::HashSet::new();
+        for (i, rule) in self.a2a.principals.iter().enumerate() {
+            let at = format!("a2a.principals[{i}]");
+            let role = match rule.role.as_str() {
+                "operator" => Role::Operator,
+                "user" => Role::User,
+                "agent" => Role::Agent,
+                "anonymous" => Role::Anonymous,
+                other => {
+                    return Err(format!(
+                        "{at}.role: {other:?} is not operator, user, agent or anonymous"
+                    ))
+                }
+            };
+            for grant in &rule.grants {
+                if let Some((_, hint)) = REMOVED_OPS.iter().find(|(op, _)| op == grant) {
+                    return Err(format!("{at}.grants: {grant} was removed ({hint})"));
+                }
+                let floor_op = table::find(grant).is_some_and(|s| s.floor == Floor::Operator)
+                    || grant.starts_with(table::RESERVED_PREFIX);
+                if floor_op && role != Role::Operator {
+                    return Err(format!(
+                        "{at}.grants: {grant} is operator-only, and no grant reaches it for role {}",
+                        role.as_str()
+                    ));
+                }
+            }
+            let id = rule
+                .id
+                .clone()
+                .ok_or_else(|| format!("{at}.id: required"))?;
+            let valid = !id.is_empty()
+                && id.len() <= 128
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._@:/+-".contains(&b));
+            if !valid {
+                return Err(format!(
+                    "{at}.id: {id:?} must be 1-128 of [A-Za-z0-9._@:/+-]"
+                ));
+            }
+            if !ids.insert(id.clone()) {
+                return Err(format!("{at}.id: {id:?} is declared twice"));
+            }
+            let principal = match role {
+                Role::Operator => Principal::operator(),
+                r => Principal::new(format!("{}:{id}", r.as_str()), r, rule.grants.clone()),
+            };
+            let m = &rule.matcher;
+            if m.san.is_some() || m.sub.is_some() {
+                return Err(format!("{at}.match: certificate rules (san, sub) need mutual TLS, which is not built yet"));
+            }
+            match (&m.bearer_ref, m.any) {
+                (Some(reference), None) => {
+                    let secret = resolve_secret(&format!("{at}.match.bearer_ref"), reference)?;
+                    if let Some((other, _)) = secrets.iter().find(|(_, s)| *s == secret) {
+                        return Err(format!("{at}.match.bearer_ref: the same secret as {other}"));
+                    }
+                    auth.bearers.push(BearerRule {
+                        digest: AuthConfig::digest(&secret),
+                        principal,
+                    });
+                    secrets.push((at, secret));
+                }
+                (None, Some(true)) => {
+                    if role == Role::Operator {
+                        return Err(format!("{at}: an any rule never names the operator"));
+                    }
+                    if auth.any.is_some() {
+                        return Err(format!("{at}: only one rule may match any"));
+                    }
+                    auth.any = Some(principal);
+                }
+                _ => {
+                    return Err(format!(
+                        "{at}.match: exactly one of bearer_ref or any = true"
+                    ))
+                }
+            }
+        }
+        Ok(auth)
+    }
+}
+
+/// Reads a secret reference: `{{secret:NAME}}` (the environment variable NAME) or
+/// `{{secret-file:PATH}}` (the file's content, trimmed). A credential never sits in the
+/// configuration file itself, so the `config` op can show the file without redacting it.
+fn resolve_secret(key: &str, reference: &str) -> Result<String, String> {
+    let inner = reference
+        .strip_prefix("{{")
+        .and_then(|r| r.strip_suffix("}}"))
+        .ok_or_else(|| format!("{key}: a credential is a {{{{secret:NAME}}}} or {{{{secret-file:PATH}}}} reference"))?;
+    let secret = if let Some(name) = inner.strip_prefix("secret:") {
+        std::env::var(name)
+            .map_err(|_| format!("{key}: the environment variable {name} is not set"))?
+    } else if let Some(path) = inner.strip_prefix("secret-file:") {
+        std::fs::read_to_string(path)
+            .map_err(|e| format!("{key}: {path}: {e}"))?
+            .trim()
+            .to_owned()
+    } else {
+        return Err(format!("{key}: {reference} is not a secret reference"));
+    };
+    if secret.is_empty() {
+        return Err(format!("{key}: the secret is empty"));
+    }
+    if secret.starts_with("agentd_at_") {
+        return Err(format!(
+            "{key}: agentd_at_ is the prefix of session tokens, not of configured secrets"
+        ));
+    }
+    Ok(secret)
 }
 
 /// The effective configuration, every default filled in, as the `config` op reports it.
@@ -236,6 +406,106 @@ mod tests {
             d["limits"]["idle_timeout_ms"], 60_000,
             "defaults are filled in"
         );
+    }
+
+    #[test]
+    fn credentials_load_from_references_and_bad_rules_are_load_errors() {
+        std::env::set_var("AGENTD_TEST_OP", "op-token");
+        std::env::set_var("AGENTD_TEST_PEER", "peer-token");
+        let listener = || {
+            vec![agentd_core::ListenerInfo {
+                kind: agentd_core::ListenerKind::Tcp,
+                url: "http://127.0.0.1:1/".into(),
+                loopback: true,
+            }]
+        };
+        let good = r#"
+            [a2a]
+            bearer = "{{secret:AGENTD_TEST_OP}}"
+            [[a2a.principals]]
+            id = "peer-a"
+            role = "agent"
+            grants = ["workflow.signal"]
+            match = { bearer_ref = "{{secret:AGENTD_TEST_PEER}}" }
+        "#;
+        let c: Config = toml::from_str(good).unwrap();
+        let ic = c.instance_config(listener()).unwrap();
+        assert!(ic.auth.operator_bearer.is_some());
+        assert_eq!(ic.auth.bearers[0].principal.id, "agent:peer-a");
+        let shown = ic.config_document.to_string();
+        assert!(
+            !shown.contains("op-token") && !shown.contains("peer-token"),
+            "secrets never shown: {shown}"
+        );
+        assert!(shown.contains("{{secret:AGENTD_TEST_OP}}"));
+        for (text, needle) in [
+            (
+                r#"[a2a]
+bearer = "op-token""#,
+                "reference",
+            ),
+            (
+                r#"[a2a]
+bearer = "{{secret:AGENTD_TEST_UNSET_XYZ}}""#,
+                "not set",
+            ),
+            (
+                r#"[[a2a.principals]]
+id = "u"
+role = "user"
+grants = ["admin.drain"]
+match = { any = true }"#,
+                "operator-only",
+            ),
+            (
+                r#"[[a2a.principals]]
+id = "u"
+role = "user"
+grants = ["config.set"]
+match = { any = true }"#,
+                "removed",
+            ),
+            (
+                r#"[[a2a.principals]]
+role = "user"
+match = { any = true }"#,
+                "id: required",
+            ),
+            (
+                r#"[[a2a.principals]]
+id = "u u"
+role = "user"
+match = { any = true }"#,
+                "must be",
+            ),
+            (
+                r#"[[a2a.principals]]
+id = "u"
+role = "root"
+match = { any = true }"#,
+                "not operator",
+            ),
+            (
+                r#"[[a2a.principals]]
+id = "u"
+role = "user"
+match = { sub = "x" }"#,
+                "not built",
+            ),
+            (
+                r#"[a2a]
+bearer = "{{secret:AGENTD_TEST_OP}}"
+[[a2a.principals]]
+id = "u"
+role = "user"
+match = { bearer_ref = "{{secret:AGENTD_TEST_OP}}" }"#,
+                "same secret",
+            ),
+        ] {
+            let c: Config = toml::from_str(text).unwrap();
+            let err = c.instance_config(listener()).map(|_| ()).unwrap_err();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
     }
 
     #[test]

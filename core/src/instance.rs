@@ -750,7 +750,8 @@ impl Instance {
     }
 }
 
-fn build_card(config: &InstanceConfig, listener: &ListenerInfo) -> AgentCard {
+/// The card of a listener as the public sees it.
+pub(crate) fn build_card(config: &InstanceConfig, listener: &ListenerInfo) -> AgentCard {
     use crate::a2a::card::AgentExtension;
     use crate::ext::registry::{declared, Ext};
     let extensions = Ext::ALL
@@ -775,9 +776,23 @@ fn build_card(config: &InstanceConfig, listener: &ListenerInfo) -> AgentCard {
         ListenerKind::Unix(_) => UNIX_BINDING_URI,
     };
     let modes = || vec!["text/plain".to_owned(), "application/json".to_owned()];
+    // The schemes the card declares are the ones this listener enforces.
+    let security = listener.declares_scheme(&config.auth).then(|| {
+        let mut schemes = serde_json::Map::new();
+        schemes.insert(
+            "bearer".into(),
+            serde_json::json!({"httpAuthSecurityScheme": {"scheme": "Bearer"}}),
+        );
+        let mut requirements = vec![serde_json::json!({"schemes": {"bearer": {"list": []}}})];
+        if config.auth.any.is_some() {
+            // An `any` rule admits callers who present nothing: the empty alternative.
+            requirements.push(serde_json::json!({"schemes": {}}));
+        }
+        (schemes, requirements)
+    });
     AgentCard {
         capabilities: AgentCapabilities {
-            extended_agent_card: Some(false),
+            extended_agent_card: Some(listener.declares_scheme(&config.auth)),
             extensions,
             push_notifications: Some(false),
             streaming: Some(true),
@@ -786,6 +801,8 @@ fn build_card(config: &InstanceConfig, listener: &ListenerInfo) -> AgentCard {
         default_output_modes: modes(),
         description: config.description.clone(),
         name: config.name.clone(),
+        security_requirements: security.as_ref().map(|(_, r)| r.clone()),
+        security_schemes: security.map(|(s, _)| s),
         skills: vec![AgentSkill {
             description: "Converse with this agent: each message without a command is a turn \
                           answered by the configured conversation agent."

@@ -175,10 +175,7 @@ fn dispatch(
             ErrorKind::PushNotificationNotSupported,
             "push notifications are not supported by this instance (capabilities.pushNotifications is false)",
         )),
-        CoreMethod::GetExtendedAgentCard => Err(RpcError::new(
-            ErrorKind::UnsupportedOperation,
-            "this listener declares no authentication scheme, so it has no extended agent card",
-        )),
+        CoreMethod::GetExtendedAgentCard => extended_card(inst, ctx),
     }
 }
 
@@ -628,6 +625,97 @@ fn run_command(
         streaming: mode == CallMode::Stream,
         history_length: history,
     })
+}
+
+/// GetExtendedAgentCard: the public card narrowed to this instance and this caller. It
+/// exists only where authentication means something: on a listener that declares a scheme,
+/// for a caller named through it.
+fn extended_card(inst: &Instance, ctx: &CallContext<'_>) -> Result<Reply, RpcError> {
+    use crate::ext::command::table::{self as ops, Gate};
+    let config = inst.config();
+    let listener = config
+        .listeners
+        .get(ctx.listener)
+        .ok_or_else(|| RpcError::of(ErrorKind::Internal))?;
+    if !listener.declares_scheme(&config.auth) {
+        return Err(RpcError::new(
+            ErrorKind::UnsupportedOperation,
+            "this listener declares no authentication scheme, so it has no extended agent card",
+        ));
+    }
+    if !ctx.via.declared_scheme() {
+        return Err(RpcError::new(
+            ErrorKind::Unauthenticated,
+            "the extended agent card is served to a caller named by a declared scheme",
+        ));
+    }
+    let p = ctx.principal;
+    let switches = inst.switches(ctx.listener);
+    let served = |spec: &ops::OpSpec| match spec.gate {
+        Gate::Always => true,
+        Gate::Introspection => switches.introspection,
+        Gate::DeviceGrant => switches.device_grant,
+        Gate::TcpListener => switches.tcp_listener,
+    };
+    let mut card = crate::instance::build_card(config, listener);
+    let may = |spec: &ops::OpSpec| command::may_command(p, spec);
+    let visible_ops: Vec<serde_json::Value> = ops::OPS
+        .iter()
+        .filter(|s| s.listed && served(s) && may(s))
+        .map(|s| serde_json::json!({"op": s.op, "reply": s.reply.as_str()}))
+        .collect();
+    let declared: Vec<&command::DeclaredCommand> = inst
+        .commands
+        .declared()
+        .filter(|d| p.is_operator() || (p.granted(&d.op) && d.roles.contains(&p.role)))
+        .collect();
+    for ext in card.capabilities.extensions.iter_mut() {
+        let Some(params) = ext
+            .params
+            .as_mut()
+            .and_then(serde_json::Value::as_object_mut)
+        else {
+            continue;
+        };
+        match Ext::from_uri(&ext.uri) {
+            Some(Ext::Command) => {
+                params.insert("ops".into(), serde_json::Value::Array(visible_ops.clone()));
+                let commands: Vec<serde_json::Value> = declared
+                    .iter()
+                    .map(|d| serde_json::json!({"op": d.op, "workflow": d.workflow, "schema": d.schema}))
+                    .collect();
+                if !commands.is_empty() {
+                    params.insert("commands".into(), serde_json::Value::Array(commands));
+                }
+                if ops::find("admin.set").is_some_and(&may) {
+                    params.insert("settable".into(), serde_json::json!(ops::SETTABLE_PATHS));
+                }
+            }
+            Some(Ext::Events) => {
+                params.insert("ring".into(), serde_json::json!(config.events_ring));
+                let kinds: Vec<&str> = crate::ext::events_schema::kinds_for(
+                    p.is_operator(),
+                    config.introspection_enabled,
+                )
+                .collect();
+                params.insert("kinds".into(), serde_json::json!(kinds));
+            }
+            _ => {}
+        }
+    }
+    let mut workflows: Vec<&str> = declared.iter().map(|d| d.workflow.as_str()).collect();
+    workflows.sort_unstable();
+    workflows.dedup();
+    for w in workflows {
+        card.skills.push(crate::a2a::card::AgentSkill {
+            description: format!("Run the {w} workflow"),
+            examples: Vec::new(),
+            id: format!("workflow:{w}"),
+            name: w.to_owned(),
+            tags: vec!["workflow".into()],
+        });
+    }
+    Ok(serialize(&card))
 }
 
 /// The `status` op: this instance as the caller may see it.

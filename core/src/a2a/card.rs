@@ -14,6 +14,11 @@ pub struct AgentCard {
     pub default_output_modes: Vec<String>,
     pub description: String,
     pub name: String,
+    /// The schemes this listener enforces, by name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub security_requirements: Option<Vec<Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub security_schemes: Option<serde_json::Map<String, Value>>,
     pub skills: Vec<AgentSkill>,
     pub supported_interfaces: Vec<AgentInterface>,
     pub version: String,
