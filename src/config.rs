@@ -54,6 +54,17 @@ pub struct A2aSection {
     /// Who else may call, and what they may do.
     #[serde(default)]
     pub principals: Vec<PrincipalRule>,
+    #[serde(default)]
+    pub cors: CorsSection,
+}
+
+/// `[a2a.cors]`: browser origins served.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CorsSection {
+    /// Exact origins (`scheme://host[:port]`); `*` and paths are refused.
+    #[serde(default)]
+    pub origins: Vec<String>,
 }
 
 /// `[[a2a.principals]]`: one rule.
@@ -202,6 +213,7 @@ impl Config {
             c.events_stream_deadline_ms = ms;
         }
         c.auth = self.auth_config()?;
+        c.cors = agentd_core::http::cors::CorsPolicy::from_list(&self.a2a.cors.origins)?;
         c.config_document = effective_document(&c, self.limits.max_connections);
         if let Some(obj) = c.config_document["a2a"].as_object_mut() {
             // Credentials appear only as their references.
@@ -220,6 +232,10 @@ impl Config {
                 })
                 .collect();
             obj.insert("principals".into(), serde_json::Value::Array(rules));
+            obj.insert(
+                "cors".into(),
+                serde_json::json!({"origins": self.a2a.cors.origins}),
+            );
         }
         Ok(c)
     }

@@ -125,6 +125,23 @@ pub struct Connection {
     body_started: Option<u64>,
     write_stalled_since: Option<u64>,
     date: (u64, String),
+    /// The browser origin of the request being answered, and whether it is served.
+    cors: Cors,
+}
+
+/// A request's standing with CORS.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Cors {
+    /// No `Origin`: not a browser's cross-origin request.
+    None,
+    /// A listed origin: its responses name it, and expose the headers a page reads.
+    Allowed {
+        origin: String,
+        preflight: bool,
+        private_network: bool,
+    },
+    /// An unlisted origin: refused, and the answer varies with `Origin`.
+    Refused,
 }
 
 impl Connection {
@@ -148,6 +165,7 @@ impl Connection {
             body_started: None,
             write_stalled_since: None,
             date: (u64::MAX, String::new()),
+            cors: Cors::None,
         }
     }
 
@@ -431,7 +449,15 @@ impl Connection {
                 Event::Head(head) => {
                     self.head_started = None;
                     self.body_started = Some(now.mono_ms);
-                    let route = route(&head);
+                    let mut route = route(&head);
+                    self.cors = cors_standing(inst, &head, &route);
+                    if self.cors == Cors::Refused {
+                        // Before the body is read, and never counted as a failed credential.
+                        route = Route::Refuse {
+                            status: 403,
+                            allow: None,
+                        };
+                    }
                     if let Route::Refuse { status, allow } = route {
                         if head.has_body() {
                             // Refused from its head: its body is never read, so the byte
@@ -632,6 +658,7 @@ impl Connection {
         }
         // HTTP/1.0 has no chunked coding: the stream ends when the connection does.
         h.close = !chunked || !keep_alive;
+        self.cors_headers(&mut h);
         h.write_sse_start(&mut self.out, chunked);
         self.state = State::Streaming {
             sub,
@@ -678,6 +705,7 @@ impl Connection {
             h = h.header("a2a-extensions", echo);
         }
         h.close = !chunked || !keep_alive;
+        self.cors_headers(&mut h);
         h.write_sse_start(&mut self.out, chunked);
         let hello = crate::feed::hello(
             newest,
@@ -1120,17 +1148,66 @@ impl Connection {
         if let Some(allow) = allow {
             h = h.header("allow", allow);
         }
+        if status == 204 && allow == Some(CARD_ALLOW) {
+            // The card is public: any page may read it.
+            h = h
+                .header("access-control-allow-origin", "*")
+                .header("access-control-allow-methods", CARD_ALLOW);
+        }
         self.finish_head(&mut h, head.minor_version, head.keep_alive && !close);
         h.write_full(&mut self.out, b"", false);
     }
 
     /// Marks the head for closing or, for an HTTP/1.0 peer that asked, keeping alive.
     fn finish_head(&mut self, h: &mut Head<'_>, minor: u8, keep_alive: bool) {
+        self.cors_headers(h);
         if !keep_alive {
             h.close = true;
             self.closing = true;
         } else if minor == 0 {
             h.headers.push(("connection", Cow::Borrowed("keep-alive")));
+        }
+    }
+
+    /// The CORS headers of the request being answered.
+    fn cors_headers(&self, h: &mut Head<'_>) {
+        match &self.cors {
+            Cors::None => {}
+            Cors::Refused => h.headers.push(("vary", Cow::Borrowed("Origin"))),
+            Cors::Allowed {
+                origin,
+                preflight,
+                private_network,
+            } => {
+                h.headers
+                    .push(("access-control-allow-origin", Cow::Owned(origin.clone())));
+                h.headers.push(("vary", Cow::Borrowed("Origin")));
+                if *preflight {
+                    h.headers.push((
+                        "access-control-allow-methods",
+                        Cow::Borrowed(crate::http::cors::ALLOW_METHODS),
+                    ));
+                    h.headers.push((
+                        "access-control-allow-headers",
+                        Cow::Borrowed(crate::http::cors::ALLOW_HEADERS),
+                    ));
+                    h.headers.push((
+                        "access-control-max-age",
+                        Cow::Borrowed(crate::http::cors::MAX_AGE),
+                    ));
+                    if *private_network {
+                        h.headers.push((
+                            "access-control-allow-private-network",
+                            Cow::Borrowed("true"),
+                        ));
+                    }
+                } else {
+                    h.headers.push((
+                        "access-control-expose-headers",
+                        Cow::Borrowed(crate::http::cors::EXPOSE_HEADERS),
+                    ));
+                }
+            }
         }
     }
 
@@ -1186,6 +1263,27 @@ fn route(head: &RequestHead) -> Route {
             status: 404,
             allow: None,
         },
+    }
+}
+
+/// Where a request stands with CORS: the JSON-RPC route and its preflight are gated by the
+/// listed origins; the card is public (its own `access-control-allow-origin: *`).
+fn cors_standing(inst: &Instance, head: &RequestHead, route: &Route) -> Cors {
+    let Some(origin) = head.header("origin") else {
+        return Cors::None;
+    };
+    if head.path != RPC_PATH {
+        return Cors::None;
+    }
+    if !inst.config().cors.admits(origin) {
+        return Cors::Refused;
+    }
+    Cors::Allowed {
+        origin: String::from_utf8_lossy(origin).trim().to_owned(),
+        preflight: matches!(route, Route::Options { .. }),
+        private_network: head
+            .header("access-control-request-private-network")
+            .is_some_and(|v| v.trim_ascii().eq_ignore_ascii_case(b"true")),
     }
 }
 

@@ -112,6 +112,8 @@ pub struct InstanceConfig {
     pub events_stream_deadline_ms: u64,
     /// Credentials and rules: who callers are.
     pub auth: crate::auth::AuthConfig,
+    /// `a2a.cors.origins`: the browser origins served.
+    pub cors: crate::http::cors::CorsPolicy,
 }
 
 impl InstanceConfig {
@@ -130,6 +132,7 @@ impl InstanceConfig {
             events_ring: 1024,
             events_stream_deadline_ms: 600_000,
             auth: crate::auth::AuthConfig::default(),
+            cors: crate::http::cors::CorsPolicy::default(),
         }
     }
 }

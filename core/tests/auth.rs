@@ -83,8 +83,12 @@ fn missing_and_bad_credentials_answer_401_with_the_challenge() {
 
 #[test]
 fn a_browser_request_is_never_the_implicit_operator() {
-    let mut h = Harness::new();
+    let mut h = Harness::with(|c| {
+        c.cors =
+            agentd_core::http::cors::CorsPolicy::from_list(&["http://localhost:3000"]).unwrap();
+    });
     let mut c = h.conn_peer(0, Peer::Tcp);
+    // A listed origin passes the origin gate, but admission is not trust.
     let mut req = call("ListTasks", 1, json!({}));
     let at = req.windows(2).position(|w| w == b"\r\n").unwrap() + 2;
     req.splice(at..at, b"Origin: http://localhost:3000\r\n".to_vec());
@@ -292,5 +296,102 @@ fn the_extended_card_narrows_to_the_caller() {
     assert_eq!(
         kinds, 17,
         "every kind but audit, while introspection is off"
+    );
+}
+
+fn with_header(mut req: Vec<u8>, header: &str) -> Vec<u8> {
+    let at = req.windows(2).position(|w| w == b"\r\n").unwrap() + 2;
+    req.splice(at..at, format!("{header}\r\n").into_bytes());
+    req
+}
+
+#[test]
+fn cors_serves_listed_origins_only() {
+    let auth = secured(false).config.auth.clone();
+    let mut h = Harness::with(|c| {
+        c.auth = auth;
+        c.cors =
+            agentd_core::http::cors::CorsPolicy::from_list(&["http://localhost:3000"]).unwrap();
+    });
+    let mut c = h.conn_peer(0, Peer::Tcp);
+    // A listed origin: the answer names it and exposes the echo and the challenge.
+    let req = with_header(
+        with_token(
+            call_ext(
+                "ListTasks",
+                1,
+                json!({}),
+                &["https://agentd.dev/a2a/ext/task-annotations"],
+            ),
+            "op-token",
+        ),
+        "Origin: http://localhost:3000",
+    );
+    let r = one(&c.feed(&mut h, &req));
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("http://localhost:3000")
+    );
+    assert_eq!(r.header("vary"), Some("Origin"));
+    assert_eq!(
+        r.header("access-control-expose-headers"),
+        Some("a2a-extensions, retry-after, www-authenticate")
+    );
+    assert!(r.header("a2a-extensions").is_some());
+    // Even a 401 carries them, so the page can read the challenge.
+    let req = with_header(
+        call("ListTasks", 2, json!({})),
+        "Origin: http://localhost:3000",
+    );
+    let r = one(&c.feed(&mut h, &req));
+    assert_eq!(r.status, 401);
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("http://localhost:3000")
+    );
+    // The preflight.
+    let pre = b"OPTIONS / HTTP/1.1\r\nHost: x\r\nOrigin: http://localhost:3000\r\nAccess-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: a2a-extensions, a2a-version, authorization, content-type\r\nAccess-Control-Request-Private-Network: true\r\n\r\n";
+    let r = one(&c.feed(&mut h, pre));
+    assert_eq!(r.status, 204);
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("http://localhost:3000")
+    );
+    let allowed = r.header("access-control-allow-headers").unwrap();
+    for needed in [
+        "a2a-extensions",
+        "a2a-version",
+        "authorization",
+        "content-type",
+    ] {
+        assert!(allowed.contains(needed), "{allowed}");
+    }
+    assert_eq!(
+        r.header("access-control-allow-private-network"),
+        Some("true")
+    );
+    // An unlisted origin: 403, no CORS headers, the body never read, nothing run.
+    for origin in ["http://evil.example", "null", "http://localhost:3001"] {
+        let mut c = h.conn_peer(0, Peer::Tcp);
+        let req = with_header(
+            with_token(
+                call("SendMessage", 3, json!({"message": text_message("x","m")})),
+                "op-token",
+            ),
+            &format!("Origin: {origin}"),
+        );
+        let r = one(&c.feed(&mut h, &req));
+        assert_eq!(r.status, 403, "{origin}");
+        assert!(r.body.is_empty());
+        assert!(r.header("access-control-allow-origin").is_none());
+        assert_eq!(r.header("vary"), Some("Origin"));
+    }
+    assert_eq!(h.inst.task_count(), 0);
+    // The card is public to every origin.
+    let r = one(&c.feed(&mut h, b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\nOrigin: http://evil.example\r\n\r\n"));
+    assert_eq!(
+        (r.status, r.header("access-control-allow-origin")),
+        (200, Some("*"))
     );
 }
