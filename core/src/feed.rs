@@ -137,13 +137,14 @@ impl Ring {
     /// Whether a cursor (the last seq a client read) cannot be honoured: events past it have
     /// left the ring, or it is ahead of the feed (it comes from before a restart).
     pub fn needs_resync(&self, after: u64) -> bool {
-        let evicted = after > 0 && self.dropped > 0 && after + 1 < self.oldest();
+        // Saturating: a cursor is the client's number, up to u64::MAX.
+        let evicted = after > 0 && self.dropped > 0 && after.saturating_add(1) < self.oldest();
         evicted || after > self.newest
     }
 
     /// Whether a live reader at `cursor` has been overrun: the next event it needs is gone.
     pub fn overran(&self, cursor: u64) -> bool {
-        self.dropped > 0 && cursor + 1 < self.oldest()
+        self.dropped > 0 && cursor.saturating_add(1) < self.oldest()
     }
 
     /// Events after `cursor`, oldest first.
@@ -325,6 +326,12 @@ mod tests {
         assert!(r.needs_resync(11));
         assert!(r.overran(6));
         assert!(!r.overran(7));
+        assert!(
+            r.needs_resync(u64::MAX),
+            "the largest cursor is ahead, never an overflow"
+        );
+        assert!(!r.overran(u64::MAX));
+        assert_eq!(r.after(u64::MAX).count(), 0);
         let fresh = Ring::new(3);
         assert!(!fresh.needs_resync(0));
         assert!(
