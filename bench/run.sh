@@ -3,11 +3,14 @@
 #
 #   bench/run.sh                       # build, bench both drivers, print the table
 #   BENCH_SECONDS=3 bench/run.sh       # shorter runs
+#   BENCH_SCENARIOS=events bench/run.sh   # only the events-feed fan-out scenario
 #
 # Shape: a *target* is one server process to measure (today: agentd with a given driver;
 # later e.g. the Python SDK's reference server). A *scenario* is one wrk load against the
 # running target. Both dispatch through small functions (start_target / scenario_<name>),
-# so adding either means adding one function and one case.
+# so adding either means adding one function and one case. The `events` scenario is the one
+# exception: it needs its own daemon (feed enabled) per subscriber count, so bench_events
+# runs it after the plain scenarios, with the subscriber client bench/events_sub.py.
 set -euo pipefail
 
 # ---------------------------------------------------------------------------------------------
@@ -15,15 +18,20 @@ set -euo pipefail
 # ---------------------------------------------------------------------------------------------
 BENCH_SECONDS=${BENCH_SECONDS:-10}                    # wrk duration per run
 BENCH_TARGETS=${BENCH_TARGETS:-"smol std"}            # agentd drivers (or other targets)
-BENCH_SCENARIOS=${BENCH_SCENARIOS:-"card get-unknown status send"}  # `send` last: it grows state
+BENCH_SCENARIOS=${BENCH_SCENARIOS:-"card get-unknown status send events"}  # `send` last: it grows state
+                                                      # (`events` runs on fresh daemons of its own)
 BENCH_CONNS=${BENCH_CONNS:-"1 32"}                    # wrk connection counts
 BENCH_SKIP_BUILD=${BENCH_SKIP_BUILD:-0}               # 1: use the existing binary as is
 BENCH_START_TIMEOUT=${BENCH_START_TIMEOUT:-15}        # seconds to wait for the card to answer
 BENCH_KEEP=${BENCH_KEEP:-0}                           # 1: keep the temp dir (configs, logs)
+BENCH_EVENTS_SUBS=${BENCH_EVENTS_SUBS:-"1 10 100"}    # events: subscriber counts, one daemon each
+BENCH_EVENTS_CONNS=${BENCH_EVENTS_CONNS:-32}          # events: wrk connections of the send load
+BENCH_EVENTS_DRAIN=${BENCH_EVENTS_DRAIN:-10}          # events: seconds to let subscribers catch up
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$BENCH_DIR/.." && pwd)
 LUA_DIR="$BENCH_DIR/lua"
+EVENTS_CLIENT="$BENCH_DIR/events_sub.py"
 AGENTD_BIN=${BENCH_BIN:-"$REPO_ROOT/target/release/agentd"}
 # Optional TOML template for the daemon's config; "@PORT@" is replaced by the chosen port.
 # The default is written by write_agentd_config below.
@@ -95,6 +103,17 @@ rss_kb() {
     if [[ $key == VmRSS: ]]; then echo "$val"; return; fi
   done < "/proc/$1/status" 2>/dev/null || true
   echo 0
+}
+
+# utime + stime of a pid in clock ticks (0 once it is gone). Fields 14 and 15 of
+# /proc/<pid>/stat, counted after the ")" that closes the command name.
+cpu_ticks() {
+  local line rest
+  { read -r line < "/proc/$1/stat"; } 2>/dev/null || { echo 0; return; }
+  rest=${line##*) }
+  # shellcheck disable=SC2086  # split on purpose
+  set -- $rest
+  echo $(( ${12} + ${13} ))
 }
 
 # A free TCP port on loopback: ask the kernel (python3), else probe random ports.
@@ -177,6 +196,11 @@ start_target() {
   esac
 }
 
+# 1 while the events scenario starts its daemons: the config then enables the events feed.
+TARGET_EVENTS=0
+# Appended to the names of a target's config, log and state dir (one daemon per events run).
+TARGET_LABEL=
+
 write_agentd_config() {  # port file
   if [[ -n $BENCH_CONFIG_TEMPLATE ]]; then
     sed "s/@PORT@/$1/g" "$BENCH_CONFIG_TEMPLATE" > "$2"
@@ -184,19 +208,28 @@ write_agentd_config() {  # port file
     # Just a loopback listener: no agent, no auth (loopback without a mechanism is open).
     printf '[a2a]\nlisten = ["tcp://%s:%s"]\n' "$HOST" "$1" > "$2"
   fi
+  if [[ $TARGET_EVENTS == 1 ]]; then
+    if grep -q '^[[:space:]]*\[a2a\.events\]' "$2"; then
+      note "config template has its own [a2a.events]: using it as is (it must enable the feed)"
+    else
+      # The stream deadline outlives the run, so no subscriber gets a `goodbye` mid-run.
+      printf '[a2a.events]\nenabled = true\nstream_deadline_ms = %s\n' \
+        $(( (BENCH_SECONDS + BENCH_EVENTS_DRAIN + 120) * 1000 )) >> "$2"
+    fi
+  fi
 }
 
 start_agentd() {  # driver
-  local driver=$1 port cfg log
+  local driver=$1 port cfg log name=$1$TARGET_LABEL
   port=$(free_port)
-  cfg="$WORK/agentd-$driver.toml"
-  log="$WORK/agentd-$driver.log"
+  cfg="$WORK/agentd-$name.toml"
+  log="$WORK/agentd-$name.log"
   write_agentd_config "$port" "$cfg"
   # Keep the daemon's own state inside our temp dir, whatever its defaults are.
-  mkdir -p "$WORK/state-$driver"
+  mkdir -p "$WORK/state-$name"
 
   local t0; t0=$(now_us)
-  (cd "$WORK/state-$driver" && exec "$AGENTD_BIN" --driver "$driver" --config "$cfg") >"$log" 2>&1 &
+  (cd "$WORK/state-$name" && exec "$AGENTD_BIN" --driver "$driver" --config "$cfg") >"$log" 2>&1 &
   TARGET_PID=$!
   SPAWNED+=("$TARGET_PID")
   TARGET_URL="http://$HOST:$port"
@@ -271,8 +304,15 @@ FOOT=()      # "target idle_kb peak_kb cold_us status"
 FAILED=0
 
 bench_target() {  # target
-  local t=$1 idle peak=0 sc conns r rps sock n2 un errs flags
+  local t=$1
   note "== $t"
+  if [[ -n $PLAIN_SCENARIOS ]]; then bench_plain "$t"; fi
+  if [[ $RUN_EVENTS == 1 ]]; then bench_events "$t"; fi
+}
+
+# The wrk scenarios, all against one daemon with the plain config.
+bench_plain() {  # target
+  local t=$1 idle peak=0 sc conns r rps sock n2 un errs flags
   if ! start_target "$t"; then
     FOOT+=("$t - - - start-failed"); FAILED=1
     [[ -n $TARGET_PID ]] && stop_pid "$TARGET_PID"
@@ -280,8 +320,7 @@ bench_target() {  # target
   fi
   idle=$(rss_kb "$TARGET_PID")
 
-  for sc in $BENCH_SCENARIOS; do
-    declare -F "scenario_$sc" >/dev/null || die "unknown scenario '$sc'"
+  for sc in $PLAIN_SCENARIOS; do
     for conns in $BENCH_CONNS; do
       note "   $sc c=$conns (${BENCH_SECONDS}s)"
       "scenario_$sc" "$conns"
@@ -314,31 +353,187 @@ bench_target() {  # target
   stop_pid "$TARGET_PID"
 }
 
+# ---------------------------------------------------------------------------------------------
+# Scenario `events`: feed fan-out under a SendMessage load. For each subscriber count N, a fresh
+# daemon with the events feed enabled (so every run starts at seq 0 with an empty ring);
+# bench/events_sub.py opens N subscriptions (fromSeq 0) and, once every `hello` is in, wrk
+# runs the `send` scenario with BENCH_EVENTS_CONNS connections for BENCH_SECONDS. Then the
+# client reads the newest seq, lets the subscribers drain (at most BENCH_EVENTS_DRAIN s) and
+# reports frames, seq gaps and how streams ended. RSS is read before the subscribers connect,
+# with N subscribers idle, and sampled for the peak from then until the client is done.
+# ---------------------------------------------------------------------------------------------
+EVROWS=()    # "target subs rps errs sub_eps_mean sub_eps_min total_eps newest complete gaps cut before idle peak per_sub flags"
+
+bench_events() {  # target
+  local t=$1 n
+  if ! command -v python3 >/dev/null; then
+    note "python3 is missing: skipping the events scenario"
+    EVROWS+=("$t - - - - - - - - - - - - - - - !no-python3"); FAILED=1
+    return 0
+  fi
+  for n in $BENCH_EVENTS_SUBS; do
+    [[ $n =~ ^[0-9]+$ ]] || die "BENCH_EVENTS_SUBS: '$n' is not a count"
+    bench_events_n "$t" "$n"
+  done
+}
+
+bench_events_n() {  # target subs
+  local t=$1 n=$2 before idle peak sampler client client_pid tag r ev rc=0 i flags=""
+  note "   events subs=$n send c=$BENCH_EVENTS_CONNS (${BENCH_SECONDS}s)"
+  TARGET_EVENTS=1 TARGET_LABEL="-events-$n"
+  if ! start_target "$t"; then
+    TARGET_EVENTS=0 TARGET_LABEL=
+    EVROWS+=("$t $n - - - - - - - - - - - - - - !start-failed"); FAILED=1
+    [[ -n $TARGET_PID ]] && stop_pid "$TARGET_PID"
+    return 0
+  fi
+  TARGET_EVENTS=0 TARGET_LABEL=
+  sleep 0.2
+  before=$(rss_kb "$TARGET_PID")
+
+  tag="$WORK/events-$t-$n"
+  # The client bounds itself (--max-seconds); `timeout` bounds it again should it wedge.
+  local budget=$(( BENCH_SECONDS + BENCH_EVENTS_DRAIN + 60 ))
+  timeout --kill-after=5 $(( budget + 15 )) \
+    python3 "$EVENTS_CLIENT" --host "$HOST" --port "${TARGET_URL##*:}" --subs "$n" \
+      --ready-file "$tag.ready" --stop-file "$tag.stop" --out "$tag.out" \
+      --drain "$BENCH_EVENTS_DRAIN" --max-seconds "$budget" 2>"$tag.log" &
+  client_pid=$!
+  SPAWNED+=("$client_pid")
+
+  # Every subscriber has its hello (bounded: the client gives up after 10 s of connecting).
+  for (( i = 0; i < 400; i++ )); do
+    [[ -e $tag.ready ]] && break
+    kill -0 "$client_pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  if [[ ! -e $tag.ready ]]; then
+    note "events client did not get its subscribers up; its output:"
+    sed 's/^/  /' "$tag.out" "$tag.log" >&2 2>/dev/null || true
+    stop_pid "$client_pid"; stop_pid "$TARGET_PID"
+    EVROWS+=("$t $n - - - - - - - - - $before - - - - !subscribe-failed"); FAILED=1
+    return 0
+  fi
+  sleep 0.5   # let the daemon settle its per-connection buffers
+  idle=$(rss_kb "$TARGET_PID")
+
+  start_sampler "$TARGET_PID" "$tag.peak" "$tag.peakstop"
+  sampler=$SAMPLER_PID
+  local cpu0; cpu0=$(cpu_ticks "$TARGET_PID")
+  run_wrk "$BENCH_EVENTS_CONNS" "$LUA_DIR/send.lua" /
+  touch "$tag.stop"
+  wait "$client_pid" || rc=$?
+  forget_pid "$client_pid"
+  local dcpu; dcpu=$(awk -v a="$(cpu_ticks "$TARGET_PID")" -v b="$cpu0" -v hz="$(getconf CLK_TCK 2>/dev/null || echo 100)" \
+    'BEGIN { if (a < b) print "-"; else printf "%.1f", (a - b) / hz }')
+  stop_sampler "$sampler" "$tag.peakstop" "$tag.peak"
+  peak=$SAMPLED_PEAK_KB
+  (( RUN_PEAK_KB > peak )) && peak=$RUN_PEAK_KB
+
+  kill -0 "$TARGET_PID" 2>/dev/null || { flags+="died,"; FAILED=1; }
+  stop_pid "$TARGET_PID"
+
+  r=$WRK_RESULT
+  local rps=- errs=-
+  if [[ -z $r ]]; then
+    flags+="wrk-failed,"; FAILED=1
+  else
+    rps=$(field "$r" rps)
+    errs=$(( $(field "$r" connect) + $(field "$r" read) + $(field "$r" write) + $(field "$r" timeout) \
+             + $(field "$r" non2xx) + $(field "$r" unexpected) ))
+    (( errs > 0 )) && flags+="send-errors=$errs,"
+  fi
+
+  ev=$(grep '^EVENTS_RESULT ' "$tag.out" 2>/dev/null || true)
+  if [[ -z $ev || $rc != 0 ]]; then
+    note "events client failed (rc=$rc); its output:"
+    sed 's/^/  /' "$tag.out" "$tag.log" >&2 2>/dev/null || true
+    EVROWS+=("$t $n $rps $errs - - - - - - - $before $idle $peak - - !client-failed${flags:+,${flags%,}}"); FAILED=1
+    return 0
+  fi
+  local st; st=$(field "$ev" status)
+  [[ $st != ok ]] && flags+="client=$st,"
+  local gapev head dups cut eofs byes lag tail
+  gapev=$(field "$ev" gap_events); head=$(field "$ev" head_missed); dups=$(field "$ev" dups)
+  cut=$(field "$ev" cutoffs); eofs=$(field "$ev" eofs); byes=$(field "$ev" goodbyes)
+  lag=$(field "$ev" lagging); tail=$(field "$ev" missed_tail)
+  (( gapev > 0 )) && flags+="lost=$gapev,"
+  (( head > 0 )) && flags+="late-start=$head,"
+  (( dups > 0 )) && flags+="dup=$dups,"
+  (( cut > 0 )) && flags+="cut-off=$cut,"
+  (( eofs > 0 )) && flags+="closed=$eofs,"
+  (( byes > 0 )) && flags+="goodbye=$byes,"
+  (( lag > 0 )) && flags+="lagging=$lag,"
+  (( tail > 0 )) && flags+="unread=$tail,"
+  if [[ -z $flags ]]; then flags=ok; else flags="!${flags%,}"; fi
+  [[ -s $tag.log ]] && note "   events subs=$n: $(wc -l < "$tag.log") subscriber(s) incomplete (listed in $tag.log if BENCH_KEEP=1)"
+
+  local per=-
+  (( n > 0 )) && per=$(awk -v a="$idle" -v b="$before" -v n="$n" 'BEGIN { printf "%.1f", (a - b) / n }')
+  EVROWS+=("$t $n $rps $errs $(field "$ev" sub_eps_mean) $(field "$ev" sub_eps_min) $(field "$ev" total_eps) \
+$(field "$ev" newest) $(field "$ev" complete)/$n $(field "$ev" gaps) $cut $before $idle $peak $per \
+$dcpu/$(field "$ev" cpu_s) $flags")
+}
+
+print_events_report() {
+  (( ${#EVROWS[@]} )) || return 0
+  echo
+  echo "events fan-out — send c=$BENCH_EVENTS_CONNS for ${BENCH_SECONDS}s, N subscribers fromSeq 0 (2 events per SendMessage)"
+  echo
+  local f='%-8s %5s %9s %6s %10s %10s %10s %8s %9s %5s %4s %10s %10s %10s %8s %10s  %s\n'
+  # shellcheck disable=SC2059
+  printf "$f" driver subs 'send/s' errors 'ev/s/sub' 'min ev/s' 'ev/s total' events 'all seqs' gaps 'cut' \
+    'RSS before' 'RSS N idle' 'RSS peak' 'KiB/sub' 'cpu s d/c' flags
+  # shellcheck disable=SC2059
+  printf "$f" -------- ----- --------- ------ ---------- ---------- ---------- -------- --------- ----- ---- \
+    ---------- ---------- ---------- -------- ---------- -----
+  local row t n rps errs mean min total newest comp gaps cut before idle peak per cpu fl
+  for row in "${EVROWS[@]}"; do
+    read -r t n rps errs mean min total newest comp gaps cut before idle peak per cpu fl <<<"$row"
+    [[ $before =~ ^[0-9]+$ ]] && before=$(fmt_mib "$before" | tr -d ' ')
+    [[ $idle =~ ^[0-9]+$ ]] && idle=$(fmt_mib "$idle" | tr -d ' ')
+    [[ $peak =~ ^[0-9]+$ ]] && peak=$(fmt_mib "$peak" | tr -d ' ')
+    # shellcheck disable=SC2059
+    printf "$f" "$t" "$n" "$rps" "$errs" "$mean" "$min" "$total" "$newest" "$comp" "$gaps" "$cut" \
+      "$before" "$idle" "$peak" "$per" "$cpu" "$fl"
+  done
+  echo
+  echo "ev/s = event frames read / time from the first to the last frame (per subscriber: mean, min);"
+  echo "events = newest seq after the load; all seqs = subscribers that read 1..newest with no gap;"
+  echo "gaps = seq jumps inside a stream; cut = streams ended without goodbye (fell > ring behind);"
+  echo "KiB/sub = (RSS N idle - RSS before) / N; cpu s d/c = CPU seconds of agentd / of the subscriber"
+  echo "client during the load and drain. The client is one Python process on the same cores as"
+  echo "agentd and wrk, so at high fan-out it competes for CPU: read send/s and ev/s with that in mind."
+}
+
 print_report() {
   local bin_size
   bin_size=$(stat -c %s "$AGENTD_BIN" 2>/dev/null || wc -c < "$AGENTD_BIN")
   echo
   echo "agentd bench — ${BENCH_SECONDS}s per run, wrk threads=min(2,conns), $(nproc 2>/dev/null || echo '?') cores, loopback"
   echo
-  printf '%-8s %-12s %5s %10s %9s %9s %7s  %s\n' driver scenario conns 'req/s' 'p50 ms' 'p99 ms' errors flags
-  printf '%-8s %-12s %5s %10s %9s %9s %7s  %s\n' -------- ------------ ----- ---------- --------- --------- ------- -----
-  local row
-  for row in "${ROWS[@]:+${ROWS[@]}}"; do
-    # shellcheck disable=SC2086  # rows are space-separated fields by construction
-    printf '%-8s %-12s %5s %10s %9s %9s %7s  %s\n' $row
-  done
-  echo
-  printf '%-8s %12s %12s %14s  %s\n' driver 'idle RSS' 'peak RSS' 'cold start ms' status
-  printf '%-8s %12s %12s %14s  %s\n' -------- ------------ ------------ -------------- ------
-  local t idle peak cold st
-  for row in "${FOOT[@]:+${FOOT[@]}}"; do
-    read -r t idle peak cold st <<<"$row"
-    if [[ $idle == - ]]; then
-      printf '%-8s %12s %12s %14s  %s\n' "$t" - - - "$st"
-    else
-      printf '%-8s %12s %12s %14s  %s\n' "$t" "$(fmt_mib "$idle")" "$(fmt_mib "$peak")" "$(fmt_ms "$cold")" "$st"
-    fi
-  done
+  if (( ${#ROWS[@]} + ${#FOOT[@]} )); then
+    printf '%-8s %-12s %5s %10s %9s %9s %7s  %s\n' driver scenario conns 'req/s' 'p50 ms' 'p99 ms' errors flags
+    printf '%-8s %-12s %5s %10s %9s %9s %7s  %s\n' -------- ------------ ----- ---------- --------- --------- ------- -----
+    local row
+    for row in "${ROWS[@]:+${ROWS[@]}}"; do
+      # shellcheck disable=SC2086  # rows are space-separated fields by construction
+      printf '%-8s %-12s %5s %10s %9s %9s %7s  %s\n' $row
+    done
+    echo
+    printf '%-8s %12s %12s %14s  %s\n' driver 'idle RSS' 'peak RSS' 'cold start ms' status
+    printf '%-8s %12s %12s %14s  %s\n' -------- ------------ ------------ -------------- ------
+    local t idle peak cold st
+    for row in "${FOOT[@]:+${FOOT[@]}}"; do
+      read -r t idle peak cold st <<<"$row"
+      if [[ $idle == - ]]; then
+        printf '%-8s %12s %12s %14s  %s\n' "$t" - - - "$st"
+      else
+        printf '%-8s %12s %12s %14s  %s\n' "$t" "$(fmt_mib "$idle")" "$(fmt_mib "$peak")" "$(fmt_ms "$cold")" "$st"
+      fi
+    done
+  fi
+  print_events_report
   echo
   echo "binary: $AGENTD_BIN  $bin_size bytes ($(fmt_mib $(( bin_size / 1024 ))))"
   echo "errors = socket errors (connect/read/write/timeout) + non-2xx + bodies without the expected marker"
@@ -347,6 +542,13 @@ print_report() {
 main() {
   command -v curl >/dev/null || die "curl is required"
   command -v timeout >/dev/null || die "timeout (coreutils) is required"
+  local sc
+  PLAIN_SCENARIOS= RUN_EVENTS=0
+  for sc in $BENCH_SCENARIOS; do
+    if [[ $sc == events ]]; then RUN_EVENTS=1; continue; fi
+    declare -F "scenario_$sc" >/dev/null || die "unknown scenario '$sc'"
+    PLAIN_SCENARIOS+="$sc "
+  done
   ensure_wrk
   build_agentd
   local t

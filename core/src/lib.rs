@@ -40,6 +40,7 @@ pub mod ids;
 pub mod instance;
 pub mod jsonrpc;
 pub mod rpc;
+pub mod sessions;
 pub mod tasks;
 pub mod time;
 

@@ -1,0 +1,455 @@
+//! Sign-in: the OAuth 2.0 device authorization grant (RFC 8628) and the sessions it opens.
+//!
+//! A device asks for a code; the operator approves it with `auth.device.approve` (naming who
+//! the device acts as) or denies it; the device polls the token endpoint and receives a
+//! session token. Only each token's SHA-256 is kept, in memory, so a restart revokes every
+//! session. Every session approved under one name is one principal, `user:<name>`, so what
+//! it owns survives a re-login.
+
+use std::collections::HashMap;
+
+use serde_json::{json, Value};
+
+use crate::auth::{Principal, Role};
+use crate::ids::{hex, Entropy};
+
+/// The prefix of every session token (never accepted as a configured secret).
+pub const TOKEN_PREFIX: &str = "agentd_at_";
+/// Seconds a polling device waits between polls.
+pub const POLL_INTERVAL_S: u64 = 5;
+/// The user-code alphabet: no vowels, no look-alikes.
+const USER_CODE_ALPHABET: &[u8] = b"BCDFGHJKLMNPQRSTVWXZ";
+/// Pending codes held at once.
+const MAX_PENDING: usize = 64;
+
+/// The scope a device asks for and is approved with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    User,
+    Operator,
+}
+
+impl Scope {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Scope::User => "user",
+            Scope::Operator => "operator",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Scope> {
+        match s {
+            "user" => Some(Scope::User),
+            "operator" => Some(Scope::Operator),
+            _ => None,
+        }
+    }
+}
+
+/// `a2a.device_grant`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceGrantConfig {
+    pub enabled: bool,
+    /// Scopes a device may be approved for.
+    pub scopes: Vec<Scope>,
+    pub token_ttl_ms: u64,
+    pub code_ttl_ms: u64,
+}
+
+impl Default for DeviceGrantConfig {
+    fn default() -> Self {
+        DeviceGrantConfig {
+            enabled: false,
+            scopes: vec![Scope::User],
+            token_ttl_ms: 8 * 3600 * 1000,
+            code_ttl_ms: 10 * 60 * 1000,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Decision {
+    Pending,
+    Approved { principal: Principal, name: String, scope: Scope, approved_by: String },
+    Denied,
+}
+
+#[derive(Clone, Debug)]
+struct PendingCode {
+    device_digest: [u8; 32],
+    user_code: String,
+    client_id: String,
+    scope: Scope,
+    peer: Option<String>,
+    requested_at: u64,
+    expires_at: u64,
+    last_poll: Option<u64>,
+    decision: Decision,
+}
+
+/// An open session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Session {
+    pub sid: String,
+    pub name: String,
+    pub principal: Principal,
+    pub client_id: String,
+    pub scope: Scope,
+    pub created_at: u64,
+    pub expires_at: u64,
+    pub approved_by: String,
+}
+
+impl Session {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "sid": self.sid,
+            "kind": "device",
+            "principal": self.principal.id,
+            "role": self.principal.role.as_str(),
+            "client_id": self.client_id,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            "approved_by": self.approved_by,
+            "name": self.name,
+        })
+    }
+}
+
+/// What the token endpoint answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TokenAnswer {
+    Issued { access_token: String, expires_in: u64, scope: Scope, session: Box<Session> },
+    /// An RFC 8628 / 6749 error code.
+    Error(&'static str),
+}
+
+/// Why an approval was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApproveError {
+    UnknownCode,
+    ScopeNotAllowed,
+}
+
+/// Pending codes and open sessions.
+#[derive(Debug, Default)]
+pub struct Sessions {
+    pending: Vec<PendingCode>,
+    /// Session token digest → session.
+    by_token: HashMap<[u8; 32], Session>,
+    /// Names approved before: a re-approval is the same principal.
+    known_names: std::collections::HashSet<String>,
+}
+
+impl Sessions {
+    fn expire(&mut self, now_ms: u64) {
+        self.pending.retain(|p| p.expires_at > now_ms);
+        self.by_token.retain(|_, s| s.expires_at > now_ms);
+    }
+
+    /// A device asks for a code. Returns `(device_code, user_code)`.
+    pub fn authorize(
+        &mut self,
+        entropy: &mut dyn Entropy,
+        client_id: &str,
+        scope: Scope,
+        peer: Option<String>,
+        config: &DeviceGrantConfig,
+        now_ms: u64,
+    ) -> Result<(String, String), &'static str> {
+        self.expire(now_ms);
+        if self.pending.len() >= MAX_PENDING {
+            return Err("slow_down");
+        }
+        let mut raw = [0u8; 32];
+        entropy.fill(&mut raw);
+        let device_code = hex(&raw);
+        let mut code = [0u8; 8];
+        entropy.fill(&mut code);
+        let letters: String = code
+            .iter()
+            .map(|b| char::from(USER_CODE_ALPHABET[usize::from(*b) % USER_CODE_ALPHABET.len()]))
+            .collect();
+        let user_code = format!("{}-{}", &letters[..4], &letters[4..]);
+        self.pending.push(PendingCode {
+            device_digest: crate::digest::sha256(device_code.as_bytes()),
+            user_code: user_code.clone(),
+            client_id: client_id.to_owned(),
+            scope,
+            peer,
+            requested_at: now_ms,
+            expires_at: now_ms + config.code_ttl_ms,
+            last_poll: None,
+            decision: Decision::Pending,
+        });
+        Ok((device_code, user_code))
+    }
+
+    /// `auth.device.pending`: the codes waiting for a decision.
+    pub fn pending(&mut self, now_ms: u64) -> Value {
+        self.expire(now_ms);
+        let items: Vec<Value> = self
+            .pending
+            .iter()
+            .filter(|p| matches!(p.decision, Decision::Pending))
+            .map(|p| {
+                json!({
+                    "user_code": p.user_code, "client_id": p.client_id, "scope": p.scope.as_str(),
+                    "peer": p.peer, "requested_at": p.requested_at, "expires_at": p.expires_at,
+                })
+            })
+            .collect();
+        json!({"pending": items})
+    }
+
+    /// `auth.device.approve`: the device will act as `user:<name>` (or the operator).
+    pub fn approve(
+        &mut self,
+        user_code: &str,
+        name: &str,
+        scope: Option<Scope>,
+        approver: &Principal,
+        config: &DeviceGrantConfig,
+        now_ms: u64,
+    ) -> Result<Value, ApproveError> {
+        self.expire(now_ms);
+        let existing = self.known_names.contains(name);
+        let p = self
+            .pending
+            .iter_mut()
+            .find(|p| p.user_code.eq_ignore_ascii_case(user_code) && matches!(p.decision, Decision::Pending))
+            .ok_or(ApproveError::UnknownCode)?;
+        // An approver may narrow the scope asked for, never widen it.
+        let scope = scope.unwrap_or(p.scope);
+        if (scope == Scope::Operator && p.scope != Scope::Operator) || !config.scopes.contains(&scope) {
+            return Err(ApproveError::ScopeNotAllowed);
+        }
+        let principal = match scope {
+            Scope::Operator => Principal::operator(),
+            Scope::User => Principal::new(format!("user:{name}"), Role::User, Vec::new()),
+        };
+        p.decision = Decision::Approved {
+            principal: principal.clone(),
+            name: name.to_owned(),
+            scope,
+            approved_by: approver.id.clone(),
+        };
+        let result = json!({"approved": {
+            "user_code": p.user_code, "client_id": p.client_id, "scope": scope.as_str(),
+            "peer": p.peer, "principal": principal.id, "existing": existing,
+        }});
+        self.known_names.insert(name.to_owned());
+        Ok(result)
+    }
+
+    /// `auth.device.deny`: one code, or every pending one. Returns how many.
+    pub fn deny(&mut self, user_code: Option<&str>, now_ms: u64) -> usize {
+        self.expire(now_ms);
+        let before = self.pending.len();
+        self.pending.retain(|p| {
+            !(matches!(p.decision, Decision::Pending)
+                && user_code.is_none_or(|c| p.user_code.eq_ignore_ascii_case(c)))
+        });
+        before - self.pending.len()
+    }
+
+    /// The token endpoint: a polling device learns its fate.
+    pub fn exchange(
+        &mut self,
+        entropy: &mut dyn Entropy,
+        device_code: &str,
+        client_id: &str,
+        config: &DeviceGrantConfig,
+        now_ms: u64,
+    ) -> TokenAnswer {
+        let digest = crate::digest::sha256(device_code.as_bytes());
+        let Some(at) = self
+            .pending
+            .iter()
+            .position(|p| crate::auth::constant_time_eq(&p.device_digest, &digest))
+        else {
+            return TokenAnswer::Error("invalid_grant");
+        };
+        if self.pending[at].client_id != client_id {
+            return TokenAnswer::Error("invalid_grant");
+        }
+        if self.pending[at].expires_at <= now_ms {
+            self.pending.remove(at);
+            return TokenAnswer::Error("expired_token");
+        }
+        let p = &mut self.pending[at];
+        let too_soon = p.last_poll.is_some_and(|t| now_ms < t + POLL_INTERVAL_S * 1000);
+        p.last_poll = Some(now_ms);
+        match p.decision.clone() {
+            Decision::Pending if too_soon => TokenAnswer::Error("slow_down"),
+            Decision::Pending => TokenAnswer::Error("authorization_pending"),
+            Decision::Denied => {
+                self.pending.remove(at);
+                TokenAnswer::Error("access_denied")
+            }
+            Decision::Approved { principal, name, scope, approved_by } => {
+                let client_id = p.client_id.clone();
+                self.pending.remove(at);
+                let mut raw = [0u8; 32];
+                entropy.fill(&mut raw);
+                let token = format!("{TOKEN_PREFIX}{}", hex(&raw));
+                let mut sid_raw = [0u8; 8];
+                entropy.fill(&mut sid_raw);
+                let session = Session {
+                    sid: format!("ds_{}", hex(&sid_raw)),
+                    name,
+                    principal,
+                    client_id,
+                    scope,
+                    created_at: now_ms,
+                    expires_at: now_ms + config.token_ttl_ms,
+                    approved_by,
+                };
+                self.by_token
+                    .insert(crate::digest::sha256(token.as_bytes()), session.clone());
+                TokenAnswer::Issued {
+                    access_token: token,
+                    expires_in: config.token_ttl_ms / 1000,
+                    scope,
+                    session: Box::new(session),
+                }
+            }
+        }
+    }
+
+    /// The session a token opens, if it is live.
+    pub fn session(&self, token: &[u8], now_ms: u64) -> Option<&Session> {
+        let digest = crate::digest::sha256(token);
+        self.by_token.get(&digest).filter(|s| s.expires_at > now_ms)
+    }
+
+    /// Whether a session is still open.
+    pub fn is_live(&self, sid: &str, now_ms: u64) -> bool {
+        self.by_token.values().any(|s| s.sid == sid && s.expires_at > now_ms)
+    }
+
+    /// `auth.sessions`.
+    pub fn list(&mut self, now_ms: u64) -> Value {
+        self.expire(now_ms);
+        let mut sessions: Vec<&Session> = self.by_token.values().collect();
+        sessions.sort_by(|a, b| (a.created_at, &a.sid).cmp(&(b.created_at, &b.sid)));
+        json!({"sessions": sessions.iter().map(|s| s.to_json()).collect::<Vec<_>>()})
+    }
+
+    /// Revokes by sid, by name, or all; returns the revoked sessions. Nothing the principal
+    /// owns is deleted.
+    pub fn revoke(&mut self, sid: Option<&str>, name: Option<&str>, all: bool) -> Vec<Session> {
+        let mut gone = Vec::new();
+        self.by_token.retain(|_, s| {
+            let hit = all || sid.is_some_and(|x| x == s.sid) || name.is_some_and(|x| x == s.name);
+            if hit {
+                gone.push(s.clone());
+            }
+            !hit
+        });
+        gone
+    }
+
+    /// `POST /oauth2/revoke`: ends the presented token's session.
+    pub fn revoke_token(&mut self, token: &str) -> Option<Session> {
+        self.by_token.remove(&crate::digest::sha256(token.as_bytes()))
+    }
+}
+
+/// Reads an `application/x-www-form-urlencoded` body: a duplicated parameter is refused,
+/// an empty value counts as absent.
+pub fn parse_form(body: &[u8]) -> Result<HashMap<String, String>, &'static str> {
+    let text = core::str::from_utf8(body).map_err(|_| "invalid_request")?;
+    let mut out = HashMap::new();
+    for pair in text.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let k = percent_decode(k).ok_or("invalid_request")?;
+        let v = percent_decode(v).ok_or("invalid_request")?;
+        if out.contains_key(&k) {
+            return Err("invalid_request");
+        }
+        if !v.is_empty() {
+            out.insert(k, v);
+        } else {
+            out.insert(k, String::new());
+        }
+    }
+    out.retain(|_, v| !v.is_empty());
+    Ok(out)
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(s.len());
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => bytes.push(b' '),
+            b'%' => {
+                let h = core::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                bytes.push(u8::from_str_radix(h, 16).ok()?);
+                i += 2;
+            }
+            c => bytes.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8(bytes).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::CounterEntropy;
+
+    #[test]
+    fn the_device_flow() {
+        let cfg = DeviceGrantConfig { enabled: true, ..Default::default() };
+        let mut s = Sessions::default();
+        let mut e = CounterEntropy(9);
+        let (device, user) = s.authorize(&mut e, "laptop", Scope::User, None, &cfg, 0).unwrap();
+        assert_eq!(device.len(), 64);
+        assert!(user.len() == 9 && user.as_bytes()[4] == b'-');
+        assert_eq!(s.exchange(&mut e, &device, "laptop", &cfg, 1), TokenAnswer::Error("authorization_pending"));
+        assert_eq!(s.exchange(&mut e, &device, "laptop", &cfg, 2), TokenAnswer::Error("slow_down"));
+        assert_eq!(s.exchange(&mut e, &device, "other", &cfg, 9000), TokenAnswer::Error("invalid_grant"));
+        assert_eq!(s.pending(3)["pending"].as_array().unwrap().len(), 1);
+        let op = Principal::operator();
+        assert_eq!(s.approve(&user, "alice", Some(Scope::Operator), &op, &cfg, 4), Err(ApproveError::ScopeNotAllowed));
+        let approved = s.approve(&user.to_lowercase(), "alice", None, &op, &cfg, 4).unwrap();
+        assert_eq!(approved["approved"]["principal"], "user:alice");
+        assert_eq!(approved["approved"]["existing"], false);
+        let TokenAnswer::Issued { access_token, session, .. } = s.exchange(&mut e, &device, "laptop", &cfg, 10_000) else { panic!() };
+        assert!(access_token.starts_with(TOKEN_PREFIX));
+        assert_eq!(s.session(access_token.as_bytes(), 10_001).unwrap().principal.id, "user:alice");
+        assert_eq!(s.exchange(&mut e, &device, "laptop", &cfg, 20_000), TokenAnswer::Error("invalid_grant"), "single use");
+        // A second device approved as the same name is the same principal.
+        let (d2, u2) = s.authorize(&mut e, "phone", Scope::User, None, &cfg, 20_000).unwrap();
+        assert_eq!(s.approve(&u2, "alice", None, &op, &cfg, 20_001).unwrap()["approved"]["existing"], true);
+        let TokenAnswer::Issued { access_token: t2, .. } = s.exchange(&mut e, &d2, "phone", &cfg, 20_002) else { panic!() };
+        assert_eq!(s.session(t2.as_bytes(), 20_003).unwrap().principal, session.principal);
+        // Revocation by sid ends exactly that one.
+        assert_eq!(s.revoke(Some(&session.sid), None, false).len(), 1);
+        assert!(s.session(access_token.as_bytes(), 20_004).is_none());
+        assert!(s.session(t2.as_bytes(), 20_004).is_some());
+        assert_eq!(s.revoke(None, Some("alice"), false).len(), 1);
+        // Expiry.
+        let (d3, _) = s.authorize(&mut e, "x", Scope::User, None, &cfg, 0).unwrap();
+        assert_eq!(s.exchange(&mut e, &d3, "x", &cfg, cfg.code_ttl_ms), TokenAnswer::Error("expired_token"));
+        // Deny all.
+        s.authorize(&mut e, "a", Scope::User, None, &cfg, 30_000).unwrap();
+        s.authorize(&mut e, "b", Scope::User, None, &cfg, 30_000).unwrap();
+        assert_eq!(s.deny(None, 30_001), 2);
+    }
+
+    #[test]
+    fn forms() {
+        let f = parse_form(b"grant_type=urn%3Aietf%3Aparams&client_id=a+b&empty=").unwrap();
+        assert_eq!(f["grant_type"], "urn:ietf:params");
+        assert_eq!(f["client_id"], "a b");
+        assert!(!f.contains_key("empty"));
+        assert_eq!(parse_form(b"a=1&a=2"), Err("invalid_request"));
+        assert_eq!(parse_form(b"a=%zz"), Err("invalid_request"));
+        assert_eq!(parse_form(b"a=%ff"), Err("invalid_request"));
+    }
+}
