@@ -56,6 +56,22 @@ pub struct A2aSection {
     pub principals: Vec<PrincipalRule>,
     #[serde(default)]
     pub cors: CorsSection,
+    #[serde(default)]
+    pub device_grant: DeviceGrantSection,
+}
+
+/// `[a2a.device_grant]`: sign-in by the OAuth 2.0 device authorization grant.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceGrantSection {
+    #[serde(default)]
+    pub enabled: bool,
+    /// Scopes a device may be approved for: `user`, `operator` (default `["user"]`).
+    pub scopes: Option<Vec<String>>,
+    /// Seconds a session token lives (default 28800; 300 to 2592000).
+    pub token_ttl_s: Option<u64>,
+    /// Seconds a device code waits for a decision (default 600; 60 to 1800).
+    pub code_ttl_s: Option<u64>,
 }
 
 /// `[a2a.cors]`: browser origins served.
@@ -214,6 +230,7 @@ impl Config {
         }
         c.auth = self.auth_config()?;
         c.cors = agentd_core::http::cors::CorsPolicy::from_list(&self.a2a.cors.origins)?;
+        c.device_grant = self.device_grant(&c.auth)?;
         c.config_document = effective_document(&c, self.limits.max_connections);
         if let Some(obj) = c.config_document["a2a"].as_object_mut() {
             // Credentials appear only as their references.
@@ -238,6 +255,53 @@ impl Config {
             );
         }
         Ok(c)
+    }
+
+    fn device_grant(
+        &self,
+        auth: &agentd_core::auth::AuthConfig,
+    ) -> Result<agentd_core::sessions::DeviceGrantConfig, String> {
+        use agentd_core::sessions::{DeviceGrantConfig, Scope};
+        let d = &self.a2a.device_grant;
+        let mut g = DeviceGrantConfig {
+            enabled: d.enabled,
+            ..Default::default()
+        };
+        if let Some(scopes) = &d.scopes {
+            let mut parsed = Vec::new();
+            for s in scopes {
+                let scope = Scope::parse(s).ok_or_else(|| {
+                    format!("a2a.device_grant.scopes: {s:?} is not user or operator")
+                })?;
+                if parsed.contains(&scope) {
+                    return Err(format!("a2a.device_grant.scopes: {s} is listed twice"));
+                }
+                parsed.push(scope);
+            }
+            if parsed.is_empty() {
+                return Err("a2a.device_grant.scopes: names no scope".into());
+            }
+            g.scopes = parsed;
+        }
+        if let Some(t) = d.token_ttl_s {
+            if !(300..=2_592_000).contains(&t) {
+                return Err("a2a.device_grant.token_ttl_s: must be 300 to 2592000".into());
+            }
+            g.token_ttl_ms = t * 1000;
+        }
+        if let Some(t) = d.code_ttl_s {
+            if !(60..=1800).contains(&t) {
+                return Err("a2a.device_grant.code_ttl_s: must be 60 to 1800".into());
+            }
+            g.code_ttl_ms = t * 1000;
+        }
+        let operator_credential = auth.operator_bearer.is_some()
+            || auth.bearers.iter().any(|r| r.principal.is_operator());
+        if g.enabled && !operator_credential {
+            // Someone must be able to approve sign-ins, and it cannot be the implicit operator.
+            return Err("a2a.device_grant.enabled needs an operator credential: a2a.bearer, or an operator rule with bearer_ref".into());
+        }
+        Ok(g)
     }
 
     /// Credentials and rules, resolved from their secret references and checked.
@@ -380,7 +444,12 @@ fn effective_document(c: &InstanceConfig, max_connections: Option<usize>) -> ser
                 "stream_deadline_ms": c.events_stream_deadline_ms,
             },
             "introspection": {"enabled": c.introspection_enabled},
-            "device_grant": {"enabled": c.device_grant_enabled},
+            "device_grant": {
+                "enabled": c.device_grant.enabled,
+                "scopes": c.device_grant.scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+                "token_ttl_s": c.device_grant.token_ttl_ms / 1000,
+                "code_ttl_s": c.device_grant.code_ttl_ms / 1000,
+            },
         },
         "limits": {
             "max_header_bytes": l.http.max_header_bytes,

@@ -169,6 +169,48 @@ pub fn resolve(
     authorization: Option<&[u8]>,
     has_origin: bool,
 ) -> Result<(Principal, Via), Unauthenticated> {
+    resolve_with_sessions(
+        config,
+        None,
+        peer,
+        loopback_listener,
+        authorization,
+        has_origin,
+    )
+    .map(|(p, via, _)| (p, via))
+}
+
+/// [`resolve`], with the session store: a session token (`agentd_at_…`) is decided by the
+/// store alone. Also returns the session id a session caller acts under.
+pub fn resolve_with_sessions(
+    config: &AuthConfig,
+    sessions: Option<(&crate::sessions::Sessions, u64)>,
+    peer: &Peer,
+    loopback_listener: bool,
+    authorization: Option<&[u8]>,
+    has_origin: bool,
+) -> Result<(Principal, Via, Option<String>), Unauthenticated> {
+    if let (Peer::Tcp, Some(value), Some((store, now_ms))) = (peer, authorization, sessions) {
+        if let Some(token) = bearer_token(value) {
+            if token.starts_with(crate::sessions::TOKEN_PREFIX.as_bytes()) {
+                return match store.session(token, now_ms) {
+                    Some(s) => Ok((s.principal.clone(), Via::Session, Some(s.sid.clone()))),
+                    None => Err(Unauthenticated::InvalidToken),
+                };
+            }
+        }
+    }
+    resolve_plain(config, peer, loopback_listener, authorization, has_origin)
+        .map(|(p, v)| (p, v, None))
+}
+
+fn resolve_plain(
+    config: &AuthConfig,
+    peer: &Peer,
+    loopback_listener: bool,
+    authorization: Option<&[u8]>,
+    has_origin: bool,
+) -> Result<(Principal, Via), Unauthenticated> {
     match peer {
         Peer::Unix { .. } => return Ok((Principal::operator(), Via::Unix)),
         Peer::Fixed(p) => return Ok((p.clone(), Via::Fixed)),
@@ -217,6 +259,8 @@ pub fn resolve(
 pub enum Via {
     Unix,
     Bearer,
+    /// A device-grant session token.
+    Session,
     AnyRule,
     Implicit,
     Fixed,
@@ -225,7 +269,7 @@ pub enum Via {
 impl Via {
     /// Named through a scheme the card declares: what the extended card requires.
     pub fn declared_scheme(self) -> bool {
-        matches!(self, Via::Bearer | Via::Fixed)
+        matches!(self, Via::Bearer | Via::Session | Via::Fixed)
     }
 }
 

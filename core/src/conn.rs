@@ -42,6 +42,8 @@ enum Route {
     Card {
         head_only: bool,
     },
+    /// A device-grant endpoint (only while the grant is enabled).
+    OAuth(crate::oauth::Endpoint),
     Rpc,
     Options {
         allow: &'static str,
@@ -83,6 +85,8 @@ enum State {
         watcher: u64,
         /// Who reads it: decides which events it receives.
         principal: Principal,
+        /// The session it reads under, if any: when it is revoked the stream ends.
+        sid: Option<String>,
         id: RequestId,
         /// The last seq this subscriber has been shown or skipped.
         cursor: u64,
@@ -450,6 +454,23 @@ impl Connection {
                     self.head_started = None;
                     self.body_started = Some(now.mono_ms);
                     let mut route = route(&head);
+                    if inst.config().device_grant.enabled {
+                        if let Some(endpoint) = crate::oauth::Endpoint::from_path(&head.path) {
+                            let wanted = if endpoint.takes_form() {
+                                Method::Post
+                            } else {
+                                Method::Get
+                            };
+                            route = if head.method == wanted {
+                                Route::OAuth(endpoint)
+                            } else {
+                                Route::Refuse {
+                                    status: 405,
+                                    allow: Some(if endpoint.takes_form() { "POST" } else { "GET" }),
+                                }
+                            };
+                        }
+                    }
                     self.cors = cors_standing(inst, &head, &route);
                     if self.cors == Cors::Refused {
                         // Before the body is read, and never counted as a failed credential.
@@ -516,6 +537,30 @@ impl Connection {
                 false
             }
             Route::Rpc => self.answer_rpc(inst, head, body, now),
+            Route::OAuth(endpoint) => {
+                let a = if body.len() > crate::oauth::MAX_FORM_BYTES {
+                    crate::oauth::Answer {
+                        status: 413,
+                        content_type: "application/json",
+                        body: br#"{"error":"invalid_request"}"#.to_vec(),
+                    }
+                } else {
+                    let form = head.header("content-type").is_some_and(|ct| {
+                        let media = ct.split(|b| *b == b';').next().unwrap_or_default();
+                        media
+                            .trim_ascii()
+                            .eq_ignore_ascii_case(b"application/x-www-form-urlencoded")
+                    });
+                    crate::oauth::answer(inst, endpoint, self.listener, form, body, now)
+                };
+                let date = self.date(now);
+                let mut h = Head::new(a.status, &date)
+                    .header("content-type", a.content_type)
+                    .header("cache-control", "no-store");
+                self.finish_head(&mut h, head.minor_version, head.keep_alive);
+                h.write_full(&mut self.out, &a.body, false);
+                false
+            }
         }
     }
 
@@ -531,14 +576,15 @@ impl Connection {
             .listeners
             .get(self.listener)
             .is_some_and(|l| l.loopback);
-        let resolved = crate::auth::resolve(
+        let resolved = crate::auth::resolve_with_sessions(
             &inst.config().auth,
+            Some((&inst.sessions, now.epoch_ms)),
             &self.peer,
             loopback,
             head.header("authorization"),
             head.header("origin").is_some(),
         );
-        let (principal, via) = match resolved {
+        let (principal, via, sid) = match resolved {
             Ok(found) => found,
             Err(why) => {
                 // Nothing costly runs before the caller is known: refused before the body is
@@ -601,7 +647,7 @@ impl Connection {
             }
             Reply::Feed { from_seq } => {
                 self.start_feed(
-                    inst, id, principal, from_seq, keep_alive, minor, activated, now,
+                    inst, id, principal, sid, from_seq, keep_alive, minor, activated, now,
                 );
                 true
             }
@@ -676,6 +722,7 @@ impl Connection {
         inst: &mut Instance,
         id: RequestId,
         principal: Principal,
+        sid: Option<String>,
         from_seq: u64,
         keep_alive: bool,
         minor: u8,
@@ -720,6 +767,7 @@ impl Connection {
         self.state = State::Feed {
             watcher,
             principal,
+            sid,
             id,
             cursor: start,
             chunked,
@@ -736,6 +784,7 @@ impl Connection {
         let State::Feed {
             ref id,
             ref principal,
+            ref sid,
             ref mut cursor,
             chunked,
             annotate,
@@ -745,6 +794,13 @@ impl Connection {
         else {
             return false;
         };
+        if let Some(sid) = sid {
+            if !inst.session_live(sid, now) {
+                // Within one tick of the revocation, and nothing past it.
+                self.end_feed(inst, Some(crate::feed::Goodbye::Revoked));
+                return true;
+            }
+        }
         let Some(ring) = inst.feed.as_ref() else {
             return false;
         };
@@ -1272,7 +1328,7 @@ fn cors_standing(inst: &Instance, head: &RequestHead, route: &Route) -> Cors {
     let Some(origin) = head.header("origin") else {
         return Cors::None;
     };
-    if head.path != RPC_PATH {
+    if head.path != RPC_PATH && !matches!(route, Route::OAuth(_)) {
         return Cors::None;
     }
     if !inst.config().cors.admits(origin) {

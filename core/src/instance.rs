@@ -46,8 +46,13 @@ pub struct ListenerInfo {
 
 impl ListenerInfo {
     /// Whether this listener declares an authentication scheme (so has an extended card).
-    pub fn declares_scheme(&self, auth: &crate::auth::AuthConfig) -> bool {
-        self.kind == ListenerKind::Tcp && auth.has_bearer()
+    pub fn declares_scheme(&self, config: &InstanceConfig) -> bool {
+        self.kind == ListenerKind::Tcp && (config.auth.has_bearer() || config.device_grant.enabled)
+    }
+
+    /// The origin the listener advertises: its URL without the trailing slash.
+    pub fn origin(&self) -> &str {
+        self.url.trim_end_matches('/')
     }
 }
 
@@ -102,8 +107,9 @@ pub struct InstanceConfig {
     pub events_enabled: bool,
     /// `a2a.introspection.enabled`: serves the introspection ops.
     pub introspection_enabled: bool,
-    /// `a2a.device_grant.enabled`: serves the `auth.device.*` ops.
-    pub device_grant_enabled: bool,
+    /// `a2a.device_grant`: sign-in by the device authorization grant, and the
+    /// `auth.device.*` ops.
+    pub device_grant: crate::sessions::DeviceGrantConfig,
     /// The effective configuration, secrets redacted, as the `config` op reports it.
     pub config_document: serde_json::Value,
     /// Events the feed keeps for a reconnecting subscriber (`a2a.events.ring`).
@@ -127,7 +133,7 @@ impl InstanceConfig {
             tasks: TaskLimits::DEFAULT,
             events_enabled: false,
             introspection_enabled: false,
-            device_grant_enabled: false,
+            device_grant: crate::sessions::DeviceGrantConfig::default(),
             config_document: serde_json::json!({}),
             events_ring: 1024,
             events_stream_deadline_ms: 600_000,
@@ -300,6 +306,8 @@ pub struct Instance {
     next_call: CallId,
     /// The events feed, while the events extension is declared.
     pub(crate) feed: Option<crate::feed::Ring>,
+    /// Pending device codes and open sessions.
+    pub(crate) sessions: crate::sessions::Sessions,
     /// Wakers of the connections streaming the feed.
     feed_watchers: HashMap<u64, Waker>,
     next_feed_watcher: u64,
@@ -338,6 +346,7 @@ impl Instance {
             effects: VecDeque::new(),
             effect_waker: None,
             started: now,
+            sessions: crate::sessions::Sessions::default(),
             feed_watchers: HashMap::new(),
             next_feed_watcher: 1,
             commands: Commands::new(),
@@ -405,6 +414,30 @@ impl Instance {
         }
     }
 
+    /// Sessions ended (revoked, or their token revoked): tell the feed, and wake every feed
+    /// stream so a revoked one ends within one tick with nothing past the revocation.
+    pub(crate) fn sessions_revoked(&mut self, gone: Vec<crate::sessions::Session>, now: Now) {
+        for s in &gone {
+            let _ = self.push_feed(
+                crate::feed::FeedEvent::Other {
+                    kind: "auth",
+                    data: serde_json::json!({"event": "revoked", "client_id": s.client_id, "scope": s.scope.as_str(),
+                                             "sid": s.sid, "name": s.name}),
+                    owner: None,
+                },
+                now,
+            );
+        }
+        for w in self.feed_watchers.values() {
+            w.wake_by_ref();
+        }
+    }
+
+    /// Whether a session is still open.
+    pub fn session_live(&self, sid: &str, now: Now) -> bool {
+        self.sessions.is_live(sid, now.epoch_ms)
+    }
+
     /// The feed, while the events extension is declared.
     pub fn feed(&self) -> Option<&crate::feed::Ring> {
         self.feed.as_ref()
@@ -435,7 +468,7 @@ impl Instance {
     pub(crate) fn switches(&self, listener: usize) -> Switches {
         Switches {
             introspection: self.config.introspection_enabled,
-            device_grant: self.config.device_grant_enabled,
+            device_grant: self.config.device_grant.enabled,
             tcp_listener: self
                 .config
                 .listeners
@@ -780,13 +813,37 @@ pub(crate) fn build_card(config: &InstanceConfig, listener: &ListenerInfo) -> Ag
     };
     let modes = || vec!["text/plain".to_owned(), "application/json".to_owned()];
     // The schemes the card declares are the ones this listener enforces.
-    let security = listener.declares_scheme(&config.auth).then(|| {
+    let security = listener.declares_scheme(config).then(|| {
         let mut schemes = serde_json::Map::new();
         schemes.insert(
             "bearer".into(),
             serde_json::json!({"httpAuthSecurityScheme": {"scheme": "Bearer"}}),
         );
         let mut requirements = vec![serde_json::json!({"schemes": {"bearer": {"list": []}}})];
+        if config.device_grant.enabled {
+            let origin = listener.origin();
+            let scopes: serde_json::Map<String, serde_json::Value> = config
+                .device_grant
+                .scopes
+                .iter()
+                .map(|s| {
+                    let what = match s {
+                        crate::sessions::Scope::User => "act as a named user",
+                        crate::sessions::Scope::Operator => "act as the operator",
+                    };
+                    (s.as_str().to_owned(), serde_json::json!(what))
+                })
+                .collect();
+            schemes.insert(
+                "device_code".into(),
+                serde_json::json!({"oauth2SecurityScheme": {"flows": {"deviceCode": {
+                    "deviceAuthorizationUrl": format!("{origin}/oauth2/device_authorization"),
+                    "tokenUrl": format!("{origin}/oauth2/token"),
+                    "scopes": scopes,
+                }}}}),
+            );
+            requirements.push(serde_json::json!({"schemes": {"device_code": {"list": []}}}));
+        }
         if config.auth.any.is_some() {
             // An `any` rule admits callers who present nothing: the empty alternative.
             requirements.push(serde_json::json!({"schemes": {}}));
@@ -795,7 +852,7 @@ pub(crate) fn build_card(config: &InstanceConfig, listener: &ListenerInfo) -> Ag
     });
     AgentCard {
         capabilities: AgentCapabilities {
-            extended_agent_card: Some(listener.declares_scheme(&config.auth)),
+            extended_agent_card: Some(listener.declares_scheme(config)),
             extensions,
             push_notifications: Some(false),
             streaming: Some(true),

@@ -39,6 +39,7 @@ pub mod http;
 pub mod ids;
 pub mod instance;
 pub mod jsonrpc;
+pub mod oauth;
 pub mod rpc;
 pub mod sessions;
 pub mod tasks;

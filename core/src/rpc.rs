@@ -577,9 +577,14 @@ fn run_command(
         message.context_id.clone()
     };
     message.context_id = context_id.clone();
+    if let Some(result) = sign_in_op(inst, ctx, &checked)? {
+        return complete_locally(inst, ctx, checked, message, mode, history, annotate, result);
+    }
     let local = match checked.op.as_str() {
         "status" => Some(status_document(inst, ctx)),
         "config" => Some(serde_json::json!({"config": inst.config.config_document})),
+        "auth.device.pending" => Some(inst.sessions.pending(ctx.now.epoch_ms)),
+        "auth.sessions" => Some(inst.sessions.list(ctx.now.epoch_ms)),
         _ => None,
     };
     if let Some(document) = local {
@@ -637,7 +642,7 @@ fn extended_card(inst: &Instance, ctx: &CallContext<'_>) -> Result<Reply, RpcErr
         .listeners
         .get(ctx.listener)
         .ok_or_else(|| RpcError::of(ErrorKind::Internal))?;
-    if !listener.declares_scheme(&config.auth) {
+    if !listener.declares_scheme(config) {
         return Err(RpcError::new(
             ErrorKind::UnsupportedOperation,
             "this listener declares no authentication scheme, so it has no extended agent card",
@@ -716,6 +721,168 @@ fn extended_card(inst: &Instance, ctx: &CallContext<'_>) -> Result<Reply, RpcErr
         });
     }
     Ok(serialize(&card))
+}
+
+/// The sign-in task ops, whose state (codes, sessions) the core holds: their result, or
+/// `None` for any other op.
+fn sign_in_op(
+    inst: &mut Instance,
+    ctx: &CallContext<'_>,
+    checked: &Checked,
+) -> Result<Option<serde_json::Value>, RpcError> {
+    use crate::sessions::{ApproveError, Scope};
+    let now = ctx.now;
+    let arg = |name: &str| checked.args.get(name).and_then(serde_json::Value::as_str);
+    let field = |name: &str| format!("message.parts[0].data.agentd.{name}");
+    let refuse = |name: &str, why: &str| {
+        let mut e = RpcError::new(
+            ErrorKind::InvalidCommandArgs,
+            format!("command \"{}\": {why}", checked.op),
+        )
+        .with_meta("op", &checked.op);
+        e.violations.push(crate::errors::FieldViolation {
+            field: field(name),
+            description: why.to_owned(),
+        });
+        e
+    };
+    let result = match checked.op.as_str() {
+        "auth.device.approve" => {
+            let (Some(user_code), Some(name)) = (arg("user_code"), arg("as")) else {
+                return Ok(None);
+            };
+            let declared = format!("user:{name}");
+            if inst
+                .config
+                .auth
+                .bearers
+                .iter()
+                .any(|r| r.principal.id == declared)
+                || inst
+                    .config
+                    .auth
+                    .any
+                    .as_ref()
+                    .is_some_and(|p| p.id == declared)
+            {
+                return Err(refuse("as", "names a principal the configuration declares"));
+            }
+            let scope = arg("scope").and_then(Scope::parse);
+            let grant = inst.config.device_grant.clone();
+            let approved = inst
+                .sessions
+                .approve(user_code, name, scope, ctx.principal, &grant, now.epoch_ms)
+                .map_err(|e| match e {
+                    ApproveError::UnknownCode => {
+                        refuse("user_code", "no pending sign-in has this user code")
+                    }
+                    ApproveError::ScopeNotAllowed => {
+                        refuse("scope", "this scope is not allowed for this sign-in")
+                    }
+                })?;
+            let a = &approved["approved"];
+            let pushed = inst.push_feed(
+                crate::feed::FeedEvent::Other {
+                    kind: "auth",
+                    data: serde_json::json!({"event": "approved", "client_id": a["client_id"], "scope": a["scope"],
+                                             "user_code": a["user_code"], "name": name}),
+                    owner: None,
+                },
+                now,
+            );
+            debug_assert!(pushed.is_ok(), "auth events match their schema: {pushed:?}");
+            approved
+        }
+        "auth.device.deny" => {
+            let denied = inst.sessions.deny(arg("user_code"), now.epoch_ms);
+            for (user_code, client_id, scope) in &denied {
+                let pushed = inst.push_feed(
+                    crate::feed::FeedEvent::Other {
+                        kind: "auth",
+                        data: serde_json::json!({"event": "denied", "client_id": client_id,
+                                                 "scope": scope.as_str(), "user_code": user_code}),
+                        owner: None,
+                    },
+                    now,
+                );
+                debug_assert!(pushed.is_ok(), "auth events match their schema: {pushed:?}");
+            }
+            serde_json::json!({"denied": denied.len()})
+        }
+        "auth.sessions.revoke" => {
+            let all = checked.args.get("all").and_then(serde_json::Value::as_bool) == Some(true);
+            let gone = inst.sessions.revoke(arg("sid"), arg("name"), all);
+            let n = gone.len();
+            inst.sessions_revoked(gone, now);
+            serde_json::json!({"revoked": n})
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(result))
+}
+
+/// A task op the core did itself: its task is created, carries the result as its
+/// `<taskId>.result` artifact, and is completed, then answered like any task.
+#[allow(clippy::too_many_arguments)]
+fn complete_locally(
+    inst: &mut Instance,
+    ctx: &CallContext<'_>,
+    checked: Checked,
+    message: Message,
+    mode: CallMode,
+    history: Option<usize>,
+    annotate: bool,
+    result: serde_json::Value,
+) -> Result<Reply, RpcError> {
+    let task_id = inst.new_id();
+    let context_id = message.context_id.clone();
+    inst.tasks
+        .create(
+            task_id.clone(),
+            context_id,
+            ctx.principal.clone(),
+            message,
+            ctx.now.epoch_ms,
+        )
+        .map_err(|_| {
+            RpcError::new(
+                ErrorKind::Internal,
+                "the task store is full of unfinished tasks",
+            )
+        })?;
+    let link = crate::ext::annotations::Link {
+        kind: crate::ext::annotations::LinkKind::Run,
+        id: task_id.clone(),
+    };
+    inst.tasks
+        .set_origin(&task_id, link, Some(checked.op.clone()));
+    let mut part = crate::a2a::types::Part::data(result);
+    part.media_type = "application/json".into();
+    let artifact = crate::a2a::types::Artifact {
+        artifact_id: format!("{task_id}.result"),
+        description: String::new(),
+        extensions: vec![crate::ext::COMMAND_URI.to_owned()],
+        metadata: None,
+        name: "result".into(),
+        parts: vec![part],
+    };
+    let _ = inst.tasks.put_artifact(&task_id, artifact, false);
+    inst.set_status(&task_id, TaskState::Completed, None, ctx.now)
+        .map_err(|_| RpcError::task_not_found(&task_id))?;
+    let task = inst
+        .tasks
+        .get(&task_id)
+        .map(|t| t.view(history, true, annotate))
+        .ok_or_else(|| RpcError::task_not_found(&task_id))?;
+    let response = StreamResponse::Task(task);
+    Ok(if mode == CallMode::Stream {
+        Reply::Stream {
+            sub: None,
+            first: Box::new(response),
+        }
+    } else {
+        serialize(&response)
+    })
 }
 
 /// The `status` op: this instance as the caller may see it.

@@ -70,7 +70,12 @@ impl Default for DeviceGrantConfig {
 #[derive(Clone, Debug)]
 enum Decision {
     Pending,
-    Approved { principal: Principal, name: String, scope: Scope, approved_by: String },
+    Approved {
+        principal: Principal,
+        name: String,
+        scope: Scope,
+        approved_by: String,
+    },
     Denied,
 }
 
@@ -119,7 +124,12 @@ impl Session {
 /// What the token endpoint answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TokenAnswer {
-    Issued { access_token: String, expires_in: u64, scope: Scope, session: Box<Session> },
+    Issued {
+        access_token: String,
+        expires_in: u64,
+        scope: Scope,
+        session: Box<Session>,
+    },
     /// An RFC 8628 / 6749 error code.
     Error(&'static str),
 }
@@ -158,7 +168,12 @@ impl Sessions {
         now_ms: u64,
     ) -> Result<(String, String), &'static str> {
         self.expire(now_ms);
-        if self.pending.len() >= MAX_PENDING {
+        let waiting = self
+            .pending
+            .iter()
+            .filter(|p| matches!(p.decision, Decision::Pending))
+            .count();
+        if waiting >= MAX_PENDING {
             return Err("slow_down");
         }
         let mut raw = [0u8; 32];
@@ -217,11 +232,16 @@ impl Sessions {
         let p = self
             .pending
             .iter_mut()
-            .find(|p| p.user_code.eq_ignore_ascii_case(user_code) && matches!(p.decision, Decision::Pending))
+            .find(|p| {
+                p.user_code.eq_ignore_ascii_case(user_code)
+                    && matches!(p.decision, Decision::Pending)
+            })
             .ok_or(ApproveError::UnknownCode)?;
         // An approver may narrow the scope asked for, never widen it.
         let scope = scope.unwrap_or(p.scope);
-        if (scope == Scope::Operator && p.scope != Scope::Operator) || !config.scopes.contains(&scope) {
+        if (scope == Scope::Operator && p.scope != Scope::Operator)
+            || !config.scopes.contains(&scope)
+        {
             return Err(ApproveError::ScopeNotAllowed);
         }
         let principal = match scope {
@@ -242,15 +262,20 @@ impl Sessions {
         Ok(result)
     }
 
-    /// `auth.device.deny`: one code, or every pending one. Returns how many.
-    pub fn deny(&mut self, user_code: Option<&str>, now_ms: u64) -> usize {
+    /// `auth.device.deny`: one code, or every pending one. Returns how many. A denied code
+    /// stops counting against the pending bound at once; its device learns `access_denied`.
+    pub fn deny(&mut self, user_code: Option<&str>, now_ms: u64) -> Vec<(String, String, Scope)> {
         self.expire(now_ms);
-        let before = self.pending.len();
-        self.pending.retain(|p| {
-            !(matches!(p.decision, Decision::Pending)
-                && user_code.is_none_or(|c| p.user_code.eq_ignore_ascii_case(c)))
-        });
-        before - self.pending.len()
+        let mut denied = Vec::new();
+        for p in self.pending.iter_mut() {
+            if matches!(p.decision, Decision::Pending)
+                && user_code.is_none_or(|c| p.user_code.eq_ignore_ascii_case(c))
+            {
+                p.decision = Decision::Denied;
+                denied.push((p.user_code.clone(), p.client_id.clone(), p.scope));
+            }
+        }
+        denied
     }
 
     /// The token endpoint: a polling device learns its fate.
@@ -278,7 +303,9 @@ impl Sessions {
             return TokenAnswer::Error("expired_token");
         }
         let p = &mut self.pending[at];
-        let too_soon = p.last_poll.is_some_and(|t| now_ms < t + POLL_INTERVAL_S * 1000);
+        let too_soon = p
+            .last_poll
+            .is_some_and(|t| now_ms < t + POLL_INTERVAL_S * 1000);
         p.last_poll = Some(now_ms);
         match p.decision.clone() {
             Decision::Pending if too_soon => TokenAnswer::Error("slow_down"),
@@ -287,7 +314,12 @@ impl Sessions {
                 self.pending.remove(at);
                 TokenAnswer::Error("access_denied")
             }
-            Decision::Approved { principal, name, scope, approved_by } => {
+            Decision::Approved {
+                principal,
+                name,
+                scope,
+                approved_by,
+            } => {
                 let client_id = p.client_id.clone();
                 self.pending.remove(at);
                 let mut raw = [0u8; 32];
@@ -325,7 +357,9 @@ impl Sessions {
 
     /// Whether a session is still open.
     pub fn is_live(&self, sid: &str, now_ms: u64) -> bool {
-        self.by_token.values().any(|s| s.sid == sid && s.expires_at > now_ms)
+        self.by_token
+            .values()
+            .any(|s| s.sid == sid && s.expires_at > now_ms)
     }
 
     /// `auth.sessions`.
@@ -352,7 +386,8 @@ impl Sessions {
 
     /// `POST /oauth2/revoke`: ends the presented token's session.
     pub fn revoke_token(&mut self, token: &str) -> Option<Session> {
-        self.by_token.remove(&crate::digest::sha256(token.as_bytes()))
+        self.by_token
+            .remove(&crate::digest::sha256(token.as_bytes()))
     }
 }
 
@@ -404,42 +439,106 @@ mod tests {
 
     #[test]
     fn the_device_flow() {
-        let cfg = DeviceGrantConfig { enabled: true, ..Default::default() };
+        let cfg = DeviceGrantConfig {
+            enabled: true,
+            ..Default::default()
+        };
         let mut s = Sessions::default();
         let mut e = CounterEntropy(9);
-        let (device, user) = s.authorize(&mut e, "laptop", Scope::User, None, &cfg, 0).unwrap();
+        let (device, user) = s
+            .authorize(&mut e, "laptop", Scope::User, None, &cfg, 0)
+            .unwrap();
         assert_eq!(device.len(), 64);
         assert!(user.len() == 9 && user.as_bytes()[4] == b'-');
-        assert_eq!(s.exchange(&mut e, &device, "laptop", &cfg, 1), TokenAnswer::Error("authorization_pending"));
-        assert_eq!(s.exchange(&mut e, &device, "laptop", &cfg, 2), TokenAnswer::Error("slow_down"));
-        assert_eq!(s.exchange(&mut e, &device, "other", &cfg, 9000), TokenAnswer::Error("invalid_grant"));
+        assert_eq!(
+            s.exchange(&mut e, &device, "laptop", &cfg, 1),
+            TokenAnswer::Error("authorization_pending")
+        );
+        assert_eq!(
+            s.exchange(&mut e, &device, "laptop", &cfg, 2),
+            TokenAnswer::Error("slow_down")
+        );
+        assert_eq!(
+            s.exchange(&mut e, &device, "other", &cfg, 9000),
+            TokenAnswer::Error("invalid_grant")
+        );
         assert_eq!(s.pending(3)["pending"].as_array().unwrap().len(), 1);
         let op = Principal::operator();
-        assert_eq!(s.approve(&user, "alice", Some(Scope::Operator), &op, &cfg, 4), Err(ApproveError::ScopeNotAllowed));
-        let approved = s.approve(&user.to_lowercase(), "alice", None, &op, &cfg, 4).unwrap();
+        assert_eq!(
+            s.approve(&user, "alice", Some(Scope::Operator), &op, &cfg, 4),
+            Err(ApproveError::ScopeNotAllowed)
+        );
+        let approved = s
+            .approve(&user.to_lowercase(), "alice", None, &op, &cfg, 4)
+            .unwrap();
         assert_eq!(approved["approved"]["principal"], "user:alice");
         assert_eq!(approved["approved"]["existing"], false);
-        let TokenAnswer::Issued { access_token, session, .. } = s.exchange(&mut e, &device, "laptop", &cfg, 10_000) else { panic!() };
+        let TokenAnswer::Issued {
+            access_token,
+            session,
+            ..
+        } = s.exchange(&mut e, &device, "laptop", &cfg, 10_000)
+        else {
+            panic!()
+        };
         assert!(access_token.starts_with(TOKEN_PREFIX));
-        assert_eq!(s.session(access_token.as_bytes(), 10_001).unwrap().principal.id, "user:alice");
-        assert_eq!(s.exchange(&mut e, &device, "laptop", &cfg, 20_000), TokenAnswer::Error("invalid_grant"), "single use");
+        assert_eq!(
+            s.session(access_token.as_bytes(), 10_001)
+                .unwrap()
+                .principal
+                .id,
+            "user:alice"
+        );
+        assert_eq!(
+            s.exchange(&mut e, &device, "laptop", &cfg, 20_000),
+            TokenAnswer::Error("invalid_grant"),
+            "single use"
+        );
         // A second device approved as the same name is the same principal.
-        let (d2, u2) = s.authorize(&mut e, "phone", Scope::User, None, &cfg, 20_000).unwrap();
-        assert_eq!(s.approve(&u2, "alice", None, &op, &cfg, 20_001).unwrap()["approved"]["existing"], true);
-        let TokenAnswer::Issued { access_token: t2, .. } = s.exchange(&mut e, &d2, "phone", &cfg, 20_002) else { panic!() };
-        assert_eq!(s.session(t2.as_bytes(), 20_003).unwrap().principal, session.principal);
+        let (d2, u2) = s
+            .authorize(&mut e, "phone", Scope::User, None, &cfg, 20_000)
+            .unwrap();
+        assert_eq!(
+            s.approve(&u2, "alice", None, &op, &cfg, 20_001).unwrap()["approved"]["existing"],
+            true
+        );
+        let TokenAnswer::Issued {
+            access_token: t2, ..
+        } = s.exchange(&mut e, &d2, "phone", &cfg, 20_002)
+        else {
+            panic!()
+        };
+        assert_eq!(
+            s.session(t2.as_bytes(), 20_003).unwrap().principal,
+            session.principal
+        );
         // Revocation by sid ends exactly that one.
         assert_eq!(s.revoke(Some(&session.sid), None, false).len(), 1);
         assert!(s.session(access_token.as_bytes(), 20_004).is_none());
         assert!(s.session(t2.as_bytes(), 20_004).is_some());
         assert_eq!(s.revoke(None, Some("alice"), false).len(), 1);
         // Expiry.
-        let (d3, _) = s.authorize(&mut e, "x", Scope::User, None, &cfg, 0).unwrap();
-        assert_eq!(s.exchange(&mut e, &d3, "x", &cfg, cfg.code_ttl_ms), TokenAnswer::Error("expired_token"));
+        let (d3, _) = s
+            .authorize(&mut e, "x", Scope::User, None, &cfg, 0)
+            .unwrap();
+        assert_eq!(
+            s.exchange(&mut e, &d3, "x", &cfg, cfg.code_ttl_ms),
+            TokenAnswer::Error("expired_token")
+        );
         // Deny all.
-        s.authorize(&mut e, "a", Scope::User, None, &cfg, 30_000).unwrap();
-        s.authorize(&mut e, "b", Scope::User, None, &cfg, 30_000).unwrap();
-        assert_eq!(s.deny(None, 30_001), 2);
+        s.authorize(&mut e, "a", Scope::User, None, &cfg, 30_000)
+            .unwrap();
+        s.authorize(&mut e, "b", Scope::User, None, &cfg, 30_000)
+            .unwrap();
+        let (d4, u4) = s
+            .authorize(&mut e, "c", Scope::User, None, &cfg, 30_000)
+            .unwrap();
+        assert_eq!(s.deny(Some(&u4), 30_001).len(), 1);
+        assert_eq!(s.deny(None, 30_001).len(), 2);
+        assert_eq!(
+            s.exchange(&mut e, &d4, "c", &cfg, 30_002),
+            TokenAnswer::Error("access_denied")
+        );
     }
 
     #[test]

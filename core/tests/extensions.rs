@@ -310,7 +310,7 @@ fn header_lines_repeat_and_tokens_are_trimmed() {
 fn the_public_card_declares_the_command_vocabulary() {
     let mut h = Harness::with(|c| {
         c.introspection_enabled = true;
-        c.device_grant_enabled = true;
+        c.device_grant.enabled = true;
     });
     let mut c = h.conn();
     let card = one(&c.feed(

@@ -1,0 +1,204 @@
+//! The device authorization grant's HTTP endpoints (RFC 8628, 6749, 7009, 8414), served on
+//! the listener's origin while `a2a.device_grant.enabled`; otherwise they are 404.
+
+use serde_json::json;
+
+use crate::feed::FeedEvent;
+use crate::instance::Instance;
+use crate::sessions::{parse_form, Scope, TokenAnswer, POLL_INTERVAL_S};
+use crate::time::Now;
+
+pub const DEVICE_AUTHORIZATION_PATH: &str = "/oauth2/device_authorization";
+pub const TOKEN_PATH: &str = "/oauth2/token";
+pub const REVOKE_PATH: &str = "/oauth2/revoke";
+pub const DEVICE_PAGE_PATH: &str = "/oauth2/device";
+pub const METADATA_PATH: &str = "/.well-known/oauth-authorization-server";
+/// The grant type a polling device names.
+pub const DEVICE_GRANT_TYPE: &str = "urn:ietf:params:oauth:grant-type:device_code";
+/// The largest form accepted.
+pub const MAX_FORM_BYTES: usize = 4096;
+
+/// An endpoint, by path and method.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    DeviceAuthorization,
+    Token,
+    Revoke,
+    DevicePage,
+    Metadata,
+}
+
+impl Endpoint {
+    pub fn from_path(path: &str) -> Option<Endpoint> {
+        Some(match path {
+            DEVICE_AUTHORIZATION_PATH => Endpoint::DeviceAuthorization,
+            TOKEN_PATH => Endpoint::Token,
+            REVOKE_PATH => Endpoint::Revoke,
+            DEVICE_PAGE_PATH => Endpoint::DevicePage,
+            METADATA_PATH => Endpoint::Metadata,
+            _ => return None,
+        })
+    }
+
+    /// Whether the endpoint takes a form (POST) rather than being read (GET).
+    pub fn takes_form(self) -> bool {
+        matches!(
+            self,
+            Endpoint::DeviceAuthorization | Endpoint::Token | Endpoint::Revoke
+        )
+    }
+}
+
+/// An answer: status, content type, body.
+pub struct Answer {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: Vec<u8>,
+}
+
+fn json_answer(status: u16, value: serde_json::Value) -> Answer {
+    Answer {
+        status,
+        content_type: "application/json",
+        body: serde_json::to_vec(&value).unwrap_or_default(),
+    }
+}
+
+fn error(code: &'static str) -> Answer {
+    json_answer(400, json!({"error": code}))
+}
+
+/// Answers one request to an endpoint.
+pub fn answer(
+    inst: &mut Instance,
+    endpoint: Endpoint,
+    listener: usize,
+    form_type: bool,
+    body: &[u8],
+    now: Now,
+) -> Answer {
+    let origin = inst
+        .config()
+        .listeners
+        .get(listener)
+        .map(|l| l.origin().to_owned())
+        .unwrap_or_default();
+    let grant = inst.config().device_grant.clone();
+    let form = if endpoint.takes_form() {
+        if !form_type {
+            return error("invalid_request");
+        }
+        match parse_form(body) {
+            Ok(f) => f,
+            Err(code) => return error(code),
+        }
+    } else {
+        Default::default()
+    };
+    match endpoint {
+        Endpoint::Metadata => json_answer(
+            200,
+            json!({
+                "issuer": origin,
+                "device_authorization_endpoint": format!("{origin}{DEVICE_AUTHORIZATION_PATH}"),
+                "token_endpoint": format!("{origin}{TOKEN_PATH}"),
+                "revocation_endpoint": format!("{origin}{REVOKE_PATH}"),
+                "grant_types_supported": [DEVICE_GRANT_TYPE],
+                "response_types_supported": [],
+                "token_endpoint_auth_methods_supported": ["none"],
+                "scopes_supported": grant.scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+            }),
+        ),
+        Endpoint::DevicePage => Answer {
+            status: 200,
+            content_type: "text/plain; charset=utf-8",
+            body: b"To sign this device in, give its user code to the operator of this agentd \
+instance, who approves it with the auth.device.approve command (user_code, and the name the \
+device acts as). The device then receives its token.\n"
+                .to_vec(),
+        },
+        Endpoint::DeviceAuthorization => {
+            let Some(client_id) = form.get("client_id") else {
+                return error("invalid_request");
+            };
+            let valid = !client_id.is_empty()
+                && client_id.len() <= 64
+                && client_id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            if !valid {
+                return error("invalid_request");
+            }
+            let scope = match form.get("scope").map(String::as_str) {
+                None => Scope::User,
+                Some(s) => match Scope::parse(s).filter(|s| grant.scopes.contains(s)) {
+                    Some(s) => s,
+                    None => return error("invalid_scope"),
+                },
+            };
+            let (sessions, entropy) = (&mut inst.sessions, inst.entropy.as_mut());
+            match sessions.authorize(entropy, client_id, scope, None, &grant, now.epoch_ms) {
+                Ok((device_code, user_code)) => {
+                    let pushed = inst.push_feed(
+                        FeedEvent::Other {
+                            kind: "auth",
+                            data: json!({"event": "pending", "client_id": client_id, "scope": scope.as_str(), "user_code": user_code}),
+                            owner: None,
+                        },
+                        now,
+                    );
+                    debug_assert!(pushed.is_ok(), "auth events match their schema: {pushed:?}");
+                    json_answer(
+                        200,
+                        json!({
+                            "device_code": device_code,
+                            "user_code": user_code,
+                            "verification_uri": format!("{origin}{DEVICE_PAGE_PATH}"),
+                            "expires_in": grant.code_ttl_ms / 1000,
+                            "interval": POLL_INTERVAL_S,
+                        }),
+                    )
+                }
+                Err(code) => error(code),
+            }
+        }
+        Endpoint::Token => {
+            let (Some(grant_type), Some(device_code), Some(client_id)) = (
+                form.get("grant_type"),
+                form.get("device_code"),
+                form.get("client_id"),
+            ) else {
+                return error("invalid_request");
+            };
+            if grant_type != DEVICE_GRANT_TYPE {
+                return error("unsupported_grant_type");
+            }
+            let (sessions, entropy) = (&mut inst.sessions, inst.entropy.as_mut());
+            match sessions.exchange(entropy, device_code, client_id, &grant, now.epoch_ms) {
+                TokenAnswer::Issued {
+                    access_token,
+                    expires_in,
+                    scope,
+                    ..
+                } => json_answer(
+                    200,
+                    json!({"access_token": access_token, "token_type": "Bearer", "expires_in": expires_in, "scope": scope.as_str()}),
+                ),
+                TokenAnswer::Error(code) => error(code),
+            }
+        }
+        Endpoint::Revoke => {
+            if let Some(token) = form.get("token") {
+                if let Some(gone) = inst.sessions.revoke_token(token) {
+                    inst.sessions_revoked(vec![gone], now);
+                }
+            }
+            // RFC 7009: the answer does not say whether the token was valid.
+            Answer {
+                status: 200,
+                content_type: "application/json",
+                body: Vec::new(),
+            }
+        }
+    }
+}
