@@ -42,6 +42,19 @@ impl Via {
     pub const ALL: [Via; 2] = [Via::Tcp, Via::Unix];
 }
 
+/// More of a daemon's configuration than its limits.
+#[derive(Clone, Debug, Default)]
+pub struct Setup {
+    /// `key = value` lines of the `[limits]` section.
+    pub limits: String,
+    /// More `key = value` lines under `[a2a]` (after `listen`).
+    pub a2a: String,
+    /// Whole sections appended at the end (`[a2a.events]`, `[[a2a.principals]]`, ...).
+    pub sections: String,
+    /// Environment of the daemon (secret references read it).
+    pub env: Vec<(String, String)>,
+}
+
 /// A running `agentd` child process with a TCP and a unix listener. Killed, waited for and
 /// its temporary directory removed on drop.
 pub struct Daemon {
@@ -91,6 +104,27 @@ impl Daemon {
         limits: &str,
         prepare: impl FnOnce(&Path),
     ) -> Result<Daemon, LaunchError> {
+        let setup = Setup {
+            limits: limits.to_owned(),
+            ..Setup::default()
+        };
+        Daemon::try_launch_setup(driver, &setup, prepare)
+    }
+
+    /// A daemon with more configuration: see [`Setup`].
+    pub fn start_setup(driver: &str, setup: &Setup) -> Daemon {
+        Daemon::try_launch_setup(driver, setup, |_| {}).unwrap_or_else(|e| {
+            let _ = fs::remove_dir_all(&e.dir);
+            panic!("{}", e.message)
+        })
+    }
+
+    pub fn try_launch_setup(
+        driver: &str,
+        setup: &Setup,
+        prepare: impl FnOnce(&Path),
+    ) -> Result<Daemon, LaunchError> {
+        let limits = setup.limits.as_str();
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
@@ -108,11 +142,14 @@ impl Daemon {
             "[a2a]\nlisten = [\"tcp://127.0.0.1:0\", \"unix://{}\"]\n",
             unix.display()
         );
+        text.push_str(&setup.a2a);
+        text.push('\n');
         if !limits.trim().is_empty() {
             text.push_str("\n[limits]\n");
             text.push_str(limits);
             text.push('\n');
         }
+        text.push_str(&setup.sections);
         fs::write(&config, text).expect("write the daemon's config");
         let stderr_path = dir.join("stderr.log");
         let stderr = fs::File::create(&stderr_path).expect("create the stderr log");
@@ -121,6 +158,7 @@ impl Daemon {
             .arg(driver)
             .arg("--config")
             .arg(&config)
+            .envs(setup.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(stderr))
