@@ -162,6 +162,25 @@ impl AcceptContext {
                     continue;
                 }
             };
+            // The kernel's word on who the peer is comes first: a refused uid gets no byte
+            // of HTTP, not even the busy answer.
+            let mut peer = Peer::Tcp;
+            if let Accepted::Unix(s) = &accepted {
+                match unix_peer_allowed(s) {
+                    Ok((true, uid)) => peer = Peer::Unix { uid },
+                    Ok((false, uid)) => {
+                        tracing::warn!(
+                            uid,
+                            "unix socket peer refused: not this daemon's uid or root"
+                        );
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "unix socket peer credentials unreadable");
+                        continue;
+                    }
+                }
+            }
             if self.active.fetch_add(1, Ordering::SeqCst) >= self.options.max_connections {
                 self.active.fetch_sub(1, Ordering::SeqCst);
                 tracing::warn!("connection limit reached; answering 503");
@@ -176,16 +195,9 @@ impl AcceptContext {
                     match accepted {
                         Accepted::Tcp(s) => {
                             let _ = s.set_nodelay(true);
-                            ctx.serve(s, Peer::Tcp)
+                            ctx.serve(s, peer)
                         }
-                        // The kernel's word on who the peer is, before any byte is read.
-                        Accepted::Unix(s) => match unix_peer_allowed(&s) {
-                            Ok((true, uid)) => ctx.serve(s, Peer::Unix { uid }),
-                            Ok((false, uid)) => {
-                                tracing::warn!(uid, "unix socket peer refused: not this daemon's uid or root")
-                            }
-                            Err(e) => tracing::warn!(error = %e, "unix socket peer credentials unreadable"),
-                        },
+                        Accepted::Unix(s) => ctx.serve(s, peer),
                     }
                     active.fetch_sub(1, Ordering::SeqCst);
                 });

@@ -7,8 +7,8 @@ pub const EXPOSE_HEADERS: &str = "a2a-extensions, retry-after, www-authenticate"
 /// Request headers a page may send, named in the preflight.
 pub const ALLOW_HEADERS: &str =
     "content-type, authorization, last-event-id, a2a-extensions, a2a-version";
-/// Methods the JSON-RPC route's preflight allows.
-pub const ALLOW_METHODS: &str = "POST, GET, OPTIONS";
+/// Methods the JSON-RPC route's preflight allows (what `POST /` and `OPTIONS /` answer).
+pub const ALLOW_METHODS: &str = "POST, OPTIONS";
 /// Seconds a browser may cache a preflight.
 pub const MAX_AGE: &str = "600";
 

@@ -1,0 +1,676 @@
+//! CORS as a real browser sees it: headless Chromium loads a page from a listed origin
+//! (`[a2a.cors] origins`) whose script calls both drivers' daemons with `fetch`, and reads
+//! the answers (200, the `a2a-extensions` echo, `totalSize`), the 401 and its readable
+//! `WWW-Authenticate` challenge. The same page from an unlisted origin gets the public card
+//! but its calls fail in the browser (a `TypeError`: the daemon answered 403 without CORS
+//! headers).
+//!
+//! Needs Debian's `chromium`, which `.ci/run` installs; without it the test fails (no skip).
+//! The pages come from a small std HTTP server on loopback in this process. Chromium runs in
+//! its own process group with a deadline; afterwards every process of the run is killed and
+//! reaped (this process is made a child subreaper, so the helpers chromium orphans, such as
+//! the crashpad handler that starts its own session, come back to it). Keep one chromium test
+//! in this file: that cleanup takes any chromium child of this process for a leftover.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::{bare, post, rpc_body, Client, RPC_HEADERS};
+use rustix::process::{Pid, Signal, WaitOptions};
+use serde_json::json;
+
+const ANNOTATIONS: &str = "https://agentd.dev/a2a/ext/task-annotations";
+const CHALLENGE: &str = "Bearer realm=\"agentd\"";
+const BEARER_ENV: &str = "AGENTD_E2E_BEARER";
+const PAGE: &str = include_str!("browser/page.html");
+
+const START_TIMEOUT: Duration = Duration::from_secs(15);
+/// A whole chromium run, start to exit.
+const CHROMIUM_TIMEOUT: Duration = Duration::from_secs(25);
+
+static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
+
+#[test]
+fn a_listed_origin_reads_the_answers_and_an_unlisted_one_is_refused() {
+    let chromium = find_tool("chromium").unwrap_or_else(|| {
+        panic!(
+            "chromium is not installed: this test drives a real headless Chromium. .ci/run \
+             installs it (apt-get install -y --no-install-recommends chromium)"
+        )
+    });
+    // Chromium's orphaned helpers come back to this process, to be reaped.
+    let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
+    let work = TempDir::new("agentd-e2e-browser");
+
+    let listed = PageServer::start();
+    let unlisted = PageServer::start();
+    let listed_origin = format!("http://127.0.0.1:{}", listed.port);
+    let unlisted_origin = format!("http://127.0.0.1:{}", unlisted.port);
+
+    let token = format!(
+        "e2e-browser-{}-{:x}",
+        std::process::id(),
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0)
+    );
+    let mut daemons: Vec<Agentd> = common::DRIVERS
+        .iter()
+        .map(|driver| Agentd::start(driver, &token, &listed_origin))
+        .collect();
+    let targets: Vec<_> = daemons
+        .iter()
+        .map(|d| json!({"driver": d.driver, "url": format!("http://{}/", d.tcp)}))
+        .collect();
+    let config = json!({"token": token, "targets": targets});
+    let page = PAGE.replace("__CONFIG__", &config.to_string());
+    listed.set_page(&page);
+    unlisted.set_page(&page);
+
+    // The listed origin: everything readable.
+    let run = run_chromium(&chromium, &format!("{listed_origin}/page.html"), &work.0);
+    assert_eq!(
+        listed.requests(),
+        vec!["GET /page.html"],
+        "expected chromium to load the page from {listed_origin}"
+    );
+    run.expect("done", "yes");
+    for d in &daemons {
+        let p = &d.driver;
+        run.expect(&format!("{p}.card.status"), "200");
+        run.expect(&format!("{p}.authed.status"), "200");
+        run.expect(&format!("{p}.authed.extensions"), ANNOTATIONS);
+        run.expect(&format!("{p}.authed.totalSize"), "0");
+        run.expect(&format!("{p}.anon.status"), "401");
+        run.expect(&format!("{p}.anon.challenge"), CHALLENGE);
+    }
+
+    // An unlisted origin: the card (public) is reached, every call fails in the browser.
+    let run = run_chromium(&chromium, &format!("{unlisted_origin}/page.html"), &work.0);
+    assert_eq!(
+        unlisted.requests(),
+        vec!["GET /page.html"],
+        "expected chromium to load the page from {unlisted_origin}"
+    );
+    run.expect("done", "yes");
+    for d in &daemons {
+        let p = &d.driver;
+        run.expect(&format!("{p}.card.status"), "200");
+        for call in ["authed", "anon"] {
+            let key = format!("{p}.{call}.error");
+            let error = run.get(&key);
+            assert!(
+                error.is_some_and(|e| e.starts_with("TypeError")),
+                "expected the {call} fetch from the unlisted origin {unlisted_origin} to the \
+                 {p} daemon to reject with a TypeError, got {key} = {error:?}; {}",
+                run.report()
+            );
+            let status = format!("{p}.{call}.status");
+            assert!(
+                run.get(&status).is_none(),
+                "expected no status readable from the unlisted origin, got {status} = {:?}",
+                run.get(&status)
+            );
+        }
+    }
+
+    // What the browser met there, on the wire: 403, no CORS header, preflight and call alike.
+    for d in &mut daemons {
+        let origin = format!("Origin: {unlisted_origin}");
+        let mut c = Client::new(connect_tcp(d.tcp));
+        let preflight = c.request(&bare(
+            "OPTIONS",
+            "/",
+            &[
+                &origin,
+                "Access-Control-Request-Method: POST",
+                "Access-Control-Request-Headers: a2a-extensions,a2a-version,authorization,content-type",
+            ],
+        ));
+        let auth = format!("Authorization: Bearer {token}");
+        let mut c = Client::new(connect_tcp(d.tcp));
+        let call = c.request(&post(
+            &[RPC_HEADERS[0], RPC_HEADERS[1], &origin, &auth],
+            &rpc_body("1", "ListTasks", &json!({})),
+        ));
+        for (what, resp) in [("preflight", &preflight), ("call", &call)] {
+            assert_eq!(
+                resp.status, 403,
+                "expected the {} daemon to refuse the unlisted origin's {what} with 403: {:?}",
+                d.driver, resp.headers
+            );
+            assert!(
+                resp.headers
+                    .iter()
+                    .all(|(n, _)| !n.starts_with("access-control-")),
+                "expected no CORS header on the {} daemon's 403 to the {what}: {:?}",
+                d.driver,
+                resp.headers
+            );
+        }
+        d.assert_alive();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Chromium.
+
+/// What a chromium `--dump-dom` run produced.
+struct BrowserRun {
+    url: String,
+    dom: String,
+    stderr: String,
+    /// `KEY -> VALUE` of every `<div id="r:KEY">VALUE</div>`.
+    results: BTreeMap<String, String>,
+}
+
+impl BrowserRun {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.results.get(key).map(String::as_str)
+    }
+
+    fn expect(&self, key: &str, want: &str) {
+        assert_eq!(
+            self.get(key),
+            Some(want),
+            "expected {key} = {want:?} in the page {}; {}",
+            self.url,
+            self.report()
+        );
+    }
+
+    fn report(&self) -> String {
+        let noise = ["dbus", "unexpected operator"];
+        let stderr: Vec<&str> = self
+            .stderr
+            .lines()
+            .filter(|l| !noise.iter().any(|n| l.contains(n)))
+            .collect();
+        format!(
+            "results {:#?}\nchromium stderr (noise filtered):\n{}\nDOM tail:\n{}",
+            self.results,
+            stderr.join("\n"),
+            tail(&self.dom, 3000)
+        )
+    }
+}
+
+/// The last `n` bytes of `s` or a little more, cut at a char boundary.
+fn tail(s: &str, n: usize) -> &str {
+    let mut i = s.len().saturating_sub(n);
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    &s[i..]
+}
+
+/// Loads `url` in a fresh headless chromium and dumps the DOM, bounded by
+/// [`CHROMIUM_TIMEOUT`]; every process of the run is gone when it returns.
+fn run_chromium(chromium: &Path, url: &str, work: &Path) -> BrowserRun {
+    let n = NEXT_DIR.fetch_add(1, Ordering::SeqCst);
+    let profile = work.join(format!("profile-{n}"));
+    let home = work.join(format!("home-{n}"));
+    fs::create_dir_all(&home).expect("create chromium's HOME");
+    let stderr_path = work.join(format!("chromium-{n}.stderr"));
+    let stderr_file = fs::File::create(&stderr_path).expect("create chromium's stderr log");
+    let mut child = Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-proxy-server",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg("--virtual-time-budget=5000")
+        .arg("--dump-dom")
+        .arg(url)
+        .env("HOME", &home)
+        .env("XDG_CONFIG_HOME", home.join(".config"))
+        .env("XDG_CACHE_HOME", home.join(".cache"))
+        .env_remove("CHROMIUM_FLAGS")
+        .current_dir(work)
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(stderr_file))
+        .spawn()
+        .unwrap_or_else(|e| panic!("expected to start {}: {e}", chromium.display()));
+    let pgid = child.id();
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = BufReader::new(stdout).read_to_end(&mut buf);
+        let _ = tx.send(String::from_utf8_lossy(&buf).into_owned());
+    });
+    let deadline = Instant::now() + CHROMIUM_TIMEOUT;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => break None,
+        }
+    };
+    if status.is_none() {
+        let _ = rustix::process::kill_process_group(pid(pgid), Signal::KILL);
+        let _ = child.wait();
+    }
+    stop_leftovers(pgid);
+    let dom = rx.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+    let stderr = fs::read_to_string(&stderr_path).unwrap_or_default();
+    let run = BrowserRun {
+        url: url.to_owned(),
+        results: results(&dom),
+        dom,
+        stderr,
+    };
+    match status {
+        None => panic!(
+            "expected chromium to dump {url} within {CHROMIUM_TIMEOUT:?}; killed it; {}",
+            run.report()
+        ),
+        Some(s) if !s.success() => panic!(
+            "expected chromium to exit 0, it exited {s}; {}",
+            run.report()
+        ),
+        Some(_) => run,
+    }
+}
+
+/// The `<div id="r:KEY">VALUE</div>` of a dumped DOM.
+fn results(dom: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut rest = dom;
+    while let Some(i) = rest.find("<div id=\"r:") {
+        rest = &rest[i + "<div id=\"r:".len()..];
+        let Some((key, after)) = rest.split_once("\">") else {
+            break;
+        };
+        let Some((value, after)) = after.split_once("</div>") else {
+            break;
+        };
+        out.insert(unescape(key), unescape(value));
+        rest = after;
+    }
+    out
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&nbsp;", "\u{a0}")
+        .replace("&amp;", "&")
+}
+
+fn pid(raw: u32) -> Pid {
+    let raw = i32::try_from(raw).expect("a pid fits an i32");
+    assert!(raw > 1, "never signal init or everything");
+    Pid::from_raw(raw).expect("a nonzero pid")
+}
+
+/// Kills and reaps what is left of a chromium run: its process group, and the chromium
+/// processes this (subreaper) process inherited from it (the crashpad handler leaves the
+/// group). Only processes named `chrom…` are touched. Bounded to 5 s.
+fn stop_leftovers(pgid: u32) {
+    let me = std::process::id();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let _ = rustix::process::kill_process_group(pid(pgid), Signal::KILL);
+        let mut left = Vec::new();
+        for p in processes() {
+            let ours = p.ppid == me;
+            if !p.comm.starts_with("chrom") || !(ours || p.pgid == pgid) {
+                continue;
+            }
+            if p.state == 'Z' {
+                if ours {
+                    let _ = rustix::process::waitpid(Some(pid(p.pid)), WaitOptions::NOHANG);
+                    left.push(p);
+                }
+                // Someone else's zombie is dead already, and not ours to reap.
+                continue;
+            }
+            let _ = rustix::process::kill_process(pid(p.pid), Signal::KILL);
+            left.push(p);
+        }
+        if left.is_empty() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            eprintln!("chromium processes still there after 5 s: {left:?}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[derive(Debug)]
+struct Proc {
+    pid: u32,
+    ppid: u32,
+    pgid: u32,
+    state: char,
+    comm: String,
+}
+
+/// Every process in /proc: `pid (comm) state ppid pgrp …` of its `stat`.
+fn processes() -> Vec<Proc> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| {
+            let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let open = stat.find('(')?;
+            let close = stat.rfind(')')?;
+            let comm = stat[open + 1..close].to_owned();
+            let mut f = stat[close + 1..].split_whitespace();
+            let state = f.next()?.chars().next()?;
+            let ppid = f.next()?.parse().ok()?;
+            let pgid = f.next()?.parse().ok()?;
+            Some(Proc {
+                pid,
+                ppid,
+                pgid,
+                state,
+                comm,
+            })
+        })
+        .collect()
+}
+
+/// An executable named `name` on PATH or in /usr/bin.
+fn find_tool(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/bin")])
+        .map(|dir| dir.join(name))
+        .find(|p| fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+}
+
+// ---------------------------------------------------------------------------------------
+// The page server.
+
+/// Serves one page at `/page.html` on `127.0.0.1:PORT` (404 elsewhere), a thread per
+/// connection, each read bounded. Stopped and joined on drop.
+struct PageServer {
+    port: u16,
+    page: Arc<Mutex<String>>,
+    log: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl PageServer {
+    fn start() -> PageServer {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a page server");
+        listener.set_nonblocking(true).expect("nonblocking accept");
+        let port = listener.local_addr().unwrap().port();
+        let page = Arc::new(Mutex::new(String::new()));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (p, l, s) = (page.clone(), log.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut conns = Vec::new();
+            while !s.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let (p, l) = (p.clone(), l.clone());
+                        conns.push(std::thread::spawn(move || serve_page(stream, &p, &l)));
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+            for c in conns {
+                let _ = c.join();
+            }
+        });
+        PageServer {
+            port,
+            page,
+            log,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn set_page(&self, html: &str) {
+        *self.page.lock().unwrap() = html.to_owned();
+    }
+
+    /// `METHOD PATH` of the requests served, favicon probes left out.
+    fn requests(&self) -> Vec<String> {
+        let log = self.log.lock().unwrap();
+        log.iter()
+            .filter(|r| !r.contains("favicon"))
+            .cloned()
+            .collect()
+    }
+}
+
+impl Drop for PageServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One request per connection: the head is read (bounded), the answer closes.
+fn serve_page(mut stream: TcpStream, page: &Mutex<String>, log: &Mutex<Vec<String>>) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(2)));
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65536 {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&head);
+    let mut first = head.lines().next().unwrap_or_default().split(' ');
+    let (method, path) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
+    log.lock().unwrap().push(format!("{method} {path}"));
+    let (status, body) = if method == "GET" && path == "/page.html" {
+        ("200 OK", page.lock().unwrap().clone())
+    } else {
+        ("404 Not Found", String::from("not here\n"))
+    };
+    let kind = if status.starts_with("200") {
+        "text/html; charset=utf-8"
+    } else {
+        "text/plain; charset=utf-8"
+    };
+    let answer = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\
+         cache-control: no-store\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(answer.as_bytes());
+    let _ = stream.flush();
+}
+
+// ---------------------------------------------------------------------------------------
+// The daemon.
+
+fn connect_tcp(addr: SocketAddr) -> TcpStream {
+    let s =
+        TcpStream::connect(addr).unwrap_or_else(|e| panic!("expected to connect to {addr}: {e}"));
+    s.set_nodelay(true).unwrap();
+    s
+}
+
+/// A temp dir removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(prefix: &str) -> TempDir {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let dir = std::env::temp_dir().join(format!(
+            "{prefix}-{}-{}-{nanos:x}",
+            std::process::id(),
+            NEXT_DIR.fetch_add(1, Ordering::SeqCst)
+        ));
+        fs::create_dir_all(&dir).expect("create a temp dir");
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running `agentd` with a bearer (read from [`BEARER_ENV`], set on the child), one
+/// listed CORS origin, a TCP and a unix listener. Killed, waited for and its temp dir
+/// removed on drop.
+struct Agentd {
+    driver: String,
+    child: Option<Child>,
+    dir: TempDir,
+    tcp: SocketAddr,
+}
+
+impl Agentd {
+    fn start(driver: &str, bearer: &str, origin: &str) -> Agentd {
+        let dir = TempDir::new("agentd-e2e-cors");
+        let unix = dir.0.join("a.sock");
+        let config = dir.0.join("agentd.toml");
+        let text = format!(
+            "[a2a]\nlisten = [\"tcp://127.0.0.1:0\", \"unix://{}\"]\n\
+             bearer = \"{{{{secret:{BEARER_ENV}}}}}\"\n\n\
+             [a2a.cors]\norigins = [\"{origin}\"]\n",
+            unix.display()
+        );
+        fs::write(&config, text).expect("write the daemon's config");
+        let stderr = fs::File::create(dir.0.join("stderr.log")).expect("create the stderr log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_agentd"))
+            .arg("--driver")
+            .arg(driver)
+            .arg("--config")
+            .arg(&config)
+            .env(BEARER_ENV, bearer)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(stderr))
+            .spawn()
+            .expect("spawn agentd");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        let mut d = Agentd {
+            driver: driver.to_owned(),
+            child: Some(child),
+            dir,
+            tcp: "127.0.0.1:0".parse().unwrap(),
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        let mut lines = Vec::new();
+        let (mut tcp, mut unix_seen) = (None, false);
+        while tcp.is_none() || !unix_seen {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(rest) = line.strip_prefix("listening http://") {
+                        tcp = rest.trim_end_matches('/').parse::<SocketAddr>().ok();
+                    } else if line.starts_with("listening unix://") {
+                        unix_seen = true;
+                    }
+                    lines.push(line);
+                }
+                Err(e) => {
+                    let stderr = d.stderr();
+                    d.kill();
+                    panic!(
+                        "expected agentd --driver {driver} with a bearer and [a2a.cors] to print \
+                         two `listening` lines within {START_TIMEOUT:?} ({e}); got {lines:?}; \
+                         stderr:\n{stderr}"
+                    );
+                }
+            }
+        }
+        d.tcp = tcp.unwrap();
+        d
+    }
+
+    fn stderr(&self) -> String {
+        fs::read_to_string(self.dir.0.join("stderr.log")).unwrap_or_default()
+    }
+
+    fn assert_alive(&mut self) {
+        if let Some(status) = self
+            .child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+        {
+            panic!(
+                "expected agentd --driver {} to keep running, it exited with {status}; stderr:\n{}",
+                self.driver,
+                self.stderr()
+            );
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Agentd {
+    fn drop(&mut self) {
+        let exited = self
+            .child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten());
+        self.kill();
+        if let Some(status) = exited {
+            if !std::thread::panicking() {
+                panic!(
+                    "expected agentd --driver {} to run until the test stopped it, it exited \
+                     with {status}; stderr:\n{}",
+                    self.driver,
+                    self.stderr()
+                );
+            }
+        }
+    }
+}
