@@ -696,16 +696,7 @@ impl Connection {
         if let Some(sub) = sub {
             self.watch(inst, sub);
         }
-        let chunked = minor >= 1;
-        let date = self.date(now);
-        let mut h = Head::new(200, &date);
-        if let Some(echo) = activated.echo() {
-            h = h.header("a2a-extensions", echo);
-        }
-        // HTTP/1.0 has no chunked coding: the stream ends when the connection does.
-        h.close = !chunked || !keep_alive;
-        self.cors_headers(&mut h);
-        h.write_sse_start(&mut self.out, chunked);
+        let chunked = self.write_stream_head(minor, keep_alive, activated, now);
         self.state = State::Streaming {
             sub,
             id,
@@ -714,6 +705,27 @@ impl Connection {
             last_write: now.mono_ms,
         };
         self.write_stream_event(inst, first, now);
+    }
+
+    /// The head of an SSE answer: the echo, CORS, and chunked transfer (HTTP/1.0 has no
+    /// chunked coding: its stream ends when the connection does). Returns whether chunked.
+    fn write_stream_head(
+        &mut self,
+        minor: u8,
+        keep_alive: bool,
+        activated: ExtSet,
+        now: Now,
+    ) -> bool {
+        let chunked = minor >= 1;
+        let date = self.date(now);
+        let mut h = Head::new(200, &date);
+        if let Some(echo) = activated.echo() {
+            h = h.header("a2a-extensions", echo);
+        }
+        h.close = !chunked || !keep_alive;
+        self.cors_headers(&mut h);
+        h.write_sse_start(&mut self.out, chunked);
+        chunked
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -745,15 +757,7 @@ impl Connection {
             None => (0, from_seq > 0, 0),
         };
         let watcher = inst.watch_feed(self.waker.clone());
-        let chunked = minor >= 1;
-        let date = self.date(now);
-        let mut h = Head::new(200, &date);
-        if let Some(echo) = activated.echo() {
-            h = h.header("a2a-extensions", echo);
-        }
-        h.close = !chunked || !keep_alive;
-        self.cors_headers(&mut h);
-        h.write_sse_start(&mut self.out, chunked);
+        let chunked = self.write_stream_head(minor, keep_alive, activated, now);
         let hello = crate::feed::hello(
             newest,
             from_seq,

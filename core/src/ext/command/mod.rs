@@ -365,14 +365,7 @@ fn json_pointer_to_field(at: &str, pointer: &str) -> String {
 
 /// The `as` of `auth.device.approve`: a principal name agentd can mint.
 fn check_principal_name(args: &Map<String, Value>, op: &str, at: &str) -> Result<(), RpcError> {
-    const RESERVED: &[&str] = &[
-        "operator",
-        "anonymous",
-        "unknown",
-        "launcher",
-        "runtime",
-        "system",
-    ];
+    const RESERVED: &[&str] = table::RESERVED_PRINCIPAL_NAMES;
     let Some(Value::String(name)) = args.get("as") else {
         return Ok(());
     };
