@@ -815,6 +815,7 @@ impl Connection {
             return true;
         }
         let mut wrote = false;
+        let mut doc = Vec::with_capacity(512);
         // Bounded by the output backlog: the driver writes it, then polls again.
         for e in ring.after(*cursor) {
             if self.out.len() - self.out_pos >= self.limits.max_output_bytes {
@@ -824,13 +825,8 @@ impl Connection {
             if !e.visible_to(principal) {
                 continue;
             }
-            let frame = e.frame(annotate);
-            let mut doc = Vec::with_capacity(frame.len() + 64);
-            doc.extend_from_slice(b"{\"id\":");
-            doc.extend_from_slice(id.as_json().as_bytes());
-            doc.extend_from_slice(b",\"jsonrpc\":\"2.0\",\"result\":{\"event\":");
-            doc.extend_from_slice(frame.as_bytes());
-            doc.extend_from_slice(b"}}");
+            doc.clear();
+            e.write_response(&mut doc, id.as_json(), annotate);
             response::write_sse_event(&mut self.out, &doc, chunked);
             wrote = true;
         }

@@ -49,16 +49,22 @@ impl FeedEntry {
         }
     }
 
-    /// The `event` frame's member, as JSON text: `{"kind":…,"seq":…,"ts":…,"data":…}`.
-    pub fn frame(&self, annotate: bool) -> String {
+    /// Writes the JSON-RPC response carrying this event's frame for request `id`:
+    /// `{"id":…,"jsonrpc":"2.0","result":{"event":{"kind":…,"seq":…,"ts":…,"data":…}}}`.
+    /// The data was rendered once at push time; each subscriber only copies it.
+    pub fn write_response(&self, out: &mut Vec<u8>, id: &str, annotate: bool) {
+        use std::io::Write as _;
         let data = match (&self.data_plain, annotate) {
             (Some(plain), false) => plain,
             _ => &self.data,
         };
-        format!(
-            "{{\"kind\":\"{}\",\"seq\":{},\"ts\":{},\"data\":{}}}",
-            self.kind, self.seq, self.ts, data
-        )
+        let _ = write!(
+            out,
+            "{{\"id\":{id},\"jsonrpc\":\"2.0\",\"result\":{{\"event\":{{\"kind\":\"{}\",\"seq\":{},\"ts\":{},\"data\":",
+            self.kind, self.seq, self.ts
+        );
+        out.extend_from_slice(data.as_bytes());
+        out.extend_from_slice(b"}}}");
     }
 }
 
