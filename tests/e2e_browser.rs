@@ -16,18 +16,18 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{bare, post, rpc_body, Client, RPC_HEADERS};
+use common::{bare, post, rpc_body, Daemon, Setup, RPC_HEADERS};
 use rustix::process::{Pid, Signal, WaitOptions};
 use serde_json::json;
 
@@ -36,7 +36,6 @@ const CHALLENGE: &str = "Bearer realm=\"agentd\"";
 const BEARER_ENV: &str = "AGENTD_E2E_BEARER";
 const PAGE: &str = include_str!("browser/page.html");
 
-const START_TIMEOUT: Duration = Duration::from_secs(15);
 /// A whole chromium run, start to exit.
 const CHROMIUM_TIMEOUT: Duration = Duration::from_secs(25);
 
@@ -67,9 +66,9 @@ fn a_listed_origin_reads_the_answers_and_an_unlisted_one_is_refused() {
             .map(|d| d.subsec_nanos())
             .unwrap_or(0)
     );
-    let mut daemons: Vec<Agentd> = common::DRIVERS
+    let mut daemons: Vec<Daemon> = common::DRIVERS
         .iter()
-        .map(|driver| Agentd::start(driver, &token, &listed_origin))
+        .map(|driver| start_daemon(driver, &token, &listed_origin))
         .collect();
     let targets: Vec<_> = daemons
         .iter()
@@ -130,7 +129,7 @@ fn a_listed_origin_reads_the_answers_and_an_unlisted_one_is_refused() {
     // What the browser met there, on the wire: 403, no CORS header, preflight and call alike.
     for d in &mut daemons {
         let origin = format!("Origin: {unlisted_origin}");
-        let mut c = Client::new(connect_tcp(d.tcp));
+        let mut c = d.connect_tcp();
         let preflight = c.request(&bare(
             "OPTIONS",
             "/",
@@ -141,7 +140,7 @@ fn a_listed_origin_reads_the_answers_and_an_unlisted_one_is_refused() {
             ],
         ));
         let auth = format!("Authorization: Bearer {token}");
-        let mut c = Client::new(connect_tcp(d.tcp));
+        let mut c = d.connect_tcp();
         let call = c.request(&post(
             &[RPC_HEADERS[0], RPC_HEADERS[1], &origin, &auth],
             &rpc_body("1", "ListTasks", &json!({})),
@@ -518,14 +517,7 @@ fn serve_page(mut stream: TcpStream, page: &Mutex<String>, log: &Mutex<Vec<Strin
 }
 
 // ---------------------------------------------------------------------------------------
-// The daemon.
-
-fn connect_tcp(addr: SocketAddr) -> TcpStream {
-    let s =
-        TcpStream::connect(addr).unwrap_or_else(|e| panic!("expected to connect to {addr}: {e}"));
-    s.set_nodelay(true).unwrap();
-    s
-}
+// Chromium's work dir, and the daemons.
 
 /// A temp dir removed on drop.
 struct TempDir(PathBuf);
@@ -552,125 +544,14 @@ impl Drop for TempDir {
     }
 }
 
-/// A running `agentd` with a bearer (read from [`BEARER_ENV`], set on the child), one
-/// listed CORS origin, a TCP and a unix listener. Killed, waited for and its temp dir
-/// removed on drop.
-struct Agentd {
-    driver: String,
-    child: Option<Child>,
-    dir: TempDir,
-    tcp: SocketAddr,
-}
-
-impl Agentd {
-    fn start(driver: &str, bearer: &str, origin: &str) -> Agentd {
-        let dir = TempDir::new("agentd-e2e-cors");
-        let unix = dir.0.join("a.sock");
-        let config = dir.0.join("agentd.toml");
-        let text = format!(
-            "[a2a]\nlisten = [\"tcp://127.0.0.1:0\", \"unix://{}\"]\n\
-             bearer = \"{{{{secret:{BEARER_ENV}}}}}\"\n\n\
-             [a2a.cors]\norigins = [\"{origin}\"]\n",
-            unix.display()
-        );
-        fs::write(&config, text).expect("write the daemon's config");
-        let stderr = fs::File::create(dir.0.join("stderr.log")).expect("create the stderr log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_agentd"))
-            .arg("--driver")
-            .arg(driver)
-            .arg("--config")
-            .arg(&config)
-            .env(BEARER_ENV, bearer)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(stderr))
-            .spawn()
-            .expect("spawn agentd");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel::<String>();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx.send(line);
-            }
-        });
-        let mut d = Agentd {
-            driver: driver.to_owned(),
-            child: Some(child),
-            dir,
-            tcp: "127.0.0.1:0".parse().unwrap(),
-        };
-        let deadline = Instant::now() + START_TIMEOUT;
-        let mut lines = Vec::new();
-        let (mut tcp, mut unix_seen) = (None, false);
-        while tcp.is_none() || !unix_seen {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) => {
-                    if let Some(rest) = line.strip_prefix("listening http://") {
-                        tcp = rest.trim_end_matches('/').parse::<SocketAddr>().ok();
-                    } else if line.starts_with("listening unix://") {
-                        unix_seen = true;
-                    }
-                    lines.push(line);
-                }
-                Err(e) => {
-                    let stderr = d.stderr();
-                    d.kill();
-                    panic!(
-                        "expected agentd --driver {driver} with a bearer and [a2a.cors] to print \
-                         two `listening` lines within {START_TIMEOUT:?} ({e}); got {lines:?}; \
-                         stderr:\n{stderr}"
-                    );
-                }
-            }
-        }
-        d.tcp = tcp.unwrap();
-        d
-    }
-
-    fn stderr(&self) -> String {
-        fs::read_to_string(self.dir.0.join("stderr.log")).unwrap_or_default()
-    }
-
-    fn assert_alive(&mut self) {
-        if let Some(status) = self
-            .child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten())
-        {
-            panic!(
-                "expected agentd --driver {} to keep running, it exited with {status}; stderr:\n{}",
-                self.driver,
-                self.stderr()
-            );
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Agentd {
-    fn drop(&mut self) {
-        let exited = self
-            .child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten());
-        self.kill();
-        if let Some(status) = exited {
-            if !std::thread::panicking() {
-                panic!(
-                    "expected agentd --driver {} to run until the test stopped it, it exited \
-                     with {status}; stderr:\n{}",
-                    self.driver,
-                    self.stderr()
-                );
-            }
-        }
-    }
+/// A [`common::Daemon`] with a bearer (read from [`BEARER_ENV`], set on the child) and one
+/// listed CORS origin.
+fn start_daemon(driver: &str, bearer: &str, origin: &str) -> Daemon {
+    let setup = Setup {
+        a2a: format!("bearer = \"{{{{secret:{BEARER_ENV}}}}}\""),
+        sections: format!("[a2a.cors]\norigins = [\"{origin}\"]\n"),
+        env: vec![(BEARER_ENV.into(), bearer.into())],
+        ..Setup::default()
+    };
+    Daemon::start_setup(driver, &setup)
 }

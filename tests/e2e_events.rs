@@ -3,24 +3,17 @@
 //! `resync` after a ring overflow, a daemon restart or a subscriber too slow for the ring;
 //! task annotations only when activated; every refusal; many subscribers at once.
 //!
-//! `common::Daemon` writes only a `[limits]` section, so this file has its own small launcher
-//! ([`FeedDaemon`]) that writes an `[a2a.events]` table, and its own incremental reader
-//! ([`Conn`]) that takes an SSE stream frame by frame while it is still open. Every read is
-//! bounded by [`common::READ_TIMEOUT`].
+//! The daemons are `common::Daemon`s with an `[a2a.events]` table ([`FeedDaemon`]); this file
+//! has its own incremental reader ([`Conn`]) that takes an SSE stream frame by frame while it
+//! is still open. Every read is bounded by [`common::READ_TIMEOUT`].
 
 mod common;
 
-use std::fs;
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
+use std::io::{self, Read, Write};
+use std::ops::{Deref, DerefMut};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{Transport, Via, READ_TIMEOUT};
+use common::{Setup, Transport, Via, READ_TIMEOUT};
 use serde_json::{json, Value};
 
 const EVENTS_URI: &str = "https://agentd.dev/a2a/ext/events";
@@ -33,165 +26,43 @@ const DEADLINE_MS: u64 = 1500;
 /// `a2a.events.ring` of the daemons here.
 const RING: usize = 8;
 
-const START_TIMEOUT: Duration = Duration::from_secs(15);
-
-static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
-
 // ---------------------------------------------------------------------------------------
 // The launcher.
 
-/// A running `agentd` with the events feed enabled, a TCP and a unix listener. Killed,
-/// waited for and its temp dir removed on drop.
-struct FeedDaemon {
-    driver: String,
-    child: Option<Child>,
-    dir: PathBuf,
-    tcp: SocketAddr,
-    unix: PathBuf,
-}
+/// A [`common::Daemon`] with the events feed enabled: its config gets an `[a2a.events]`
+/// table. Derefs to the daemon (`assert_alive`, `kill`, `stderr`, ...); [`FeedDaemon::connect`]
+/// hands out this file's incremental [`Conn`] instead of a [`common::Client`].
+struct FeedDaemon(common::Daemon);
 
 impl FeedDaemon {
     /// `ring` and `deadline_ms` go to `[a2a.events]`.
     fn start(driver: &str, ring: usize, deadline_ms: u64) -> FeedDaemon {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let dir = std::env::temp_dir().join(format!(
-            "agentd-e2e-ev-{}-{}-{nanos:x}",
-            std::process::id(),
-            NEXT_DIR.fetch_add(1, Ordering::SeqCst)
-        ));
-        fs::create_dir_all(&dir).expect("create the daemon's temp dir");
-        let unix = dir.join("a.sock");
-        let config = dir.join("agentd.toml");
-        let text = format!(
-            "[a2a]\nlisten = [\"tcp://127.0.0.1:0\", \"unix://{}\"]\n\n\
-             [a2a.events]\nenabled = true\nring = {ring}\nstream_deadline_ms = {deadline_ms}\n",
-            unix.display()
-        );
-        fs::write(&config, text).expect("write the daemon's config");
-        let stderr = fs::File::create(dir.join("stderr.log")).expect("create the stderr log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_agentd"))
-            .arg("--driver")
-            .arg(driver)
-            .arg("--config")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(stderr))
-            .spawn()
-            .expect("spawn agentd");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel::<String>();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx.send(line);
-            }
-        });
-        let mut d = FeedDaemon {
-            driver: driver.to_owned(),
-            child: Some(child),
-            dir,
-            tcp: "127.0.0.1:0".parse().unwrap(),
-            unix: PathBuf::new(),
+        let setup = Setup {
+            sections: format!(
+                "[a2a.events]\nenabled = true\nring = {ring}\nstream_deadline_ms = {deadline_ms}\n"
+            ),
+            ..Setup::default()
         };
-        let deadline = Instant::now() + START_TIMEOUT;
-        let mut lines = Vec::new();
-        let (mut tcp, mut unix_path) = (None, None);
-        while tcp.is_none() || unix_path.is_none() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) => {
-                    if let Some(rest) = line.strip_prefix("listening http://") {
-                        tcp = rest.trim_end_matches('/').parse::<SocketAddr>().ok();
-                    } else if let Some(rest) = line.strip_prefix("listening unix://") {
-                        unix_path = Some(PathBuf::from(rest));
-                    }
-                    lines.push(line);
-                }
-                Err(e) => {
-                    let stderr = d.stderr();
-                    d.kill();
-                    panic!(
-                        "expected agentd --driver {driver} with [a2a.events] to print two \
-                         `listening` lines within {START_TIMEOUT:?} ({e}); got {lines:?}; stderr:\n{stderr}"
-                    );
-                }
-            }
-        }
-        d.tcp = tcp.unwrap();
-        d.unix = unix_path.unwrap();
-        assert_eq!(d.unix, unix, "the unix listener is where the config put it");
-        d
-    }
-
-    fn stderr(&self) -> String {
-        fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
+        FeedDaemon(common::Daemon::start_setup(driver, &setup))
     }
 
     /// A connection over either listener.
     fn connect(&self, via: Via) -> Conn {
-        let label = format!("{} {via:?}", self.driver);
-        let stream: Box<dyn Transport> =
-            match via {
-                Via::Tcp => {
-                    let s = TcpStream::connect(self.tcp)
-                        .unwrap_or_else(|e| panic!("expected to connect to {}: {e}", self.tcp));
-                    s.set_nodelay(true).unwrap();
-                    Box::new(s)
-                }
-                Via::Unix => Box::new(UnixStream::connect(&self.unix).unwrap_or_else(|e| {
-                    panic!("expected to connect to {}: {e}", self.unix.display())
-                })),
-            };
-        Conn::new(stream, label)
-    }
-
-    /// Panics (with stderr) if the daemon exited.
-    fn assert_alive(&mut self) {
-        if let Some(status) = self
-            .child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten())
-        {
-            panic!(
-                "expected agentd --driver {} to keep running, it exited with {status}; stderr:\n{}",
-                self.driver,
-                self.stderr()
-            );
-        }
-    }
-
-    /// SIGKILL and reap.
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        let label = format!("{} {via:?}", self.0.driver);
+        Conn::new(self.0.connect(via).stream, label)
     }
 }
 
-impl Drop for FeedDaemon {
-    fn drop(&mut self) {
-        let mut exited = None;
-        if let Some(mut c) = self.child.take() {
-            exited = c.try_wait().ok().flatten();
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let stderr = self.stderr();
-        let _ = fs::remove_dir_all(&self.dir);
-        if let Some(status) = exited {
-            if !std::thread::panicking() {
-                panic!(
-                    "expected agentd --driver {} to run until the test stopped it, it exited \
-                     with {status}; stderr:\n{stderr}",
-                    self.driver
-                );
-            }
-        }
+impl Deref for FeedDaemon {
+    type Target = common::Daemon;
+    fn deref(&self) -> &common::Daemon {
+        &self.0
+    }
+}
+
+impl DerefMut for FeedDaemon {
+    fn deref_mut(&mut self) -> &mut common::Daemon {
+        &mut self.0
     }
 }
 

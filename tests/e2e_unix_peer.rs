@@ -12,17 +12,14 @@
 mod common;
 
 use std::fs;
-use std::io::{BufRead, BufReader, Read};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use common::{post, rpc_body, rpc_request, Client, RPC_HEADERS};
+use common::{post, rpc_body, rpc_request, Daemon, Setup, RPC_HEADERS};
 use serde_json::json;
 
 /// The other uid (and gid) the client runs as: `nobody` on Debian.
@@ -33,11 +30,8 @@ const UNIX_BINDING: &str = "https://agentd.dev/a2a/binding/jsonrpc-unix";
 const BEARER_ENV: &str = "AGENTD_E2E_BEARER";
 const REFUSAL_LOG: &str = "unix socket peer refused";
 
-const START_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long a client run as the other uid may take, start to exit.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(15);
-
-static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
 
 mod smol_driver {
     #[test]
@@ -67,7 +61,7 @@ mod std_driver {
 fn unix_socket_serves_only_its_own_uid_or_root(driver: &str) {
     assert_root();
     let as_other = OtherUid::find();
-    let mut d = Agentd::start(driver, "a-token-the-unix-peer-never-needs");
+    let mut d = start(driver, "a-token-the-unix-peer-never-needs");
 
     // The file: a socket, mode 0600, owned by the daemon's uid.
     let meta = fs::symlink_metadata(&d.unix)
@@ -83,7 +77,7 @@ fn unix_socket_serves_only_its_own_uid_or_root(driver: &str) {
         "expected the {driver} daemon's socket to be mode 0600, it is {:o}",
         meta.permissions().mode() & 0o7777
     );
-    let daemon_uid = d.euid();
+    let daemon_uid = euid(&d);
     assert_eq!(
         meta.uid(),
         daemon_uid,
@@ -128,8 +122,9 @@ fn unix_socket_serves_only_its_own_uid_or_root(driver: &str) {
         "expected no HTTP byte at all for uid {OTHER_UID}; the client said:\n{}",
         run.transcript()
     );
-    let line =
-        d.wait_for_log(|l| l.contains(REFUSAL_LOG) && l.contains(&format!("uid={OTHER_UID}")));
+    let line = wait_for_log(&d, |l| {
+        l.contains(REFUSAL_LOG) && l.contains(&format!("uid={OTHER_UID}"))
+    });
     assert!(
         line.is_some(),
         "expected the {driver} daemon to log `{REFUSAL_LOG}` with uid={OTHER_UID}; stderr:\n{}",
@@ -137,7 +132,7 @@ fn unix_socket_serves_only_its_own_uid_or_root(driver: &str) {
     );
 
     // Root, on the same (widened) socket, right after: served.
-    let mut c = Client::new(connect_unix(&d.unix));
+    let mut c = d.connect_unix();
     let resp = c.get_card();
     assert_eq!(
         resp.status,
@@ -170,10 +165,10 @@ fn unix_socket_serves_only_its_own_uid_or_root(driver: &str) {
 
 fn unix_peer_needs_no_bearer(driver: &str) {
     let token = "e2e-unix-peer-token";
-    let mut d = Agentd::start(driver, token);
+    let mut d = start(driver, token);
 
     // No Authorization over the unix socket: the kernel vouched for the peer.
-    let mut c = Client::new(connect_unix(&d.unix));
+    let mut c = d.connect_unix();
     let result = c.rpc_ok("ListTasks", json!({}));
     assert_eq!(
         result["totalSize"], 0,
@@ -181,7 +176,7 @@ fn unix_peer_needs_no_bearer(driver: &str) {
     );
 
     // The same call over TCP is refused: the bearer is in force there.
-    let mut t = Client::new(connect_tcp(d.tcp));
+    let mut t = d.connect_tcp();
     let resp = t.request(&rpc_request("1", "ListTasks", &json!({})));
     assert_eq!(
         resp.status,
@@ -393,182 +388,49 @@ fn assert_root() {
     );
 }
 
-fn connect_unix(path: &Path) -> UnixStream {
-    UnixStream::connect(path)
-        .unwrap_or_else(|e| panic!("expected to connect to {}: {e}", path.display()))
-}
-
-fn connect_tcp(addr: SocketAddr) -> TcpStream {
-    let s =
-        TcpStream::connect(addr).unwrap_or_else(|e| panic!("expected to connect to {addr}: {e}"));
-    s.set_nodelay(true).unwrap();
-    s
-}
-
 // ---------------------------------------------------------------------------------------
 // The launcher.
 
-/// A running `agentd` with a bearer (read from [`BEARER_ENV`], set on the child), a TCP and
-/// a unix listener. Killed, waited for and its temp dir removed on drop.
-struct Agentd {
-    driver: String,
-    child: Option<Child>,
-    dir: PathBuf,
-    tcp: SocketAddr,
-    unix: PathBuf,
+/// A [`common::Daemon`] with a bearer (read from [`BEARER_ENV`], set on the child) and info
+/// logs. Its temp dir is mode 0755, traversable by the other uid whatever the umask: the
+/// socket's own mode decides.
+fn start(driver: &str, bearer: &str) -> Daemon {
+    let setup = Setup {
+        a2a: format!("bearer = \"{{{{secret:{BEARER_ENV}}}}}\""),
+        env: vec![
+            (BEARER_ENV.into(), bearer.into()),
+            ("AGENTD_LOG".into(), "info".into()),
+        ],
+        ..Setup::default()
+    };
+    Daemon::start_prepared(driver, &setup, |dir| {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).expect("chmod the temp dir")
+    })
 }
 
-impl Agentd {
-    fn start(driver: &str, bearer: &str) -> Agentd {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let dir = std::env::temp_dir().join(format!(
-            "agentd-e2e-up-{}-{}-{nanos:x}",
-            std::process::id(),
-            NEXT_DIR.fetch_add(1, Ordering::SeqCst)
-        ));
-        fs::create_dir_all(&dir).expect("create the daemon's temp dir");
-        // Traversable by the other uid whatever the umask: the socket's own mode decides.
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).expect("chmod the temp dir");
-        let unix = dir.join("a.sock");
-        let config = dir.join("agentd.toml");
-        let text = format!(
-            "[a2a]\nlisten = [\"tcp://127.0.0.1:0\", \"unix://{}\"]\n\
-             bearer = \"{{{{secret:{BEARER_ENV}}}}}\"\n",
-            unix.display()
-        );
-        fs::write(&config, text).expect("write the daemon's config");
-        let stderr = fs::File::create(dir.join("stderr.log")).expect("create the stderr log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_agentd"))
-            .arg("--driver")
-            .arg(driver)
-            .arg("--config")
-            .arg(&config)
-            .env(BEARER_ENV, bearer)
-            .env("AGENTD_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(stderr))
-            .spawn()
-            .expect("spawn agentd");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel::<String>();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx.send(line);
-            }
-        });
-        let mut d = Agentd {
-            driver: driver.to_owned(),
-            child: Some(child),
-            dir,
-            tcp: "127.0.0.1:0".parse().unwrap(),
-            unix: PathBuf::new(),
-        };
-        let deadline = Instant::now() + START_TIMEOUT;
-        let mut lines = Vec::new();
-        let (mut tcp, mut unix_path) = (None, None);
-        while tcp.is_none() || unix_path.is_none() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) => {
-                    if let Some(rest) = line.strip_prefix("listening http://") {
-                        tcp = rest.trim_end_matches('/').parse::<SocketAddr>().ok();
-                    } else if let Some(rest) = line.strip_prefix("listening unix://") {
-                        unix_path = Some(PathBuf::from(rest));
-                    }
-                    lines.push(line);
-                }
-                Err(e) => {
-                    let stderr = d.stderr();
-                    d.kill();
-                    panic!(
-                        "expected agentd --driver {driver} with a bearer to print two \
-                         `listening` lines within {START_TIMEOUT:?} ({e}); got {lines:?}; \
-                         stderr:\n{stderr}"
-                    );
-                }
-            }
+/// The first stderr line of `d` that `want` accepts, waiting up to 5 s for it.
+fn wait_for_log(d: &Daemon, want: impl Fn(&str) -> bool) -> Option<String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(l) = d.stderr().lines().find(|l| want(l)) {
+            return Some(l.to_owned());
         }
-        d.tcp = tcp.unwrap();
-        d.unix = unix_path.unwrap();
-        assert_eq!(d.unix, unix, "the unix listener is where the config put it");
-        d
-    }
-
-    fn stderr(&self) -> String {
-        fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
-    }
-
-    /// The first stderr line `want` accepts, waiting up to 5 s for it.
-    fn wait_for_log(&self, want: impl Fn(&str) -> bool) -> Option<String> {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            if let Some(l) = self.stderr().lines().find(|l| want(l)) {
-                return Some(l.to_owned());
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if Instant::now() >= deadline {
+            return None;
         }
-    }
-
-    /// The daemon's effective uid, as the kernel reports it.
-    fn euid(&self) -> u32 {
-        let pid = self.child.as_ref().expect("running").id();
-        let status = fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_else(|e| panic!("expected /proc/{pid}/status: {e}"));
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|ids| ids.split_whitespace().nth(1))
-            .and_then(|euid| euid.parse().ok())
-            .unwrap_or_else(|| panic!("expected a Uid: line in /proc/{pid}/status:\n{status}"))
-    }
-
-    fn assert_alive(&mut self) {
-        if let Some(status) = self
-            .child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten())
-        {
-            panic!(
-                "expected agentd --driver {} to keep running, it exited with {status}; stderr:\n{}",
-                self.driver,
-                self.stderr()
-            );
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
-impl Drop for Agentd {
-    fn drop(&mut self) {
-        let exited = self
-            .child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten());
-        self.kill();
-        let stderr = self.stderr();
-        let _ = fs::remove_dir_all(&self.dir);
-        if let Some(status) = exited {
-            if !std::thread::panicking() {
-                panic!(
-                    "expected agentd --driver {} to run until the test stopped it, it exited \
-                     with {status}; stderr:\n{stderr}",
-                    self.driver
-                );
-            }
-        }
-    }
+/// The effective uid of `d`'s process, as the kernel reports it.
+fn euid(d: &Daemon) -> u32 {
+    let pid = d.pid();
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("expected /proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        .and_then(|euid| euid.parse().ok())
+        .unwrap_or_else(|| panic!("expected a Uid: line in /proc/{pid}/status:\n{status}"))
 }

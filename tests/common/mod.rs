@@ -89,10 +89,11 @@ impl Daemon {
     /// A daemon whose config gets `limits` (TOML `key = value` lines) as its `[limits]`
     /// section.
     pub fn start_with(driver: &str, limits: &str) -> Daemon {
-        Daemon::try_launch(driver, limits, |_| {}).unwrap_or_else(|e| {
-            let _ = fs::remove_dir_all(&e.dir);
-            panic!("{}", e.message)
-        })
+        let setup = Setup {
+            limits: limits.to_owned(),
+            ..Setup::default()
+        };
+        Daemon::start_setup(driver, &setup)
     }
 
     /// Writes the config (after `prepare` ran on the fresh temp dir, whose `a.sock` is the
@@ -113,12 +114,20 @@ impl Daemon {
 
     /// A daemon with more configuration: see [`Setup`].
     pub fn start_setup(driver: &str, setup: &Setup) -> Daemon {
-        Daemon::try_launch_setup(driver, setup, |_| {}).unwrap_or_else(|e| {
+        Daemon::start_prepared(driver, setup, |_| {})
+    }
+
+    /// [`Daemon::start_setup`] after `prepare` ran on the fresh temp dir (e.g. to chmod it),
+    /// as in [`Daemon::try_launch`]. Panics, removing the temp dir, if the daemon does not
+    /// start.
+    pub fn start_prepared(driver: &str, setup: &Setup, prepare: impl FnOnce(&Path)) -> Daemon {
+        Daemon::try_launch_setup(driver, setup, prepare).unwrap_or_else(|e| {
             let _ = fs::remove_dir_all(&e.dir);
             panic!("{}", e.message)
         })
     }
 
+    /// [`Daemon::try_launch`] with more configuration: see [`Setup`].
     pub fn try_launch_setup(
         driver: &str,
         setup: &Setup,
@@ -244,14 +253,28 @@ impl Daemon {
 
     /// Stops a daemon that did not start properly, keeping its temp dir for the caller.
     fn fail(mut self, message: String) -> LaunchError {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.kill();
         LaunchError {
             message,
             dir: std::mem::take(&mut self.dir),
         }
+    }
+
+    /// Ends the daemon now (SIGKILL) and reaps it, as a crash would. Its temp dir stays
+    /// until drop, which then expects nothing more of the process.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The daemon's process id (e.g. for `/proc/<pid>/status`). Panics once it was killed.
+    pub fn pid(&self) -> u32 {
+        self.child
+            .as_ref()
+            .expect("the daemon was killed: no pid")
+            .id()
     }
 
     /// What the daemon logged so far.
@@ -269,6 +292,7 @@ impl Daemon {
         format!("unix://{}", self.unix.display())
     }
 
+    /// The daemon's temp dir: its config, `stderr.log` and the unix socket `a.sock`.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
