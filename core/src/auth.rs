@@ -114,6 +114,8 @@ pub enum Peer {
     Tcp,
     /// An embedder that authenticated the caller itself.
     Fixed(Principal),
+    /// A TLS peer whose client certificate the listener's CA verified.
+    Cert(crate::tls::ClientIdentity),
 }
 
 /// A bearer credential from the configuration, kept only as its SHA-256.
@@ -133,6 +135,8 @@ pub struct AuthConfig {
     pub bearers: Vec<BearerRule>,
     /// The principal of an `any` rule: whoever presents nothing.
     pub any: Option<Principal>,
+    /// Certificate rules, first match wins. With none, a verified certificate is the operator.
+    pub cert_rules: Vec<crate::tls::CertRule>,
 }
 
 impl AuthConfig {
@@ -157,6 +161,8 @@ pub enum Unauthenticated {
     /// A browser request (it carries `Origin`) on a listener whose only evidence would be
     /// the implicit loopback operator: admission is not trust.
     Browser,
+    /// A verified certificate no rule gives a role (403).
+    NoRole,
 }
 
 /// Who a request is, from the transport and its headers, in the fixed order of evidence:
@@ -190,7 +196,9 @@ pub fn resolve_with_sessions(
     authorization: Option<&[u8]>,
     has_origin: bool,
 ) -> Result<(Principal, Via, Option<String>), Unauthenticated> {
-    if let (Peer::Tcp, Some(value), Some((store, now_ms))) = (peer, authorization, sessions) {
+    if let (Peer::Tcp | Peer::Cert(_), Some(value), Some((store, now_ms))) =
+        (peer, authorization, sessions)
+    {
         if let Some(token) = bearer_token(value) {
             if token.starts_with(crate::sessions::TOKEN_PREFIX.as_bytes()) {
                 return match store.session(token, now_ms) {
@@ -214,7 +222,7 @@ fn resolve_plain(
     match peer {
         Peer::Unix { .. } => return Ok((Principal::operator(), Via::Unix)),
         Peer::Fixed(p) => return Ok((p.clone(), Via::Fixed)),
-        Peer::Tcp => {}
+        Peer::Tcp | Peer::Cert(_) => {}
     }
     if let Some(value) = authorization {
         if config.has_bearer() {
@@ -239,6 +247,15 @@ fn resolve_plain(
         }
         // A bearer on a listener with no bearer mechanism names nothing: go on.
     }
+    if let Peer::Cert(id) = peer {
+        if config.cert_rules.is_empty() {
+            return Ok((Principal::operator(), Via::Cert));
+        }
+        return match config.cert_rules.iter().find(|r| r.matches(id)) {
+            Some(r) if r.principal.role != Role::Anonymous => Ok((r.principal.clone(), Via::Cert)),
+            _ => Err(Unauthenticated::NoRole),
+        };
+    }
     if let Some(p) = &config.any {
         if p.role == Role::Anonymous {
             return Err(Unauthenticated::Missing);
@@ -261,6 +278,8 @@ pub enum Via {
     Bearer,
     /// A device-grant session token.
     Session,
+    /// A verified client certificate.
+    Cert,
     AnyRule,
     Implicit,
     Fixed,
@@ -269,7 +288,7 @@ pub enum Via {
 impl Via {
     /// Named through a scheme the card declares: what the extended card requires.
     pub fn declared_scheme(self) -> bool {
-        matches!(self, Via::Bearer | Via::Session | Via::Fixed)
+        matches!(self, Via::Bearer | Via::Session | Via::Cert | Via::Fixed)
     }
 }
 

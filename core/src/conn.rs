@@ -131,6 +131,9 @@ pub struct Connection {
     date: (u64, String),
     /// The browser origin of the request being answered, and whether it is served.
     cors: Cors,
+    /// The TLS session of an `https://` listener (set up on the first bytes).
+    tls: Option<crate::tls::TlsLayer>,
+    tls_checked: bool,
 }
 
 /// A request's standing with CORS.
@@ -170,6 +173,8 @@ impl Connection {
             write_stalled_since: None,
             date: (u64::MAX, String::new()),
             cors: Cors::None,
+            tls: None,
+            tls_checked: false,
         }
     }
 
@@ -178,13 +183,71 @@ impl Connection {
         if self.closing || bytes.is_empty() {
             return;
         }
-        self.parser.push(bytes);
+        if !self.tls_checked {
+            self.tls_checked = true;
+            if let Some(t) = inst.config().tls.get(&self.listener) {
+                match crate::tls::TlsLayer::new(t.config.clone()) {
+                    Some(layer) => self.tls = Some(layer),
+                    None => {
+                        self.aborted = true;
+                        return;
+                    }
+                }
+            }
+        }
+        if let Some(tls) = self.tls.as_mut() {
+            let mut plain = Vec::new();
+            match tls.receive(bytes, &mut plain) {
+                Ok(peer_closed) => {
+                    if !tls.handshaking() && matches!(self.peer, Peer::Tcp) {
+                        if let Some(id) = tls.client_identity() {
+                            self.peer = Peer::Cert(id);
+                        }
+                    }
+                    self.parser.push(&plain);
+                    if peer_closed {
+                        self.handle_eof(inst, now);
+                        return;
+                    }
+                }
+                Err(()) => {
+                    // A failed handshake or a corrupt record: its alert goes out, then close.
+                    self.closing = true;
+                    return;
+                }
+            }
+        } else {
+            self.parser.push(bytes);
+        }
         self.drive(inst, now);
+    }
+
+    /// Moves written plaintext through the TLS session (a no-op without TLS).
+    fn encrypt(&mut self) {
+        let Some(tls) = self.tls.as_mut() else { return };
+        if self.closing && tls.handshaking() {
+            // Nothing can be said to a peer that never finished its handshake.
+            self.aborted = true;
+            return;
+        }
+        let n = tls.send(&self.out[self.out_pos..]);
+        self.out_pos += n;
+        if self.out_pos == self.out.len() {
+            self.out.clear();
+            self.out_pos = 0;
+            if self.closing {
+                tls.close_notify();
+            }
+        }
     }
 
     /// The peer will send nothing more. What was asked is still answered; then it closes.
     pub fn handle_eof(&mut self, inst: &mut Instance, now: Now) {
         self.drive(inst, now);
+        if self.tls.as_ref().is_some_and(|t| t.handshaking()) {
+            self.aborted = true;
+            return;
+        }
         match self.state {
             State::Reading { .. } => self.closing = true,
             // The answer in progress still goes out; the connection closes after it.
@@ -213,11 +276,20 @@ impl Connection {
         if self.aborted {
             return &[];
         }
-        &self.out[self.out_pos..]
+        match &self.tls {
+            Some(tls) => tls.pending(),
+            None => &self.out[self.out_pos..],
+        }
     }
 
     /// `n` bytes of [`Connection::pending_output`] were written.
     pub fn consume_output(&mut self, n: usize, now: Now) {
+        if let Some(tls) = self.tls.as_mut() {
+            tls.consume(n);
+            self.write_stalled_since = (!tls.pending().is_empty()).then_some(now.mono_ms);
+            self.encrypt();
+            return;
+        }
         self.out_pos = (self.out_pos + n).min(self.out.len());
         if self.out_pos == self.out.len() {
             self.out.clear();
@@ -276,7 +348,7 @@ impl Connection {
             State::Reading { .. } if self.parser.in_body() => {
                 self.body_started.map(|t| t + l.body_timeout_ms)
             }
-            State::Reading { .. } if self.parser.in_head() => {
+            State::Reading { .. } if self.reading_head() => {
                 self.head_started.map(|t| t + l.header_timeout_ms)
             }
             State::Reading { .. } if self.backlog() == 0 => {
@@ -299,6 +371,11 @@ impl Connection {
 
     /// Acts on whichever deadline has passed.
     pub fn handle_timeout(&mut self, inst: &mut Instance, now: Now) {
+        self.on_timeout(inst, now);
+        self.encrypt();
+    }
+
+    fn on_timeout(&mut self, inst: &mut Instance, now: Now) {
         let t = now.mono_ms;
         let l = self.limits;
         if self
@@ -320,13 +397,13 @@ impl Connection {
                         .is_some_and(|s| t >= s + l.body_timeout_ms)
                 {
                     self.refuse_and_close(408, "request body not received in time", now);
-                } else if self.parser.in_head()
+                } else if self.reading_head()
                     && self
                         .head_started
                         .is_some_and(|s| t >= s + l.header_timeout_ms)
                 {
                     self.refuse_and_close(408, "request head not received in time", now);
-                } else if !self.parser.in_head()
+                } else if !self.reading_head()
                     && !self.parser.in_body()
                     && self.backlog() == 0
                     && t >= self.idle_since + l.idle_timeout_ms
@@ -396,8 +473,13 @@ impl Connection {
         }
     }
 
+    /// A request head is arriving, or the TLS handshake before it: the slowloris deadline runs.
+    fn reading_head(&self) -> bool {
+        self.parser.in_head() || self.tls.as_ref().is_some_and(|t| t.handshaking())
+    }
+
     fn backlog(&self) -> usize {
-        self.out.len() - self.out_pos
+        self.out.len() - self.out_pos + self.tls.as_ref().map_or(0, |t| t.pending().len())
     }
 
     fn note_output(&mut self, now: Now) {
@@ -428,13 +510,14 @@ impl Connection {
                 break;
             }
         }
-        match (&self.state, self.parser.in_head()) {
+        match (&self.state, self.reading_head()) {
             (State::Reading { .. }, true) if self.head_started.is_none() => {
                 self.head_started = Some(now.mono_ms)
             }
             (State::Reading { .. }, false) => self.head_started = None,
             _ => {}
         }
+        self.encrypt();
         self.note_output(now);
     }
 
@@ -1146,7 +1229,19 @@ impl Connection {
 
     /// 401: who the caller is could not be established. The challenge says which scheme.
     fn write_unauthenticated(&mut self, why: Unauthenticated, head: &RequestHead, now: Now) {
+        if why == Unauthenticated::NoRole {
+            // Who it is is known; it simply may do nothing here.
+            let err = RpcError::new(
+                ErrorKind::PermissionDenied,
+                "no rule gives this client certificate a role",
+            );
+            let mut doc = Vec::with_capacity(192);
+            jsonrpc::write_error(&mut doc, &RequestId::null(), &err);
+            self.write_json_keep(403, &doc, head.keep_alive, head.minor_version, None, now);
+            return;
+        }
         let (challenge, message) = match why {
+            Unauthenticated::NoRole => unreachable!("answered above"),
             Unauthenticated::Missing => (
                 "Bearer realm=\"agentd\"",
                 "authentication required: present a bearer token",

@@ -45,11 +45,6 @@ pub struct ListenerInfo {
 }
 
 impl ListenerInfo {
-    /// Whether this listener declares an authentication scheme (so has an extended card).
-    pub fn declares_scheme(&self, config: &InstanceConfig) -> bool {
-        self.kind == ListenerKind::Tcp && (config.auth.has_bearer() || config.device_grant.enabled)
-    }
-
     /// The origin the listener advertises: its URL without the trailing slash.
     pub fn origin(&self) -> &str {
         self.url.trim_end_matches('/')
@@ -120,6 +115,25 @@ pub struct InstanceConfig {
     pub auth: crate::auth::AuthConfig,
     /// `a2a.cors.origins`: the browser origins served.
     pub cors: crate::http::cors::CorsPolicy,
+    /// TLS of the `https://` listeners, by listener index.
+    pub tls: HashMap<usize, crate::tls::TlsListener>,
+}
+
+impl InstanceConfig {
+    /// Whether a listener declares an authentication scheme (so has an extended card): a
+    /// bearer, the device grant, or mutual TLS; never a unix socket.
+    pub fn declares_scheme(&self, listener: usize) -> bool {
+        let Some(l) = self.listeners.get(listener) else {
+            return false;
+        };
+        l.kind == ListenerKind::Tcp
+            && (self.auth.has_bearer() || self.device_grant.enabled || self.mtls(listener))
+    }
+
+    /// Whether a listener requires client certificates.
+    pub fn mtls(&self, listener: usize) -> bool {
+        self.tls.get(&listener).is_some_and(|t| t.client_auth)
+    }
 }
 
 impl InstanceConfig {
@@ -139,6 +153,7 @@ impl InstanceConfig {
             events_stream_deadline_ms: 600_000,
             auth: crate::auth::AuthConfig::default(),
             cors: crate::http::cors::CorsPolicy::default(),
+            tls: HashMap::new(),
         }
     }
 }
@@ -322,8 +337,9 @@ impl Instance {
         let cards = config
             .listeners
             .iter()
-            .map(|l| {
-                let body = serde_json::to_vec(&build_card(&config, l)).unwrap_or_default();
+            .enumerate()
+            .map(|(i, _)| {
+                let body = serde_json::to_vec(&build_card(&config, i)).unwrap_or_default();
                 let digest = crate::digest::sha256(&body);
                 CachedCard {
                     etag: format!("\"{}\"", &crate::ids::hex(&digest)[..32]),
@@ -787,7 +803,8 @@ impl Instance {
 }
 
 /// The card of a listener as the public sees it.
-pub(crate) fn build_card(config: &InstanceConfig, listener: &ListenerInfo) -> AgentCard {
+pub(crate) fn build_card(config: &InstanceConfig, index: usize) -> AgentCard {
+    let listener = &config.listeners[index];
     use crate::a2a::card::AgentExtension;
     use crate::ext::registry::{declared, Ext};
     let extensions = Ext::ALL
@@ -813,13 +830,28 @@ pub(crate) fn build_card(config: &InstanceConfig, listener: &ListenerInfo) -> Ag
     };
     let modes = || vec!["text/plain".to_owned(), "application/json".to_owned()];
     // The schemes the card declares are the ones this listener enforces.
-    let security = listener.declares_scheme(config).then(|| {
+    let security = config.declares_scheme(index).then(|| {
         let mut schemes = serde_json::Map::new();
-        schemes.insert(
-            "bearer".into(),
-            serde_json::json!({"httpAuthSecurityScheme": {"scheme": "Bearer"}}),
-        );
-        let mut requirements = vec![serde_json::json!({"schemes": {"bearer": {"list": []}}})];
+        let mut requirements = Vec::new();
+        let bearer = config.auth.has_bearer() || config.device_grant.enabled;
+        if config.mtls(index) {
+            schemes.insert("mtls".into(), serde_json::json!({"mtlsSecurityScheme": {}}));
+            requirements.push(serde_json::json!({"schemes": {"mtls": {"list": []}}}));
+            if bearer {
+                requirements.push(
+                    serde_json::json!({"schemes": {"mtls": {"list": []}, "bearer": {"list": []}}}),
+                );
+            }
+        }
+        if bearer {
+            schemes.insert(
+                "bearer".into(),
+                serde_json::json!({"httpAuthSecurityScheme": {"scheme": "Bearer"}}),
+            );
+            if !config.mtls(index) {
+                requirements.push(serde_json::json!({"schemes": {"bearer": {"list": []}}}));
+            }
+        }
         if config.device_grant.enabled {
             let origin = listener.origin();
             let scopes: serde_json::Map<String, serde_json::Value> = config
@@ -852,7 +884,7 @@ pub(crate) fn build_card(config: &InstanceConfig, listener: &ListenerInfo) -> Ag
     });
     AgentCard {
         capabilities: AgentCapabilities {
-            extended_agent_card: Some(listener.declares_scheme(config)),
+            extended_agent_card: Some(config.declares_scheme(index)),
             extensions,
             push_notifications: Some(false),
             streaming: Some(true),

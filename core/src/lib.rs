@@ -44,6 +44,7 @@ pub mod rpc;
 pub mod sessions;
 pub mod tasks;
 pub mod time;
+pub mod tls;
 
 pub use conn::Connection;
 pub use instance::{

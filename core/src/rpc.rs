@@ -638,11 +638,7 @@ fn run_command(
 fn extended_card(inst: &Instance, ctx: &CallContext<'_>) -> Result<Reply, RpcError> {
     use crate::ext::command::table::{self as ops, Gate};
     let config = inst.config();
-    let listener = config
-        .listeners
-        .get(ctx.listener)
-        .ok_or_else(|| RpcError::of(ErrorKind::Internal))?;
-    if !listener.declares_scheme(config) {
+    if !config.declares_scheme(ctx.listener) {
         return Err(RpcError::new(
             ErrorKind::UnsupportedOperation,
             "this listener declares no authentication scheme, so it has no extended agent card",
@@ -662,7 +658,7 @@ fn extended_card(inst: &Instance, ctx: &CallContext<'_>) -> Result<Reply, RpcErr
         Gate::DeviceGrant => switches.device_grant,
         Gate::TcpListener => switches.tcp_listener,
     };
-    let mut card = crate::instance::build_card(config, listener);
+    let mut card = crate::instance::build_card(config, ctx.listener);
     let may = |spec: &ops::OpSpec| command::may_command(p, spec);
     let visible_ops: Vec<serde_json::Value> = ops::OPS
         .iter()

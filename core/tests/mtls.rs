@@ -1,0 +1,271 @@
+//! Mutual TLS in memory: a rustls client and the core's connection exchange bytes with no
+//! socket. Certificates are generated here (rcgen); no secret is checked in.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+
+use agentd_core::auth::{AuthConfig, Peer, Principal, Role};
+use agentd_core::tls::{self, CertMatch, CertRule};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde_json::json;
+use support::*;
+
+struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    pem: String,
+}
+
+fn ca(name: &str) -> Ca {
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    let key = KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    Ca {
+        pem: cert.pem(),
+        issuer: Issuer::new(params, key),
+    }
+}
+
+/// A leaf signed by `ca`: (certificate PEM, key PEM).
+fn leaf(ca: &Ca, cn: &str, sans: &[&str]) -> (String, String) {
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.distinguished_name.push(DnType::CommonName, cn);
+    params.subject_alt_names = sans
+        .iter()
+        .map(|s| SanType::DnsName((*s).try_into().unwrap()))
+        .collect();
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &ca.issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+struct Pki {
+    ca: Ca,
+    server: (String, String),
+}
+
+fn pki() -> Pki {
+    let ca = ca("agentd test CA");
+    let server = leaf(&ca, "localhost", &["localhost"]);
+    Pki { ca, server }
+}
+
+fn harness(p: &Pki, rules: Vec<CertRule>) -> Harness {
+    let listener = tls::listener(
+        p.server.0.as_bytes(),
+        p.server.1.as_bytes(),
+        Some(p.ca.pem.as_bytes()),
+    )
+    .unwrap();
+    Harness::with(move |c| {
+        c.tls.insert(0, listener);
+        c.auth = AuthConfig {
+            cert_rules: rules,
+            ..AuthConfig::default()
+        };
+    })
+}
+
+fn client(p: &Pki, cert: Option<&(String, String)>) -> rustls::ClientConnection {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(p.ca.pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let config = match cert {
+        Some((pem, key)) => {
+            let chain: Vec<CertificateDer<'static>> =
+                CertificateDer::pem_slice_iter(pem.as_bytes())
+                    .map(Result::unwrap)
+                    .collect();
+            builder
+                .with_client_auth_cert(
+                    chain,
+                    PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+                )
+                .unwrap()
+        }
+        None => builder.with_no_client_auth(),
+    };
+    rustls::ClientConnection::new(Arc::new(config), ServerName::try_from("localhost").unwrap())
+        .unwrap()
+}
+
+/// Moves bytes both ways until neither side has more; returns the plaintext the client read.
+fn pump(
+    h: &mut Harness,
+    c: &mut Client,
+    tls: &mut rustls::ClientConnection,
+) -> Result<Vec<u8>, String> {
+    let mut plain = Vec::new();
+    for _ in 0..64 {
+        let mut to_server = Vec::new();
+        while tls.wants_write() {
+            tls.write_tls(&mut to_server).unwrap();
+        }
+        if !to_server.is_empty() {
+            c.conn.handle_input(&mut h.inst, &to_server, h.now);
+        }
+        let from_server = c.drain(h);
+        if from_server.is_empty() && to_server.is_empty() {
+            break;
+        }
+        let mut rd = &from_server[..];
+        while !rd.is_empty() {
+            tls.read_tls(&mut rd).map_err(|e| e.to_string())?;
+            tls.process_new_packets().map_err(|e| e.to_string())?;
+        }
+        let mut buf = [0u8; 65536];
+        loop {
+            match tls.reader().read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => plain.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+    Ok(plain)
+}
+
+fn request(
+    h: &mut Harness,
+    c: &mut Client,
+    tls: &mut rustls::ClientConnection,
+    bytes: &[u8],
+) -> Resp {
+    tls.writer().write_all(bytes).unwrap();
+    let plain = pump(h, c, tls).expect("the session works");
+    one(&plain)
+}
+
+#[test]
+fn a_verified_certificate_is_served() {
+    let p = pki();
+    let mut h = harness(&p, vec![]);
+    let cert = leaf(&p.ca, "laptop", &["laptop.example"]);
+    let mut t = client(&p, Some(&cert));
+    let mut c = h.conn_peer(0, Peer::Tcp);
+    let card = request(
+        &mut h,
+        &mut c,
+        &mut t,
+        b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: localhost\r\n\r\n",
+    )
+    .json();
+    assert_eq!(
+        card["securitySchemes"]["mtls"],
+        json!({"mtlsSecurityScheme": {}})
+    );
+    assert_eq!(
+        card["securityRequirements"],
+        json!([{"schemes": {"mtls": {"list": []}}}])
+    );
+    assert_eq!(card["capabilities"]["extendedAgentCard"], true);
+    // With no certificate rules, a verified certificate is the operator.
+    let r = request(&mut h, &mut c, &mut t, &call("ListTasks", 1, json!({})));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let r = request(
+        &mut h,
+        &mut c,
+        &mut t,
+        &call("GetExtendedAgentCard", 2, json!({})),
+    );
+    assert!(
+        r.json()["result"]["capabilities"].is_object(),
+        "named through a declared scheme"
+    );
+}
+
+#[test]
+fn certificate_rules_name_principals() {
+    let p = pki();
+    let rules = vec![CertRule {
+        matcher: CertMatch::San("*.agents.example".into()),
+        principal: Principal::new("agent:peer-a", Role::Agent, vec![]),
+    }];
+    let mut h = harness(&p, rules);
+    let peer = leaf(&p.ca, "peer-a", &["peer-a.agents.example"]);
+    let mut t = client(&p, Some(&peer));
+    let mut c = h.conn_peer(0, Peer::Tcp);
+    let r = request(
+        &mut h,
+        &mut c,
+        &mut t,
+        &call(
+            "SendMessage",
+            1,
+            json!({"message": text_message("x","m"), "configuration":{"returnImmediately":true}}),
+        ),
+    );
+    assert!(r.json()["result"]["task"].is_object());
+    h.take_effects();
+    let ops = request(
+        &mut h,
+        &mut c,
+        &mut t,
+        &call("GetExtendedAgentCard", 2, json!({})),
+    )
+    .json();
+    let names: Vec<&str> = ops["result"]["capabilities"]["extensions"][0]["params"]["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["op"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["status", "workflow.run", "workflow.status"],
+        "an agent's ops"
+    );
+    // A certificate the CA signed but no rule names: 403, not 401.
+    let stranger = leaf(&p.ca, "stranger", &["stranger.example"]);
+    let mut t = client(&p, Some(&stranger));
+    let mut c = h.conn_peer(0, Peer::Tcp);
+    let r = request(&mut h, &mut c, &mut t, &call("ListTasks", 3, json!({})));
+    assert_eq!(r.status, 403);
+    assert_eq!(r.json()["error"]["code"], -31403);
+    assert_eq!(r.json()["id"], serde_json::Value::Null);
+}
+
+#[test]
+fn a_missing_or_foreign_certificate_cannot_complete_the_handshake() {
+    let p = pki();
+    let mut h = harness(&p, vec![]);
+    // No certificate at all.
+    let mut t = client(&p, None);
+    let mut c = h.conn_peer(0, Peer::Tcp);
+    t.writer()
+        .write_all(b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let got = pump(&mut h, &mut c, &mut t);
+    assert!(
+        got.is_err() || got.unwrap().is_empty(),
+        "no answer without a certificate"
+    );
+    assert!(c.conn.is_finished(), "the connection closes");
+    // A certificate from another CA.
+    let other = ca("someone else's CA");
+    let foreign = leaf(&other, "intruder", &["intruder.example"]);
+    let mut t = client(&p, Some(&foreign));
+    let mut c = h.conn_peer(0, Peer::Tcp);
+    t.writer()
+        .write_all(b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let got = pump(&mut h, &mut c, &mut t);
+    assert!(
+        got.is_err() || got.unwrap().is_empty(),
+        "no answer to a foreign certificate"
+    );
+    assert!(c.conn.is_finished());
+    assert_eq!(h.inst.task_count(), 0);
+}
