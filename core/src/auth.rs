@@ -327,6 +327,7 @@ mod resolve_tests {
                 ),
             }],
             any: None,
+            cert_rules: Vec::new(),
         }
     }
 

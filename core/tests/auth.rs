@@ -30,6 +30,7 @@ fn secured(any: bool) -> Harness {
                 },
             ],
             any: any.then(|| Principal::new("user:guest", Role::User, vec![])),
+            cert_rules: Vec::new(),
         };
     });
     h.inst

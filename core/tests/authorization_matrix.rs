@@ -67,6 +67,7 @@ fn harness() -> Harness {
                 rule("user", Principal::new("user:u", Role::User, vec![])),
             ],
             any: None,
+            cert_rules: Vec::new(),
         };
     })
 }
