@@ -58,6 +58,20 @@ pub struct A2aSection {
     pub cors: CorsSection,
     #[serde(default)]
     pub device_grant: DeviceGrantSection,
+    #[serde(default)]
+    pub tls: TlsSection,
+}
+
+/// `[a2a.tls]`: the certificate of `https://` listeners, and the CA that makes them mutual.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    /// PEM certificate chain.
+    pub cert: Option<String>,
+    /// PEM private key.
+    pub key: Option<String>,
+    /// PEM CA certificates client certificates must chain to: mutual TLS, mandatory.
+    pub client_ca: Option<String>,
 }
 
 /// `[a2a.device_grant]`: sign-in by the OAuth 2.0 device authorization grant.
@@ -159,22 +173,65 @@ impl Config {
             Listen::Many(v) if v.is_empty() => return Err("a2a.listen names no endpoint".into()),
             Listen::Many(v) => v.clone(),
         };
+        let scheme = self.a2a.bearer.is_some()
+            || self
+                .a2a
+                .principals
+                .iter()
+                .any(|r| r.matcher.bearer_ref.is_some())
+            || self.a2a.tls.client_ca.is_some();
         list.iter()
             .map(|s| {
                 let ep: Endpoint = s.parse().map_err(|e| format!("a2a.listen: {e}"))?;
-                if let Endpoint::Tcp(addr) = &ep {
-                    // Until authentication schemes exist, every caller is the operator: only
-                    // a loopback listener may serve that way.
-                    if !addr.ip().is_loopback() {
+                match &ep {
+                    Endpoint::Tcp(addr) if !addr.ip().is_loopback() => {
                         return Err(format!(
-                            "a2a.listen: {s}: a non-loopback listener needs an authentication scheme, \
-                             and none is configured"
-                        ));
+                            "a2a.listen: {s}: plaintext is served only on loopback; use https:// with a2a.tls"
+                        ))
                     }
+                    Endpoint::Https(addr) => {
+                        if self.a2a.tls.cert.is_none() || self.a2a.tls.key.is_none() {
+                            return Err(format!("a2a.listen: {s}: https needs a2a.tls.cert and a2a.tls.key"));
+                        }
+                        if !addr.ip().is_loopback() && !scheme {
+                            return Err(format!(
+                                "a2a.listen: {s}: a non-loopback listener needs an authentication scheme \
+                                 (a2a.bearer, a bearer_ref rule, or a2a.tls.client_ca), and none is configured"
+                            ));
+                        }
+                    }
+                    _ => {}
                 }
                 Ok(ep)
             })
             .collect()
+    }
+
+    /// The TLS of each `https://` endpoint, by listener index.
+    pub fn tls_listeners(
+        &self,
+        endpoints: &[Endpoint],
+    ) -> Result<std::collections::HashMap<usize, agentd_core::tls::TlsListener>, String> {
+        let mut map = std::collections::HashMap::new();
+        if !endpoints.iter().any(Endpoint::is_tls) {
+            return Ok(map);
+        }
+        let read = |key: &str, path: &Option<String>| -> Result<Option<Vec<u8>>, String> {
+            path.as_ref()
+                .map(|p| std::fs::read(p).map_err(|e| format!("a2a.tls.{key}: {p}: {e}")))
+                .transpose()
+        };
+        let cert = read("cert", &self.a2a.tls.cert)?.ok_or("a2a.tls.cert: required for https")?;
+        let key = read("key", &self.a2a.tls.key)?.ok_or("a2a.tls.key: required for https")?;
+        let ca = read("client_ca", &self.a2a.tls.client_ca)?;
+        let tls = agentd_core::tls::listener(&cert, &key, ca.as_deref())
+            .map_err(|e| format!("a2a.tls: {e}"))?;
+        for (i, ep) in endpoints.iter().enumerate() {
+            if ep.is_tls() {
+                map.insert(i, tls.clone());
+            }
+        }
+        Ok(map)
     }
 
     pub fn instance_config(&self, listeners: Vec<ListenerInfo>) -> Result<InstanceConfig, String> {
@@ -297,6 +354,9 @@ impl Config {
         }
         let operator_credential = auth.operator_bearer.is_some()
             || auth.bearers.iter().any(|r| r.principal.is_operator());
+        if g.enabled && self.a2a.tls.client_ca.is_some() {
+            return Err("a2a.device_grant.enabled: refused beside a2a.tls.client_ca (mutual TLS admits no other sign-in)".into());
+        }
         if g.enabled && !operator_credential {
             // Someone must be able to approve sign-ins, and it cannot be the implicit operator.
             return Err("a2a.device_grant.enabled needs an operator credential: a2a.bearer, or an operator rule with bearer_ref".into());
@@ -365,7 +425,25 @@ impl Config {
             };
             let m = &rule.matcher;
             if m.san.is_some() || m.sub.is_some() {
-                return Err(format!("{at}.match: certificate rules (san, sub) need mutual TLS, which is not built yet"));
+                if self.a2a.tls.client_ca.is_none() {
+                    return Err(format!(
+                        "{at}.match: certificate rules (san, sub) need a2a.tls.client_ca"
+                    ));
+                }
+                let matcher = match (&m.san, &m.sub, &m.bearer_ref, m.any) {
+                    (Some(glob), None, None, None) => {
+                        agentd_core::tls::CertMatch::San(glob.clone())
+                    }
+                    (None, Some(cn), None, None) => agentd_core::tls::CertMatch::Sub(cn.clone()),
+                    _ => {
+                        return Err(format!(
+                            "{at}.match: exactly one of san, sub, bearer_ref or any = true"
+                        ))
+                    }
+                };
+                auth.cert_rules
+                    .push(agentd_core::tls::CertRule { matcher, principal });
+                continue;
             }
             match (&m.bearer_ref, m.any) {
                 (Some(reference), None) => {
@@ -575,7 +653,7 @@ match = { any = true }"#,
 id = "u"
 role = "user"
 match = { sub = "x" }"#,
-                "not built",
+                "client_ca",
             ),
             (
                 r#"[a2a]
@@ -605,7 +683,8 @@ match = { bearer_ref = "{{secret:AGENTD_TEST_OP}}" }"#,
     #[test]
     fn refuses_what_it_cannot_honour() {
         for (text, needle) in [
-            ("[a2a]\nlisten = \"tcp://0.0.0.0:1\"", "authentication"),
+            ("[a2a]\nlisten = \"tcp://0.0.0.0:1\"", "plaintext"),
+            ("[a2a]\nlisten = \"https://127.0.0.1:1\"", "a2a.tls.cert"),
             ("[a2a]\nlisten = []", "no endpoint"),
             ("[a2a]\nlisten = \"ftp://x\"", "expected"),
             ("[limits]\nmax_body_bytes = 0", "greater than 0"),

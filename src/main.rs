@@ -132,10 +132,12 @@ fn run(args: Args) -> Result<(), String> {
     }
     let infos = listeners
         .iter()
-        .map(BoundListener::info)
+        .zip(&endpoints)
+        .map(|(l, ep)| l.info_tls(ep.is_tls()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("listener address: {e}"))?;
-    let instance_config = config.instance_config(infos.clone())?;
+    let mut instance_config = config.instance_config(infos.clone())?;
+    instance_config.tls = config.tls_listeners(&endpoints)?;
     let clock = Clock::new();
     let instance = Arc::new(Mutex::new(Instance::new(
         instance_config,

@@ -50,7 +50,22 @@ fn configurations_it_cannot_honour_stop_startup() {
         (
             "open",
             "[a2a]\nlisten = \"tcp://0.0.0.0:0\"\n",
-            "authentication",
+            "plaintext is served only on loopback",
+        ),
+        (
+            "no-cert",
+            "[a2a]\nlisten = \"https://127.0.0.1:0\"\n",
+            "needs a2a.tls.cert",
+        ),
+        (
+            "no-scheme",
+            "[a2a]\nlisten = \"https://0.0.0.0:0\"\n[a2a.tls]\ncert = \"/c.pem\"\nkey = \"/k.pem\"\n",
+            "needs an authentication scheme",
+        ),
+        (
+            "missing-cert-file",
+            "[a2a]\nlisten = \"https://127.0.0.1:0\"\n[a2a.tls]\ncert = \"/nonexistent/c.pem\"\nkey = \"/k.pem\"\n",
+            "/nonexistent/c.pem",
         ),
         ("typo", "[a2a]\nlisen = \"tcp://127.0.0.1:0\"\n", "line 2"),
         (

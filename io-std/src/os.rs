@@ -77,7 +77,15 @@ impl Entropy for OsEntropy {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Endpoint {
     Tcp(SocketAddr),
+    /// TCP with TLS (the core's connection carries the TLS session).
+    Https(SocketAddr),
     Unix(PathBuf),
+}
+
+impl Endpoint {
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Endpoint::Https(_))
+    }
 }
 
 impl FromStr for Endpoint {
@@ -90,14 +98,26 @@ impl FromStr for Endpoint {
             }
             return Ok(Endpoint::Unix(PathBuf::from(path)));
         }
-        let addr = s
-            .strip_prefix("tcp://")
-            .or_else(|| s.strip_prefix("http://"))
-            .ok_or_else(|| format!("{s}: expected tcp://host:port or unix:///path"))?;
+        let (addr, tls) = if let Some(a) = s.strip_prefix("https://") {
+            (a, true)
+        } else {
+            let a = s
+                .strip_prefix("tcp://")
+                .or_else(|| s.strip_prefix("http://"))
+                .ok_or_else(|| {
+                    format!("{s}: expected tcp://host:port, https://host:port or unix:///path")
+                })?;
+            (a, false)
+        };
         let addr = addr.strip_suffix('/').unwrap_or(addr);
-        addr.parse()
-            .map(Endpoint::Tcp)
-            .map_err(|_| format!("{s}: {addr} is not an ip:port address"))
+        let addr: SocketAddr = addr
+            .parse()
+            .map_err(|_| format!("{s}: {addr} is not an ip:port address"))?;
+        Ok(if tls {
+            Endpoint::Https(addr)
+        } else {
+            Endpoint::Tcp(addr)
+        })
     }
 }
 
@@ -105,6 +125,7 @@ impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Endpoint::Tcp(a) => write!(f, "tcp://{a}"),
+            Endpoint::Https(a) => write!(f, "https://{a}"),
             Endpoint::Unix(p) => write!(f, "unix://{}", p.display()),
         }
     }
@@ -123,12 +144,23 @@ pub enum BoundListener {
 impl BoundListener {
     pub fn bind(endpoint: &Endpoint) -> io::Result<Self> {
         match endpoint {
-            Endpoint::Tcp(addr) => Ok(BoundListener::Tcp(TcpListener::bind(addr)?)),
+            Endpoint::Tcp(addr) | Endpoint::Https(addr) => {
+                Ok(BoundListener::Tcp(TcpListener::bind(addr)?))
+            }
             Endpoint::Unix(path) => Ok(BoundListener::Unix {
                 listener: bind_unix_private(path)?,
                 path: path.clone(),
             }),
         }
+    }
+
+    /// What the core needs to know about it, for an `https://` listener.
+    pub fn info_tls(&self, tls: bool) -> io::Result<ListenerInfo> {
+        let mut info = self.info()?;
+        if tls {
+            info.url = info.url.replacen("http://", "https://", 1);
+        }
+        Ok(info)
     }
 
     /// What the core needs to know about it: the URL its card advertises.
@@ -237,11 +269,15 @@ mod tests {
             "unix:///run/a.sock".parse::<Endpoint>(),
             Ok(Endpoint::Unix("/run/a.sock".into()))
         );
+        assert_eq!(
+            "https://1.2.3.4:5".parse::<Endpoint>(),
+            Ok(Endpoint::Https("1.2.3.4:5".parse().unwrap()))
+        );
         for bad in [
             "unix://rel.sock",
             "127.0.0.1:1",
             "tcp://localhost:1",
-            "https://1.2.3.4:5",
+            "ftp://1.2.3.4:5",
         ] {
             assert!(bad.parse::<Endpoint>().is_err(), "{bad}");
         }

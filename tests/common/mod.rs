@@ -53,6 +53,8 @@ pub struct Setup {
     pub sections: String,
     /// Environment of the daemon (secret references read it).
     pub env: Vec<(String, String)>,
+    /// The TCP listener is `https://` (the config must then carry `[a2a.tls]`).
+    pub https: bool,
 }
 
 /// A running `agentd` child process with a TCP and a unix listener. Killed, waited for and
@@ -148,7 +150,8 @@ impl Daemon {
         prepare(&dir);
         let config = dir.join("agentd.toml");
         let mut text = format!(
-            "[a2a]\nlisten = [\"tcp://127.0.0.1:0\", \"unix://{}\"]\n",
+            "[a2a]\nlisten = [\"{}://127.0.0.1:0\", \"unix://{}\"]\n",
+            if setup.https { "https" } else { "tcp" },
             unix.display()
         );
         text.push_str(&setup.a2a);
@@ -202,7 +205,10 @@ impl Daemon {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
                 Ok(line) => {
-                    if let Some(rest) = line.strip_prefix("listening http://") {
+                    if let Some(rest) = line
+                        .strip_prefix("listening http://")
+                        .or_else(|| line.strip_prefix("listening https://"))
+                    {
                         let addr = rest.trim_end_matches('/');
                         match addr.parse::<SocketAddr>() {
                             Ok(a) => tcp = Some(a),
