@@ -274,3 +274,104 @@ fn every_core_method_as_every_role() {
         }
     }
 }
+
+/// A session token after its session was revoked: every op and every core method is 401.
+#[test]
+fn a_revoked_session_reaches_nothing() {
+    let mut h = Harness::with(|c| {
+        c.auth = AuthConfig {
+            operator_bearer: Some(AuthConfig::digest("op")),
+            ..AuthConfig::default()
+        };
+        c.device_grant = agentd_core::sessions::DeviceGrantConfig {
+            enabled: true,
+            ..Default::default()
+        };
+    });
+    let form = |path: &str, body: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    };
+    let mut d = h.conn_peer(0, Peer::Tcp);
+    let grant = one(&d.feed(&mut h, &form("/oauth2/device_authorization", "client_id=x"))).json();
+    assert_eq!(
+        run_op_with(
+            &mut h,
+            json!({"op": "auth.device.approve", "user_code": grant["user_code"], "as": "carol"}),
+            "op"
+        ),
+        Answer::Ran
+    );
+    let poll = format!(
+        "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Adevice_code&device_code={}&client_id=x",
+        grant["device_code"].as_str().unwrap()
+    );
+    let token = one(&d.feed(&mut h, &form("/oauth2/token", &poll))).json()["access_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        run_op(&mut h, "status", Some(&token)),
+        Answer::Ran,
+        "the live session works"
+    );
+    assert_eq!(
+        run_op_with(
+            &mut h,
+            json!({"op": "auth.sessions.revoke", "all": true}),
+            "op"
+        ),
+        Answer::Ran
+    );
+    for (op, ..) in EXPECTED {
+        assert_eq!(
+            run_op(&mut h, op, Some(&token)),
+            Answer::Unauthenticated,
+            "revoked session: {op}"
+        );
+    }
+    for method in [
+        "SendMessage",
+        "GetTask",
+        "ListTasks",
+        "CancelTask",
+        "SubscribeToTask",
+        "GetExtendedAgentCard",
+        "CreateTaskPushNotificationConfig",
+    ] {
+        let mut c = h.conn_peer(0, Peer::Tcp);
+        let r = one(&c.feed(
+            &mut h,
+            &with_token(call(method, 1, json!({})), Some(&token)),
+        ));
+        assert_eq!(r.status, 401, "revoked session: {method}");
+    }
+}
+
+fn run_op_with(h: &mut Harness, envelope: Value, token: &str) -> Answer {
+    let message = json!({"role":"ROLE_USER","messageId":"m","extensions":[COMMAND_URI],"parts":[{"data":{"agentd": envelope}}]});
+    let mut c = h.conn_peer(0, Peer::Tcp);
+    let out = c.feed(
+        h,
+        &with_token(
+            call_ext(
+                "SendMessage",
+                1,
+                json!({"message": message}),
+                &[COMMAND_URI],
+            ),
+            Some(token),
+        ),
+    );
+    h.take_effects();
+    let r = one(&out);
+    match (r.status, r.json()["error"]["code"].as_i64()) {
+        (200, None) => Answer::Ran,
+        (403, _) => Answer::Denied,
+        (401, _) => Answer::Unauthenticated,
+        _ => Answer::Other(r.json()),
+    }
+}
