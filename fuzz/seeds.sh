@@ -1,0 +1,233 @@
+#!/usr/bin/env bash
+# Writes the seed corpora of the fuzz targets (fuzz/corpus/ is git-ignored; this script is
+# how it is made again). Realistic requests: the card, every A2A JSON-RPC method, pipelines,
+# chunked bodies, Expect: 100-continue and framing errors.
+#
+# Each seed is two control bytes and the peer's bytes (see the targets' headers). For
+# http_connection, `@@0`..`@@7` stand for the ids the instance draws first (@@0 is the first
+# task's id and @@1 its context's), so one seed can create a task and then use it.
+#
+#   fuzz/seeds.sh            # writes fuzz/corpus/{http_connection,request_parser}/seed-*
+set -euo pipefail
+export LC_ALL=C
+
+here="$(cd "$(dirname "$0")" && pwd)"
+conn_dir="$here/corpus/http_connection"
+parser_dir="$here/corpus/request_parser"
+mkdir -p "$conn_dir" "$parser_dir"
+
+CRLF=$'\r\n'
+HOST="Host: 127.0.0.1:8420${CRLF}"
+VERSION="A2A-Version: 1.0${CRLF}"
+JSON="Content-Type: application/json${CRLF}"
+
+# The body's length once the target has replaced each @@N with a 36-character id.
+expanded_len() {
+    local body="$1" stripped
+    stripped="${body//@@[0-7]/}"
+    echo $(( ${#body} + 11 * (${#body} - ${#stripped}) ))
+}
+
+# rpc METHOD PARAMS [EXTRA_HEADERS] — one JSON-RPC request with a Content-Length body.
+rpc() {
+    local body="{\"jsonrpc\":\"2.0\",\"id\":${ID:-1},\"method\":\"$1\",\"params\":$2}"
+    printf 'POST / HTTP/1.1\r\n%s%s%s%sContent-Length: %s\r\n\r\n%s' \
+        "$HOST" "$VERSION" "$JSON" "${3:-}" "$(expanded_len "$body")" "$body"
+}
+
+# post BODY [HEADERS] — a POST to the JSON-RPC endpoint with this body, framed by length.
+post() {
+    printf 'POST / HTTP/1.1\r\n%s%sContent-Length: %s\r\n\r\n%s' \
+        "$HOST" "${2-$VERSION$JSON}" "$(expanded_len "$1")" "$1"
+}
+
+# rpc_chunked METHOD PARAMS — the same with a chunked body (two chunks, an extension, a
+# trailer), into $R: it ends in a line break, which $(...) would drop.
+rpc_chunked() {
+    local body="{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"$1\",\"params\":$2}"
+    local half=$(( ${#body} / 2 ))
+    local a="${body:0:half}" b="${body:half}"
+    printf -v R 'POST / HTTP/1.1\r\n%s%s%sTransfer-Encoding: chunked\r\n\r\n%x;ext=1\r\n%s\r\n%x\r\n%s\r\n0\r\nx-trailer: 1\r\n\r\n' \
+        "$HOST" "$VERSION" "$JSON" "$(expanded_len "$a")" "$a" "$(expanded_len "$b")" "$b"
+}
+
+MSG='{"message":{"messageId":"m1","role":"ROLE_USER","parts":[{"text":"hello"}]}}'
+MSG_NOW='{"message":{"messageId":"m2","role":"ROLE_USER","parts":[{"text":"hi"},{"data":{"k":[1,2]}}]},"configuration":{"returnImmediately":true,"historyLength":2}}'
+MSG_CTX='{"message":{"messageId":"m3","contextId":"ctx-1","role":"ROLE_USER","parts":[{"text":"a","mediaType":"text/plain"}]},"configuration":{"returnImmediately":true}}'
+MSG_FOLLOW='{"message":{"messageId":"m4","taskId":"@@0","contextId":"@@1","role":"ROLE_USER","parts":[{"text":"more"}]}}'
+MSG_RAW='{"message":{"messageId":"m5","role":"ROLE_USER","parts":[{"raw":"aGVsbG8=","mediaType":"image/png"}]}}'
+MSG_PUSH='{"message":{"messageId":"m6","role":"ROLE_USER","parts":[{"text":"x"}]},"configuration":{"taskPushNotificationConfig":{"url":"http://x/"}}}'
+PUSH_CFG='{"taskId":"@@0","pushNotificationConfig":{"url":"https://example.com/hook"}}'
+
+n=0
+# seed NAME CONTENT — writes CONTENT under several instances, drivers and hosts (byte 0:
+# reads, principal, switches, listener; byte 1: host and driver; see http_connection.rs):
+#   \x00\x01 operator, whole reads, the host completes turns;
+#   \x04\x81 operator, 8-byte reads, a chatty host;
+#   \x01\x2b operator, 1-byte reads, held turns, input-required, a moving clock;
+#   \x05\x16 operator, reads of up to 32 bytes, a slow reader, turns left working;
+#   \x03\x8b operator, reads of up to 3 bytes, held turns, chatty: checked against whole reads;
+#   \x6e\x09 bearer tokens, introspection, device grant, events and CORS on, 256-byte
+#             reads, held turns (checked too);
+#   \x90\x00 a unix peer, whole reads, turns rejected, commands refused;
+#   \x38\x81 a public listener (bearer tokens, `any` is a user), the device grant on;
+#   \x10\x01 an embedder's fixed principal (a peer agent with grants);
+#   \x00\x2b operator, whole reads, held work, input-required, a moving clock (deadlines).
+seed() {
+    local name="$1" content="$2" ctl
+    for ctl in '\x00\x01' '\x04\x81' '\x01\x2b' '\x05\x16' '\x03\x8b' '\x6e\x09' '\x90\x00' '\x00\x2b' '\x38\x81' '\x10\x01'; do
+        n=$((n + 1))
+        { printf "$ctl"; printf '%s' "$content"; } > "$conn_dir/seed-$name-${ctl//\\x/}"
+    done
+    # The parser sees the same stream with ids left as they are: default and small limits.
+    for ctl in '\x00\x00' '\x06\x00' '\x02\x41'; do
+        { printf "$ctl"; printf '%s' "$content"; } > "$parser_dir/seed-$name-${ctl//\\x/}"
+    done
+}
+
+# The agent card.
+seed card-get "GET /.well-known/agent-card.json HTTP/1.1${CRLF}${HOST}Accept: application/json${CRLF}${CRLF}"
+seed card-head "HEAD /.well-known/agent-card.json HTTP/1.1${CRLF}${HOST}${CRLF}"
+seed card-options "OPTIONS /.well-known/agent-card.json HTTP/1.1${CRLF}${HOST}Origin: http://a${CRLF}${CRLF}"
+seed card-inm "GET /.well-known/agent-card.json?x=1 HTTP/1.1${CRLF}${HOST}If-None-Match: W/\"abc\", *${CRLF}${CRLF}"
+seed card-http10 "GET /.well-known/agent-card.json HTTP/1.0${CRLF}Connection: keep-alive${CRLF}${CRLF}GET /.well-known/agent-card.json HTTP/1.0${CRLF}${CRLF}"
+seed card-absolute "GET http://127.0.0.1:8420/.well-known/agent-card.json HTTP/1.1${CRLF}${HOST}Connection: close${CRLF}${CRLF}"
+seed card-post "POST /.well-known/agent-card.json HTTP/1.1${CRLF}${HOST}Content-Length: 2${CRLF}${CRLF}{}"
+seed rpc-options "OPTIONS / HTTP/1.1${CRLF}${HOST}Access-Control-Request-Method: POST${CRLF}${CRLF}"
+seed rpc-get "GET / HTTP/1.1${CRLF}${HOST}${CRLF}"
+seed not-found "GET /nope HTTP/1.1${CRLF}${HOST}${CRLF}DELETE * HTTP/1.1${CRLF}${HOST}${CRLF}"
+
+# Every A2A method.
+seed send "$(rpc SendMessage "$MSG")"
+seed send-now "$(rpc SendMessage "$MSG_NOW")"
+seed send-ctx "$(rpc SendMessage "$MSG_CTX")"
+seed send-raw "$(rpc SendMessage "$MSG_RAW")"
+seed send-push "$(rpc SendMessage "$MSG_PUSH")"
+seed send-invalid "$(rpc SendMessage '{"message":{"role":"ROLE_AGENT","parts":[]}}')"
+seed stream "$(rpc SendStreamingMessage "$MSG")"
+seed stream-http10 "$(rpc SendStreamingMessage "$MSG" | sed '1s|HTTP/1.1|HTTP/1.0|')"
+seed get-task "$(rpc GetTask '{"id":"@@0","historyLength":1}')"
+seed list-tasks "$(rpc ListTasks '{"pageSize":2,"status":"TASK_STATE_COMPLETED","statusTimestampAfter":"2025-01-01T00:00:00Z","includeArtifacts":true,"historyLength":"3"}')"
+seed list-tasks-token "$(rpc ListTasks '{"pageToken":"bm9wZQ","contextId":"@@1"}')"
+seed cancel-task "$(rpc CancelTask '{"id":"@@0"}')"
+seed subscribe "$(rpc SubscribeToTask '{"id":"@@0"}')"
+seed push-create "$(rpc CreateTaskPushNotificationConfig "$PUSH_CFG")"
+seed push-get "$(rpc GetTaskPushNotificationConfig '{"taskId":"@@0","id":"cfg"}')"
+seed push-list "$(rpc ListTaskPushNotificationConfigs '{"taskId":"@@0"}')"
+seed push-delete "$(rpc DeleteTaskPushNotificationConfig '{"taskId":"@@0","id":"cfg"}')"
+seed extended-card "$(rpc GetExtendedAgentCard '{}')"
+seed unknown-method "$(rpc message/send "$MSG")"
+seed events-method "$(rpc agentd.events/SubscribeToEvents '{}')"
+seed no-version "$(post '{"jsonrpc":"2.0","id":"a","method":"GetTask"}' "$JSON")"
+seed bad-version "$(post '{"jsonrpc":"2.0","id":"a","method":"GetTask"}' "A2A-Version: 0.3${CRLF}${JSON}")"
+seed bad-json "$(post '{"jsonrpc":')"
+seed no-id "$(post '{"jsonrpc":"2.0","method":"GetTask","params":{"id":"@@0"}}')"
+seed bad-jsonrpc "$(post '{"jsonrpc":"1.0","id":null,"method":5,"params":[]}')"
+seed batch "$(post '[{"jsonrpc":"2.0","id":1,"method":"GetTask"}]')"
+seed not-json "$(post '{}' "${VERSION}Content-Type: text/plain${CRLF}")"
+seed json-params "$(post '{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"message_id":"m","role":1,"parts":[{"text":"t","metadata":{"a":{}}}],"reference_task_ids":["@@0"]},"configuration":{"history_length":"-1"}}}' "${VERSION}Content-Type: Application/JSON; charset=utf-8${CRLF}")"
+
+# Conversations: a task made, then used, on one connection (pipelined).
+seed pipeline-lifecycle "$(rpc SendMessage "$MSG_NOW")$(ID=2 rpc GetTask '{"id":"@@0"}')$(ID=3 rpc SubscribeToTask '{"id":"@@0"}')$(ID=4 rpc CancelTask '{"id":"@@0"}')$(ID=5 rpc ListTasks '{}')"
+seed pipeline-followup "$(rpc SendMessage "$MSG")$(ID=2 rpc SendMessage "$MSG_FOLLOW")$(ID=3 rpc GetTask '{"id":"@@0","historyLength":10}')"
+seed pipeline-stream-followup "$(rpc SendStreamingMessage "$MSG")$(ID=2 rpc SendStreamingMessage "$MSG_FOLLOW")"
+seed pipeline-many "$(rpc SendMessage "$MSG_NOW")$(ID=2 rpc SendMessage "$MSG_CTX")$(ID=3 rpc SendMessage "$MSG_NOW")$(ID=4 rpc ListTasks '{"pageSize":1}')GET /.well-known/agent-card.json HTTP/1.1${CRLF}${HOST}Connection: close${CRLF}${CRLF}"
+
+# The command extension: a DataPart {"agentd": {"op": ...}} in a send, activated by the
+# header and marked in message.extensions. Message ops answer with a document, task ops
+# start a task. A command draws its context id first, so its task is @@1, not @@0.
+CMD_URI="https://agentd.dev/a2a/ext/command"
+ANN_URI="https://agentd.dev/a2a/ext/task-annotations"
+EVENTS_URI="https://agentd.dev/a2a/ext/events"
+ACT="A2A-Extensions: ${CMD_URI}, ${ANN_URI}${CRLF}"
+cmd() { # cmd ENVELOPE [CONFIGURATION] — SendMessage params carrying one command
+    printf '{"message":{"messageId":"c1","role":"ROLE_USER","extensions":["%s"],"parts":[{"data":{"agentd":%s}}]}%s}' \
+        "$CMD_URI" "$1" "${2:+,\"configuration\":$2}"
+}
+seed cmd-status "$(rpc SendMessage "$(cmd '{"op":"status"}')" "$ACT")"
+seed cmd-config "$(rpc SendMessage "$(cmd '{"op":"config"}')" "$ACT")"
+seed cmd-status-stream "$(rpc SendStreamingMessage "$(cmd '{"op":"status"}')" "$ACT")"
+seed cmd-run "$(rpc SendMessage "$(cmd '{"op":"workflow.run","workflow":"w","inputs":{"a":1}}')" "$ACT")"
+seed cmd-run-stream "$(rpc SendStreamingMessage "$(cmd '{"op":"workflow.run","workflow":"w"}')" "$ACT")"
+seed cmd-run-now "$(rpc SendMessage "$(cmd '{"op":"workflow.run","workflow":"w"}' '{"returnImmediately":true}')" "$ACT")$(ID=2 rpc GetTask '{"id":"@@1"}' "$ACT")$(ID=3 rpc SubscribeToTask '{"id":"@@1"}' "$ACT")$(ID=4 rpc CancelTask '{"id":"@@1"}' "$ACT")"
+seed cmd-declared "$(rpc SendMessage "$(cmd '{"op":"deploy","target":"prod","dry_run":true}')" "$ACT")"
+seed cmd-admin-set "$(rpc SendMessage "$(cmd '{"op":"admin.set","path":"agent.approval","value":"never"}')" "$ACT")"
+seed cmd-admin-drain "$(rpc SendStreamingMessage "$(cmd '{"op":"admin.drain","reason":"r"}')" "$ACT")"
+seed cmd-workflow-status "$(rpc SendMessage "$(cmd '{"op":"workflow.status","run":"r1"}')" "$ACT")"
+seed cmd-conversation "$(rpc SendMessage "$(cmd '{"op":"conversation.get","id":"c","limit":3}')" "$ACT")"
+seed cmd-debug-events "$(rpc SendMessage "$(cmd '{"op":"debug.events"}')" "$ACT")"
+seed cmd-device-approve "$(rpc SendMessage "$(cmd '{"op":"auth.device.approve","user_code":"ABCD-EFGH","as":"alice","scope":"user"}')" "$ACT")"
+seed cmd-device-deny "$(rpc SendMessage "$(cmd '{"op":"auth.device.deny","all":true}')" "$ACT")"
+seed cmd-sessions "$(rpc SendMessage "$(cmd '{"op":"auth.sessions"}')" "$ACT")"
+seed cmd-reserved "$(rpc SendMessage "$(cmd '{"op":"_instance.emit","handle":"h","stream":"s","event":{}}')" "$ACT")"
+seed cmd-removed "$(rpc SendMessage "$(cmd '{"op":"config.set"}')" "$ACT")"
+seed cmd-unknown "$(rpc SendMessage "$(cmd '{"op":"nope"}')" "$ACT")"
+seed cmd-bad-args "$(rpc SendMessage "$(cmd '{"op":"workflow.run","workflow":"","extra":1}')" "$ACT")"
+seed cmd-no-op "$(rpc SendMessage "$(cmd '{"op":""}')" "$ACT")"
+seed cmd-not-object "$(rpc SendMessage "$(cmd '"status"')" "$ACT")"
+seed cmd-text-only "$(rpc SendMessage "$(cmd '{"op":"status"}' '{"acceptedOutputModes":["text/plain"]}')" "$ACT")"
+seed cmd-not-activated "$(rpc SendMessage "$(cmd '{"op":"status"}')")"
+seed cmd-not-marked "$(rpc SendMessage '{"message":{"messageId":"c","role":"ROLE_USER","parts":[{"data":{"agentd":{"op":"status"}}}]}}' "$ACT")"
+seed cmd-two "$(rpc SendMessage "{\"message\":{\"messageId\":\"c\",\"role\":\"ROLE_USER\",\"extensions\":[\"$CMD_URI\"],\"parts\":[{\"data\":{\"agentd\":{\"op\":\"status\"}}},{\"data\":{\"agentd\":{\"op\":\"config\"}}}]}}" "$ACT")"
+seed cmd-task-id "$(rpc SendMessage "{\"message\":{\"messageId\":\"c\",\"taskId\":\"@@0\",\"role\":\"ROLE_USER\",\"extensions\":[\"$CMD_URI\"],\"parts\":[{\"data\":{\"agentd\":{\"op\":\"status\"}}}]}}" "$ACT")"
+seed cmd-pipeline "$(rpc SendMessage "$(cmd '{"op":"status"}')" "$ACT")$(ID=2 rpc SendMessage "$(cmd '{"op":"workflow.run","workflow":"w"}')" "$ACT")$(ID=3 rpc CancelTask '{"id":"@@3"}' "$ACT")$(ID=4 rpc ListTasks '{}' "$ACT")"
+seed annotations "$(rpc SendMessage "$MSG_NOW" "A2A-Extensions: ${ANN_URI}${CRLF}")$(ID=2 rpc GetTask '{"id":"@@0"}' "A2A-Extensions: ${ANN_URI}, https://unknown.example/x${CRLF}")"
+seed events "$(rpc agentd.events/SubscribeToEvents '{}' "A2A-Extensions: ${EVENTS_URI}${CRLF}")"
+
+# Identity: bearer tokens (known in the bearer modes), browsers, CORS; the device grant's
+# OAuth endpoints (served while it is enabled).
+AUTH_USER="Authorization: Bearer alice-token${CRLF}"
+AUTH_AGENT="Authorization: Bearer agent-token${CRLF}"
+AUTH_OP="Authorization: Bearer operator-token${CRLF}"
+ORIGIN="Origin: http://app.example${CRLF}"
+seed auth-user "$(rpc SendMessage "$MSG_NOW" "$AUTH_USER")$(ID=2 rpc GetTask '{"id":"@@0"}' "$AUTH_USER")$(ID=3 rpc ListTasks '{}' "$AUTH_AGENT")$(ID=4 rpc GetTask '{"id":"@@0"}' "$AUTH_OP")"
+seed auth-agent-cmd "$(rpc SendMessage "$(cmd '{"op":"workflow.run","workflow":"w"}')" "$AUTH_AGENT$ACT")$(ID=2 rpc SendMessage "$(cmd '{"op":"deploy","target":"x"}')" "$AUTH_USER$ACT")"
+seed auth-bad "$(rpc GetTask '{"id":"x"}' "Authorization: Bearer nope${CRLF}")$(ID=2 rpc GetTask '{"id":"x"}' "Authorization: Basic YTpi${CRLF}")$(ID=3 rpc GetTask '{"id":"x"}' "Authorization: Bearer agentd_at_x${CRLF}")"
+seed auth-extended-card "$(rpc GetExtendedAgentCard '{}' "$AUTH_OP")$(ID=2 rpc GetExtendedAgentCard '{}' "$AUTH_USER")"
+seed browser "$(rpc GetTask '{"id":"x"}' "$ORIGIN")GET /.well-known/agent-card.json HTTP/1.1${CRLF}${HOST}${ORIGIN}${CRLF}"
+seed cors-preflight "OPTIONS / HTTP/1.1${CRLF}${HOST}${ORIGIN}Access-Control-Request-Method: POST${CRLF}Access-Control-Request-Headers: authorization, content-type, a2a-version${CRLF}${CRLF}$(rpc ListTasks '{}' "$ORIGIN$AUTH_USER")"
+seed cors-other "OPTIONS / HTTP/1.1${CRLF}${HOST}Origin: http://evil.example${CRLF}Access-Control-Request-Method: POST${CRLF}${CRLF}"
+form() { # form PATH BODY [HEADERS]
+    printf 'POST %s HTTP/1.1\r\n%sContent-Type: application/x-www-form-urlencoded\r\n%sContent-Length: %s\r\n\r\n%s' \
+        "$1" "$HOST" "${3:-}" "${#2}" "$2"
+}
+seed oauth-metadata "GET /.well-known/oauth-authorization-server HTTP/1.1${CRLF}${HOST}${CRLF}"
+seed oauth-device "$(form /oauth2/device_authorization 'client_id=cli&scope=user')$(form /oauth2/token 'grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Adevice_code&device_code=abc&client_id=cli')"
+seed oauth-device-operator "$(form /oauth2/device_authorization 'client_id=cli&scope=operator+user')"
+seed oauth-token-bad "$(form /oauth2/token 'grant_type=password&username=a&password=b')$(form /oauth2/token 'a=%zz&&=')"
+seed oauth-revoke "$(form /oauth2/revoke 'token=agentd_at_abc&token_type_hint=access_token')"
+seed oauth-page "GET /oauth2/device?user_code=ABCD-EFGH HTTP/1.1${CRLF}${HOST}${CRLF}"
+seed oauth-approve "$(form /oauth2/device_authorization 'client_id=cli')$(rpc SendMessage "$(cmd '{"op":"auth.device.pending"}')" "$ACT")$(ID=2 rpc SendMessage "$(cmd '{"op":"auth.sessions"}')" "$ACT")$(ID=3 rpc SendMessage "$(cmd '{"op":"auth.sessions.revoke","all":true}')" "$ACT")"
+seed events-stream "$(rpc SendMessage "$MSG_NOW")$(ID=2 rpc agentd.events/SubscribeToEvents '{}' "A2A-Extensions: ${EVENTS_URI}${CRLF}")"
+
+# Framing: chunked bodies, 100-continue, bad lengths, both CL and TE, limits.
+rpc_chunked SendMessage "$MSG"; seed chunked "$R"
+rpc_chunked SendStreamingMessage "$MSG"; seed chunked-stream "$R"
+rpc_chunked GetTask '{"id":"x"}'; seed chunked-get "$R$(ID=2 rpc ListTasks '{}')"
+seed expect-continue "$(rpc SendMessage "$MSG_NOW" "Expect: 100-continue${CRLF}")"
+seed expect-continue-refused "POST /elsewhere HTTP/1.1${CRLF}${HOST}Expect: 100-continue${CRLF}Content-Length: 5${CRLF}${CRLF}hello"
+seed expect-bad "POST / HTTP/1.1${CRLF}${HOST}Expect: magic${CRLF}Content-Length: 0${CRLF}${CRLF}"
+seed cl-bad "POST / HTTP/1.1${CRLF}${HOST}${JSON}Content-Length: 1x${CRLF}${CRLF}{}"
+seed cl-conflict "POST / HTTP/1.1${CRLF}${HOST}${JSON}Content-Length: 2, 3${CRLF}${CRLF}{}"
+seed cl-twice "POST / HTTP/1.1${CRLF}${HOST}${JSON}Content-Length: 2${CRLF}Content-Length: 2${CRLF}${CRLF}{}"
+seed cl-huge "POST / HTTP/1.1${CRLF}${HOST}${JSON}Content-Length: 99999999999999999999${CRLF}${CRLF}"
+seed cl-too-large "POST / HTTP/1.1${CRLF}${HOST}${JSON}Content-Length: 2097153${CRLF}${CRLF}{"
+seed cl-short "POST / HTTP/1.1${CRLF}${HOST}${VERSION}${JSON}Content-Length: 100${CRLF}${CRLF}{\"jsonrpc\":\"2.0\"}"
+seed cl-and-te "POST / HTTP/1.1${CRLF}${HOST}${JSON}Content-Length: 5${CRLF}Transfer-Encoding: chunked${CRLF}${CRLF}0${CRLF}${CRLF}"
+seed te-gzip "POST / HTTP/1.1${CRLF}${HOST}${JSON}Transfer-Encoding: gzip, chunked${CRLF}${CRLF}0${CRLF}${CRLF}"
+seed te-http10 "POST / HTTP/1.0${CRLF}${JSON}Transfer-Encoding: chunked${CRLF}${CRLF}0${CRLF}${CRLF}"
+seed chunk-bad-size "POST / HTTP/1.1${CRLF}${HOST}${JSON}Transfer-Encoding: chunked${CRLF}${CRLF}zz${CRLF}{}${CRLF}0${CRLF}${CRLF}"
+seed chunk-overrun "POST / HTTP/1.1${CRLF}${HOST}${JSON}Transfer-Encoding: chunked${CRLF}${CRLF}1${CRLF}{}${CRLF}0${CRLF}${CRLF}"
+seed chunk-bare-lf "POST / HTTP/1.1${CRLF}${HOST}${VERSION}${JSON}Transfer-Encoding: chunked${CRLF}${CRLF}2"$'\n''{}'$'\n''0'$'\n'$'\n'
+seed no-host "GET /.well-known/agent-card.json HTTP/1.1${CRLF}${CRLF}"
+seed two-hosts "GET /.well-known/agent-card.json HTTP/1.1${CRLF}${HOST}${HOST}${CRLF}"
+seed http2 "PRI * HTTP/2.0${CRLF}${CRLF}SM${CRLF}${CRLF}"
+seed http11-lf "GET /.well-known/agent-card.json HTTP/1.1"$'\n'"Host: x"$'\n'$'\n'
+seed leading-crlf "${CRLF}${CRLF}GET /.well-known/agent-card.json HTTP/1.1${CRLF}${HOST}${CRLF}"
+seed header-big "GET /.well-known/agent-card.json HTTP/1.1${CRLF}${HOST}X-Big: $(head -c 17000 /dev/zero | tr '\0' a)${CRLF}${CRLF}"
+many=""
+for i in $(seq 70); do many+="X-$i: v${CRLF}"; done
+seed headers-many "GET / HTTP/1.1${CRLF}${HOST}${many}${CRLF}"
+seed half-head "GET /.well-known/agent-card.json HTTP/1.1${CRLF}Host: x"
+
+echo "wrote $n http_connection seeds to $conn_dir and the same streams to $parser_dir"
