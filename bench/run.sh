@@ -4,20 +4,24 @@
 #   bench/run.sh                       # build, bench both drivers, print the table
 #   BENCH_SECONDS=3 bench/run.sh       # shorter runs
 #   BENCH_SCENARIOS=events bench/run.sh   # only the events-feed fan-out scenario
+#   BENCH_TARGETS="smol std" bench/run.sh # skip the python-sdk peer
 #
-# Shape: a *target* is one server process to measure (today: agentd with a given driver;
-# later e.g. the Python SDK's reference server). A *scenario* is one wrk load against the
-# running target. Both dispatch through small functions (start_target / scenario_<name>),
-# so adding either means adding one function and one case. The `events` scenario is the one
+# Shape: a *target* is one server process to measure: agentd with a given driver (`smol`,
+# `std`), or the peer `python-sdk` (the official A2A Python SDK's server with an echo agent,
+# bench/python-sdk/). A *scenario* is one wrk load against the running target. Both dispatch
+# through small functions (start_target / scenario_<name>), so adding either means adding one
+# function and one case; target_has says which scenarios a target can run (the peer has no
+# agentd extensions: its status/events cells are n/a). The `events` scenario is the one
 # exception: it needs its own daemon (feed enabled) per subscriber count, so bench_events
 # runs it after the plain scenarios, with the subscriber client bench/events_sub.py.
+# After the per-target tables comes the comparison table: agentd smol/std against python-sdk.
 set -euo pipefail
 
 # ---------------------------------------------------------------------------------------------
 # Knobs (environment)
 # ---------------------------------------------------------------------------------------------
 BENCH_SECONDS=${BENCH_SECONDS:-10}                    # wrk duration per run
-BENCH_TARGETS=${BENCH_TARGETS:-"smol std"}            # agentd drivers (or other targets)
+BENCH_TARGETS=${BENCH_TARGETS:-"smol std python-sdk"} # agentd drivers and/or the peer
 BENCH_SCENARIOS=${BENCH_SCENARIOS:-"card get-unknown status send events"}  # `send` last: it grows state
                                                       # (`events` runs on fresh daemons of its own)
 BENCH_CONNS=${BENCH_CONNS:-"1 32"}                    # wrk connection counts
@@ -27,11 +31,15 @@ BENCH_KEEP=${BENCH_KEEP:-0}                           # 1: keep the temp dir (co
 BENCH_EVENTS_SUBS=${BENCH_EVENTS_SUBS:-"1 10 100"}    # events: subscriber counts, one daemon each
 BENCH_EVENTS_CONNS=${BENCH_EVENTS_CONNS:-32}          # events: wrk connections of the send load
 BENCH_EVENTS_DRAIN=${BENCH_EVENTS_DRAIN:-10}          # events: seconds to let subscribers catch up
+BENCH_PY_OTEL=${BENCH_PY_OTEL:-0}                     # python-sdk: 1 keeps the SDK's tracing wrappers on
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$BENCH_DIR/.." && pwd)
 LUA_DIR="$BENCH_DIR/lua"
 EVENTS_CLIENT="$BENCH_DIR/events_sub.py"
+PY_SDK_DIR="$BENCH_DIR/python-sdk"
+PY_SDK_SERVER="$PY_SDK_DIR/echo_server.py"
+BENCH_VENV=${BENCH_VENV:-"$REPO_ROOT/target/bench-venv"}   # made by python-sdk/setup.sh
 AGENTD_BIN=${BENCH_BIN:-"$REPO_ROOT/target/release/agentd"}
 # Optional TOML template for the daemon's config; "@PORT@" is replaced by the chosen port.
 # The default is written by write_agentd_config below.
@@ -184,15 +192,37 @@ build_agentd() {
 
 # ---------------------------------------------------------------------------------------------
 # Targets. start_target sets TARGET_PID, TARGET_URL and COLD_START_US, or returns non-zero.
-# To add a peer (e.g. the Python SDK reference server), add a start_<peer> function that does
-# the same and a case below; the scenarios and the table need no change.
+# To add a peer, add a start_<peer> function that does the same, a case below and one in
+# target_has; the scenarios and the tables need no change.
 # ---------------------------------------------------------------------------------------------
 TARGET_PID= TARGET_URL= COLD_START_US=
 
 start_target() {
   case $1 in
     smol|std) start_agentd "$1" ;;
+    python-sdk) start_python_sdk ;;
     *) note "unknown target '$1'"; return 1 ;;
+  esac
+}
+
+# Whether target $1 can run scenario $2. status and events exercise agentd's own extensions
+# (command, events): A2A core has neither, so the peer reports them as n/a.
+target_has() {  # target scenario
+  case $1:$2 in
+    python-sdk:status|python-sdk:events) return 1 ;;
+    *) return 0 ;;
+  esac
+}
+
+# The body marker a correct answer carries, when it differs from the scenario script's own
+# default (empty: use the script's). Passed to wrk as its second script argument.
+#   agentd  send -> "result" (the task, REJECTED since no agent is configured)
+#   peer    send -> TASK_STATE_COMPLETED (the echo agent ran and completed the task)
+# card ("name") and get-unknown (-32001, TASK_NOT_FOUND) look alike on both.
+expect_for() {  # target scenario
+  case $1:$2 in
+    python-sdk:send) echo TASK_STATE_COMPLETED ;;
+    *) echo "" ;;
   esac
 }
 
@@ -236,6 +266,44 @@ start_agentd() {  # driver
   wait_ready "$TARGET_PID" "$TARGET_URL$CARD_PATH" "$t0" "$log"
 }
 
+# The peer: the A2A Python SDK's JSON-RPC server (a2a-sdk, Starlette routes) serving the echo
+# agent of bench/python-sdk/echo_server.py, under uvicorn (uvloop + httptools), one process.
+# The venv comes from ensure_python_sdk. The SDK's OpenTelemetry wrappers are switched off
+# (OTEL_INSTRUMENTATION_A2A_SDK_ENABLED=false) unless BENCH_PY_OTEL=1: agentd traces nothing
+# per request either.
+start_python_sdk() {
+  local port log="$WORK/python-sdk$TARGET_LABEL.log" otel=false
+  [[ $BENCH_PY_OTEL == 1 ]] && otel=true
+  [[ -n $PY_SDK_PYTHON ]] || { note "python-sdk: no venv (setup failed)"; TARGET_PID=; return 1; }
+  port=$(free_port)
+  mkdir -p "$WORK/state-python-sdk"
+  local t0; t0=$(now_us)
+  # exec: the pid we hold (and sample RSS of) is the server's own python process.
+  (cd "$WORK/state-python-sdk" && OTEL_INSTRUMENTATION_A2A_SDK_ENABLED=$otel PYTHONDONTWRITEBYTECODE=1 \
+     exec "$PY_SDK_PYTHON" "$PY_SDK_SERVER" --host "$HOST" --port "$port") >"$log" 2>&1 &
+  TARGET_PID=$!
+  SPAWNED+=("$TARGET_PID")
+  TARGET_URL="http://$HOST:$port"
+  wait_ready "$TARGET_PID" "$TARGET_URL$CARD_PATH" "$t0" "$log"
+}
+
+# Creates or reuses the venv (bench/python-sdk/setup.sh: pinned a2a-sdk, uvicorn, ... from
+# PyPI) and sets PY_SDK_PYTHON and PY_SDK_VERSIONS; on failure leaves PY_SDK_PYTHON empty,
+# so the target reports start-failed and the agentd targets still run.
+PY_SDK_PYTHON= PY_SDK_VERSIONS=
+ensure_python_sdk() {
+  local venv
+  if ! venv=$(BENCH_VENV="$BENCH_VENV" "$PY_SDK_DIR/setup.sh" 2> >(sed 's/^/  /' >&2)); then
+    note "python-sdk: could not set up the venv (skip the peer with BENCH_TARGETS=\"smol std\")"
+    return 0
+  fi
+  PY_SDK_PYTHON="$venv/bin/python"
+  PY_SDK_VERSIONS=$("$PY_SDK_PYTHON" -c '
+from importlib.metadata import version as v
+print(", ".join(f"{p} {v(p)}" for p in ("a2a-sdk", "starlette", "uvicorn", "uvloop", "httptools")))' \
+    2>/dev/null) || true
+}
+
 # Cold start = spawn to the first successful card answer. curl's own startup (a few ms) sets
 # the resolution; we poll as fast as curl allows, bounded by BENCH_START_TIMEOUT.
 wait_ready() {  # pid url t0_us log
@@ -259,16 +327,16 @@ wait_ready() {  # pid url t0_us log
 # ---------------------------------------------------------------------------------------------
 # Scenarios. Each is `scenario_<name> conns` and calls run_wrk with its Lua script and path.
 # ---------------------------------------------------------------------------------------------
-scenario_card()        { run_wrk "$1" "$LUA_DIR/card.lua" "$CARD_PATH"; }
-scenario_get-unknown() { run_wrk "$1" "$LUA_DIR/get-unknown.lua" /; }
-scenario_status()      { run_wrk "$1" "$LUA_DIR/status.lua" /; }
-scenario_send()        { run_wrk "$1" "$LUA_DIR/send.lua" /; }
+scenario_card()        { run_wrk "$1" "$LUA_DIR/card.lua" "$CARD_PATH" "$(expect_for "$TARGET" card)"; }
+scenario_get-unknown() { run_wrk "$1" "$LUA_DIR/get-unknown.lua" / "$(expect_for "$TARGET" get-unknown)"; }
+scenario_status()      { run_wrk "$1" "$LUA_DIR/status.lua" / "$(expect_for "$TARGET" status)"; }
+scenario_send()        { run_wrk "$1" "$LUA_DIR/send.lua" / "$(expect_for "$TARGET" send)"; }
 
 RUN_SEQ=0
 # Runs wrk against the current target and leaves its summary line in $WRK_RESULT (empty if
 # wrk failed) and the peak RSS seen during the run in $RUN_PEAK_KB.
-run_wrk() {  # conns script path
-  local conns=$1 script=$2 path=$3 threads out sampler
+run_wrk() {  # conns script path [expect]
+  local conns=$1 script=$2 path=$3 expect=${4:-} threads out sampler
   threads=$(( conns < 2 ? conns : 2 ))
   RUN_SEQ=$((RUN_SEQ + 1))
   out="$WORK/wrk-$RUN_SEQ.txt"
@@ -280,7 +348,7 @@ run_wrk() {  # conns script path
   # stops it (timeout puts itself in its own process group, out of reach of a terminal ^C).
   timeout --kill-after=5 $(( BENCH_SECONDS + 30 )) \
     wrk -t "$threads" -c "$conns" -d "${BENCH_SECONDS}s" --timeout 5s --latency \
-        -s "$script" "$TARGET_URL$path" -- "r$RUN_SEQ-$$" >"$out" 2>&1 &
+        -s "$script" "$TARGET_URL$path" -- "r$RUN_SEQ-$$" "$expect" >"$out" 2>&1 &
   local wrk_pid=$!
   SPAWNED+=("$wrk_pid")
   wait "$wrk_pid" || true
@@ -301,13 +369,23 @@ field() { local k=$2; [[ " $1 " =~ \ $k=([^ ]*)\  ]] && echo "${BASH_REMATCH[1]}
 # ---------------------------------------------------------------------------------------------
 ROWS=()      # "target scenario conns rps p50 p99 errors flags"
 FOOT=()      # "target idle_kb peak_kb cold_us status"
+declare -A SEND_REQS=()   # target -> SendMessage requests answered in its plain `send` runs
 FAILED=0
+
+TARGET=       # the target being benched (scenarios read it for expect_for)
 
 bench_target() {  # target
   local t=$1
+  TARGET=$t
   note "== $t"
   if [[ -n $PLAIN_SCENARIOS ]]; then bench_plain "$t"; fi
-  if [[ $RUN_EVENTS == 1 ]]; then bench_events "$t"; fi
+  if [[ $RUN_EVENTS == 1 ]]; then
+    if target_has "$t" events; then
+      bench_events "$t"
+    else
+      EVROWS+=("$t n/a n/a n/a n/a n/a n/a n/a n/a n/a n/a n/a n/a n/a n/a n/a n/a(agentd-extension)")
+    fi
+  fi
 }
 
 # The wrk scenarios, all against one daemon with the plain config.
@@ -322,6 +400,9 @@ bench_plain() {  # target
 
   for sc in $PLAIN_SCENARIOS; do
     for conns in $BENCH_CONNS; do
+      if ! target_has "$t" "$sc"; then
+        ROWS+=("$t $sc $conns n/a n/a n/a n/a n/a(agentd-extension)"); continue
+      fi
       note "   $sc c=$conns (${BENCH_SECONDS}s)"
       "scenario_$sc" "$conns"
       (( RUN_PEAK_KB > peak )) && peak=$RUN_PEAK_KB
@@ -342,6 +423,7 @@ bench_plain() {  # target
         flags="!${flags%,}"
       fi
       (( $(field "$r" requests) == 0 )) && flags="!no-requests"
+      [[ $sc == send ]] && SEND_REQS[$t]=$(( ${SEND_REQS[$t]:-0} + $(field "$r" requests) ))
       ROWS+=("$t $sc $conns $rps $(fmt_ms "$(field "$r" p50_us)") $(fmt_ms "$(field "$r" p99_us)") $errs $flags")
     done
   done
@@ -480,12 +562,12 @@ print_events_report() {
   echo
   echo "events fan-out — send c=$BENCH_EVENTS_CONNS for ${BENCH_SECONDS}s, N subscribers fromSeq 0 (2 events per SendMessage)"
   echo
-  local f='%-8s %5s %9s %6s %10s %10s %10s %8s %9s %5s %4s %10s %10s %10s %8s %10s  %s\n'
+  local f='%-10s %5s %9s %6s %10s %10s %10s %8s %9s %5s %4s %10s %10s %10s %8s %10s  %s\n'
   # shellcheck disable=SC2059
   printf "$f" driver subs 'send/s' errors 'ev/s/sub' 'min ev/s' 'ev/s total' events 'all seqs' gaps 'cut' \
     'RSS before' 'RSS N idle' 'RSS peak' 'KiB/sub' 'cpu s d/c' flags
   # shellcheck disable=SC2059
-  printf "$f" -------- ----- --------- ------ ---------- ---------- ---------- -------- --------- ----- ---- \
+  printf "$f" ---------- ----- --------- ------ ---------- ---------- ---------- -------- --------- ----- ---- \
     ---------- ---------- ---------- -------- ---------- -----
   local row t n rps errs mean min total newest comp gaps cut before idle peak per cpu fl
   for row in "${EVROWS[@]}"; do
@@ -507,36 +589,135 @@ print_events_report() {
 }
 
 print_report() {
-  local bin_size
-  bin_size=$(stat -c %s "$AGENTD_BIN" 2>/dev/null || wc -c < "$AGENTD_BIN")
+  local bin_size=
+  [[ -f $AGENTD_BIN ]] && bin_size=$(stat -c %s "$AGENTD_BIN" 2>/dev/null || wc -c < "$AGENTD_BIN")
   echo
   echo "agentd bench — ${BENCH_SECONDS}s per run, wrk threads=min(2,conns), $(nproc 2>/dev/null || echo '?') cores, loopback"
   echo
   if (( ${#ROWS[@]} + ${#FOOT[@]} )); then
-    printf '%-8s %-12s %5s %10s %9s %9s %7s  %s\n' driver scenario conns 'req/s' 'p50 ms' 'p99 ms' errors flags
-    printf '%-8s %-12s %5s %10s %9s %9s %7s  %s\n' -------- ------------ ----- ---------- --------- --------- ------- -----
+    printf '%-10s %-12s %5s %10s %9s %9s %7s  %s\n' target scenario conns 'req/s' 'p50 ms' 'p99 ms' errors flags
+    printf '%-10s %-12s %5s %10s %9s %9s %7s  %s\n' ---------- ------------ ----- ---------- --------- --------- ------- -----
     local row
     for row in "${ROWS[@]:+${ROWS[@]}}"; do
       # shellcheck disable=SC2086  # rows are space-separated fields by construction
-      printf '%-8s %-12s %5s %10s %9s %9s %7s  %s\n' $row
+      printf '%-10s %-12s %5s %10s %9s %9s %7s  %s\n' $row
     done
     echo
-    printf '%-8s %12s %12s %14s  %s\n' driver 'idle RSS' 'peak RSS' 'cold start ms' status
-    printf '%-8s %12s %12s %14s  %s\n' -------- ------------ ------------ -------------- ------
+    printf '%-10s %12s %12s %14s  %s\n' target 'idle RSS' 'peak RSS' 'cold start ms' status
+    printf '%-10s %12s %12s %14s  %s\n' ---------- ------------ ------------ -------------- ------
     local t idle peak cold st
     for row in "${FOOT[@]:+${FOOT[@]}}"; do
       read -r t idle peak cold st <<<"$row"
       if [[ $idle == - ]]; then
-        printf '%-8s %12s %12s %14s  %s\n' "$t" - - - "$st"
+        printf '%-10s %12s %12s %14s  %s\n' "$t" - - - "$st"
       else
-        printf '%-8s %12s %12s %14s  %s\n' "$t" "$(fmt_mib "$idle")" "$(fmt_mib "$peak")" "$(fmt_ms "$cold")" "$st"
+        printf '%-10s %12s %12s %14s  %s\n' "$t" "$(fmt_mib "$idle")" "$(fmt_mib "$peak")" "$(fmt_ms "$cold")" "$st"
       fi
     done
   fi
   print_events_report
   echo
-  echo "binary: $AGENTD_BIN  $bin_size bytes ($(fmt_mib $(( bin_size / 1024 ))))"
+  [[ -n $bin_size ]] && echo "binary: $AGENTD_BIN  $bin_size bytes ($(fmt_mib $(( bin_size / 1024 ))))"
+  [[ -n $PY_SDK_VERSIONS ]] && echo "python-sdk: $PY_SDK_VERSIONS; one uvicorn process (one event loop)"
   echo "errors = socket errors (connect/read/write/timeout) + non-2xx + bodies without the expected marker"
+  print_compare
+}
+
+# ---------------------------------------------------------------------------------------------
+# Comparison: agentd (smol, std) against the python-sdk peer, from the rows above. req/s per
+# scenario x conns, then footprint; ratio columns are agentd / python-sdk.
+# ---------------------------------------------------------------------------------------------
+COMPARE_TARGETS="smol std python-sdk"
+
+# "1.23x" (or "12.3x"), "-" when either side is not a positive number.
+ratio() {
+  awk -v a="$1" -v b="$2" 'BEGIN {
+    if (a ~ /^n\/a/ || b ~ /^n\/a/) { print "n/a"; exit }
+    if (a !~ /^[0-9.]+$/ || b !~ /^[0-9.]+$/ || b + 0 <= 0 || a + 0 <= 0) { print "-"; exit }
+    r = a / b; if (r >= 10) printf "%.1fx", r; else printf "%.2fx", r }'
+}
+
+print_compare() {
+  [[ " $BENCH_TARGETS " == *" python-sdk "* ]] || return 0
+  (( ${#ROWS[@]} + ${#FOOT[@]} )) || return 0
+  local -A rps=() foot=()
+  local row t sc conns r p50 p99 errs fl
+  for row in "${ROWS[@]:+${ROWS[@]}}"; do
+    read -r t sc conns r p50 p99 errs fl <<<"$row"
+    # A run with errors keeps its figure, marked: the figure is still worth reading.
+    [[ $fl == ok || $fl == n/a* || $r == - ]] || r="$r!"
+    rps[$t/$sc/$conns]=$r
+  done
+  local idle peak cold st
+  for row in "${FOOT[@]:+${FOOT[@]}}"; do
+    read -r t idle peak cold st <<<"$row"
+    foot[idle/$t]=$idle foot[peak/$t]=$peak foot[cold/$t]=$cold
+  done
+
+  echo
+  echo "agentd vs python-sdk — same scenarios, same wrk settings, one run each"
+  echo
+  local f='%-12s %5s %12s %12s %12s %9s %9s\n'
+  # shellcheck disable=SC2059
+  printf "$f" scenario conns 'smol req/s' 'std req/s' 'python req/s' 'smol/py' 'std/py'
+  # shellcheck disable=SC2059
+  printf "$f" ------------ ----- ------------ ------------ ------------ --------- ---------
+  local a b c
+  for sc in $PLAIN_SCENARIOS; do
+    for conns in $BENCH_CONNS; do
+      a=${rps[smol/$sc/$conns]:--} b=${rps[std/$sc/$conns]:--} c=${rps[python-sdk/$sc/$conns]:--}
+      # shellcheck disable=SC2059
+      printf "$f" "$sc" "$conns" "$a" "$b" "$c" "$(ratio "${a%!}" "${c%!}")" "$(ratio "${b%!}" "${c%!}")"
+    done
+  done
+  echo
+  local g='%-20s %12s %12s %12s %9s %9s\n' what
+  # shellcheck disable=SC2059
+  printf "$g" footprint smol std python-sdk 'smol/py' 'std/py'
+  # shellcheck disable=SC2059
+  printf "$g" -------------------- ------------ ------------ ------------ --------- ---------
+  local -A shown=()
+  local v label
+  for what in idle peak cold; do
+    for t in $COMPARE_TARGETS; do
+      v=${foot[$what/$t]:--}
+      if [[ $v =~ ^[0-9]+$ ]]; then
+        if [[ $what == cold ]]; then shown[$t]=$(fmt_ms "$v"); else shown[$t]=$(fmt_mib "$v" | tr -d ' '); fi
+      else
+        shown[$t]=-; v=-
+      fi
+      shown[$t.raw]=$v
+    done
+    case $what in idle) label='idle RSS' ;; peak) label='peak RSS (load)' ;; cold) label='cold start ms' ;; esac
+    # shellcheck disable=SC2059
+    printf "$g" "$label" "${shown[smol]}" "${shown[std]}" "${shown[python-sdk]}" \
+      "$(ratio "${shown[smol.raw]}" "${shown[python-sdk.raw]}")" "$(ratio "${shown[std.raw]}" "${shown[python-sdk.raw]}")"
+  done
+  # The peak is mostly the tasks `send` left in the store, and the targets stored very
+  # different numbers of them: growth per task is the figure that compares.
+  local -A tasks=() per=()
+  for t in $COMPARE_TARGETS; do
+    tasks[$t]=${SEND_REQS[$t]:--}
+    per[$t]=-
+    if [[ ${tasks[$t]} =~ ^[0-9]+$ && ${foot[idle/$t]:-} =~ ^[0-9]+$ && ${foot[peak/$t]:-} =~ ^[0-9]+$ ]] \
+       && (( tasks[$t] > 0 )); then
+      per[$t]=$(awk -v p="${foot[peak/$t]}" -v i="${foot[idle/$t]}" -v n="${tasks[$t]}" \
+        'BEGIN { printf "%.2f", (p - i) / n }')
+    fi
+  done
+  # shellcheck disable=SC2059
+  printf "$g" "tasks (send reqs)" "${tasks[smol]}" "${tasks[std]}" "${tasks[python-sdk]}" - -
+  # shellcheck disable=SC2059
+  printf "$g" "KiB (peak-idle)/task" "${per[smol]}" "${per[std]}" "${per[python-sdk]}" \
+    "$(ratio "${per[smol]}" "${per[python-sdk]}")" "$(ratio "${per[std]}" "${per[python-sdk]}")"
+  echo
+  echo "ratios = agentd / python-sdk: above 1 means agentd does more req/s, below 1 means agentd"
+  echo "uses less memory or starts sooner. n/a = the scenario exercises an agentd extension the peer"
+  echo "does not have; ! = that run had errors (see the flags above); - = not run or no figure."
+  echo "send is not the same work on both sides: agentd (no agent configured) stores a task and"
+  echo "rejects it; the peer runs its echo agent and keeps the completed task in memory."
+  echo "(peak-idle)/task = RSS growth over the run / tasks its send runs created: an upper bound on"
+  echo "what one stored task costs (the peak also holds connection buffers and allocator slack)."
 }
 
 main() {
@@ -550,8 +731,15 @@ main() {
     PLAIN_SCENARIOS+="$sc "
   done
   ensure_wrk
-  build_agentd
-  local t
+  local t need_agentd=0
+  for t in $BENCH_TARGETS; do
+    case $t in
+      smol|std) need_agentd=1 ;;
+      python-sdk) ensure_python_sdk ;;
+      *) die "unknown target '$t' (known: smol std python-sdk)" ;;
+    esac
+  done
+  if (( need_agentd )); then build_agentd; fi
   for t in $BENCH_TARGETS; do bench_target "$t"; done
   print_report
   return "$FAILED"

@@ -5,6 +5,7 @@
 --   local dir = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 --   package.path = dir .. "?.lua;" .. package.path
 --   require("common").install{ expect = "substring a good body must contain" }
+-- run.sh may override `expect` per target: `wrk ... -- <run_id> [<expect>]`.
 --
 -- wrk runs setup() and done() in the main Lua state and init()/request()/response() in one
 -- Lua state per thread, so counters live in thread globals and done() sums them with
@@ -27,6 +28,10 @@ function M.install(opts)
     -- run_id comes from run.sh (`wrk ... -- <run_id>`), so ids never repeat across runs
     -- against the same daemon process.
     run_id = args[1] or tostring(os.time())
+    -- An optional second argument overrides the scenario's marker: run.sh passes one where a
+    -- target's correct answer differs (see expect_for there). Each thread's Lua state runs
+    -- install() and then init(), so this sets the `expect` that thread's response() reads.
+    if args[2] and args[2] ~= "" then expect = args[2] end
     non2xx = 0
     unexpected = 0
   end
