@@ -126,7 +126,15 @@ fn invalid(id: RequestId, message: impl Into<String>) -> Refusal {
 
 /// Reads the envelope of a request body.
 pub fn parse_request(body: &[u8]) -> Result<Request<'_>, Refusal> {
-    let top: Top<'_> = match serde_json::from_slice(body) {
+    // JSON text is UTF-8 throughout. serde_json checks the strings it reads, but not the
+    // ones it skips (a member the envelope ignores), so the whole body is checked first.
+    let Ok(text) = core::str::from_utf8(body) else {
+        return Err(Refusal {
+            id: RequestId::null(),
+            error: RpcError::new(ErrorKind::ParseError, "invalid JSON: the body is not UTF-8"),
+        });
+    };
+    let top: Top<'_> = match serde_json::from_str(text) {
         Ok(top) => top,
         // Valid JSON, maybe, but deeper than anything a request needs.
         Err(e) if e.to_string().starts_with("recursion limit exceeded") => {
@@ -306,6 +314,11 @@ mod tests {
         );
         let r = parse_request(b"{\"jsonrpc\":\"2.0\",\"id\":\"\xff\"}").unwrap_err();
         assert_eq!(r.error.code(), -32700);
+        // Also where the envelope skips a member without reading it.
+        let r =
+            parse_request(b"{\"jsonrpc\":\"2.0\",\"id\":4,\"method\":\"GetTask\",\"x\":\"\xff\"}")
+                .unwrap_err();
+        assert_eq!((r.error.code(), r.id.as_json()), (-32700, "null"));
     }
 
     #[test]
