@@ -74,10 +74,7 @@ fn missing_and_bad_credentials_answer_401_with_the_challenge() {
         Some(r#"Bearer realm="agentd", error="invalid_token""#)
     );
     // The card is public.
-    let card = one(&c.feed(
-        &mut h,
-        b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n",
-    ));
+    let card = one(&c.feed(&mut h, CARD_GET));
     assert_eq!(card.status, 200);
     assert_eq!(h.inst.task_count(), 0);
 }
@@ -154,11 +151,7 @@ fn each_principal_sees_only_its_own_tasks() {
 fn the_card_declares_the_scheme_it_enforces() {
     let mut h = secured(false);
     let mut c = h.conn_peer(0, Peer::Tcp);
-    let card = one(&c.feed(
-        &mut h,
-        b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n",
-    ))
-    .json();
+    let card = one(&c.feed(&mut h, CARD_GET)).json();
     assert_eq!(card["capabilities"]["extendedAgentCard"], true);
     assert_eq!(
         card["securitySchemes"],
@@ -170,11 +163,7 @@ fn the_card_declares_the_scheme_it_enforces() {
     );
     // The unix listener: no scheme, no extended card.
     let mut u = h.conn_on(1);
-    let card = one(&u.feed(
-        &mut h,
-        b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n",
-    ))
-    .json();
+    let card = one(&u.feed(&mut h, CARD_GET)).json();
     assert_eq!(card["capabilities"]["extendedAgentCard"], false);
     assert!(card.get("securitySchemes").is_none());
     let r = one(&u.feed(&mut h, &call("GetExtendedAgentCard", 1, json!({}))));
@@ -182,11 +171,7 @@ fn the_card_declares_the_scheme_it_enforces() {
     // An any rule adds the empty alternative.
     let mut h = secured(true);
     let mut c = h.conn_peer(0, Peer::Tcp);
-    let card = one(&c.feed(
-        &mut h,
-        b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n",
-    ))
-    .json();
+    let card = one(&c.feed(&mut h, CARD_GET)).json();
     assert_eq!(card["securityRequirements"][1], json!({"schemes": {}}));
     // ... but a caller it admits is not named by a declared scheme: 401 for the extended card.
     let r = one(&c.feed(&mut h, &call("GetExtendedAgentCard", 1, json!({}))));

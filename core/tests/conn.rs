@@ -85,10 +85,7 @@ fn rpc_error(
 fn card_get_head_etag_and_refusals() {
     let mut h = Harness::new();
     let mut c = h.conn();
-    let get = one(&c.feed(
-        &mut h,
-        b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n",
-    ));
+    let get = one(&c.feed(&mut h, CARD_GET));
     assert_eq!(get.status, 200);
     assert_eq!(get.header("content-type"), Some("application/json"));
     assert_eq!(get.header("cache-control"), Some("public, max-age=60"));
@@ -154,11 +151,7 @@ fn card_get_head_etag_and_refusals() {
 fn unix_listener_card_names_the_binding() {
     let mut h = Harness::new();
     let mut c = h.conn_on(1);
-    let card = one(&c.feed(
-        &mut h,
-        b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n",
-    ))
-    .json();
+    let card = one(&c.feed(&mut h, CARD_GET)).json();
     assert_eq!(
         card["supportedInterfaces"],
         json!([{"protocolBinding":"https://agentd.dev/a2a/binding/jsonrpc-unix","protocolVersion":"1.0","url":"unix:///run/a.sock"}])
@@ -193,12 +186,7 @@ fn route_refusals_have_their_statuses() {
         if *closes {
             assert_eq!(r.header("connection"), Some("close"), "{what}");
             // Nothing after the refusal is read.
-            assert!(c
-                .feed(
-                    &mut h,
-                    b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n"
-                )
-                .is_empty());
+            assert!(c.feed(&mut h, CARD_GET).is_empty());
         }
     }
 }
@@ -801,10 +789,7 @@ fn streaming_send_frames_and_keep_alive() {
     assert_eq!(h.inst.subscription_count(), 0);
 
     // The same connection takes the next request.
-    let next = one(&c.feed(
-        &mut h,
-        b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n",
-    ));
+    let next = one(&c.feed(&mut h, CARD_GET));
     assert_eq!(next.status, 200);
 }
 
@@ -1044,7 +1029,7 @@ fn list_tasks_filters_and_pages() {
 #[test]
 fn answers_do_not_depend_on_read_boundaries() {
     let mut req = call("GetTask", 1, json!({"id": "x"}));
-    req.extend_from_slice(b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n");
+    req.extend_from_slice(CARD_GET);
     let reference = {
         let mut h = Harness::new();
         let mut c = h.conn();
@@ -1098,7 +1083,7 @@ fn pipelined_requests_answer_in_order_behind_a_pending_one() {
 fn output_backlog_stops_reading() {
     let mut h = Harness::new();
     let mut c = h.conn();
-    let one_req = b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n";
+    let one_req = CARD_GET;
     let many: Vec<u8> = one_req
         .iter()
         .copied()
@@ -1165,10 +1150,7 @@ fn idle_connections_close_and_blocking_sends_time_out() {
     let mut h = Harness::new();
     let limits = h.config.conn;
     let mut c = h.conn();
-    c.feed(
-        &mut h,
-        b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n",
-    );
+    c.feed(&mut h, CARD_GET);
     assert_eq!(
         c.conn.poll_timeout(),
         Some(h.now.mono_ms + limits.idle_timeout_ms)

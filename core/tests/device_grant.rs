@@ -275,11 +275,7 @@ fn refusals_and_denials() {
     .json();
     assert_eq!(meta["issuer"], "http://127.0.0.1:8420");
     assert_eq!(meta["token_endpoint"], "http://127.0.0.1:8420/oauth2/token");
-    let card = one(&d.feed(
-        &mut h,
-        b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n",
-    ))
-    .json();
+    let card = one(&d.feed(&mut h, CARD_GET)).json();
     assert_eq!(
         card["securitySchemes"]["device_code"]["oauth2SecurityScheme"]["flows"]["deviceCode"]
             ["deviceAuthorizationUrl"],

@@ -251,11 +251,7 @@ fn the_events_method_is_part_of_its_extension() {
         assert_rpc_error(&r, -32601, Some("EXTENSION_NOT_ACTIVATED"));
     }
     // The card declares it only while enabled.
-    let card = one(&c.feed(
-        &mut h,
-        b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n",
-    ))
-    .json();
+    let card = one(&c.feed(&mut h, CARD_GET)).json();
     let uris: Vec<_> = card["capabilities"]["extensions"]
         .as_array()
         .unwrap()
@@ -272,11 +268,7 @@ fn the_events_method_is_part_of_its_extension() {
     );
     let mut h = Harness::new();
     let mut c = h.conn();
-    let card = one(&c.feed(
-        &mut h,
-        b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n",
-    ))
-    .json();
+    let card = one(&c.feed(&mut h, CARD_GET)).json();
     let uris: Vec<_> = card["capabilities"]["extensions"]
         .as_array()
         .unwrap()
@@ -313,11 +305,7 @@ fn the_public_card_declares_the_command_vocabulary() {
         c.device_grant.enabled = true;
     });
     let mut c = h.conn();
-    let card = one(&c.feed(
-        &mut h,
-        b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n",
-    ))
-    .json();
+    let card = one(&c.feed(&mut h, CARD_GET)).json();
     let command = &card["capabilities"]["extensions"][0];
     assert_eq!(command["uri"], COMMAND_URI);
     assert!(
@@ -347,11 +335,7 @@ fn the_public_card_declares_the_command_vocabulary() {
     // The same on every instance, whatever it has switched on.
     let mut plain = Harness::new();
     let mut pc = plain.conn();
-    let other = one(&pc.feed(
-        &mut plain,
-        b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n",
-    ))
-    .json();
+    let other = one(&pc.feed(&mut plain, CARD_GET)).json();
     assert_eq!(other["capabilities"]["extensions"][0], *command);
     assert_eq!(
         card["skills"].as_array().unwrap().len(),

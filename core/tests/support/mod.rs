@@ -146,6 +146,9 @@ impl Client {
     }
 }
 
+/// The public card's GET.
+pub const CARD_GET: &[u8] = b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n";
+
 /// A JSON-RPC POST with the A2A-Version header and these `A2A-Extensions` lines.
 pub fn rpc_ext(body: &str, extension_lines: &[&str]) -> Vec<u8> {
     let lines: String = extension_lines
