@@ -42,6 +42,10 @@ mod smol_driver {
     fn unix_peer_needs_no_bearer() {
         super::unix_peer_needs_no_bearer("smol")
     }
+    #[test]
+    fn a_refused_uid_gets_no_byte_even_at_the_connection_limit() {
+        super::a_refused_uid_gets_no_byte_even_at_the_connection_limit("smol")
+    }
 }
 
 mod std_driver {
@@ -52,6 +56,10 @@ mod std_driver {
     #[test]
     fn unix_peer_needs_no_bearer() {
         super::unix_peer_needs_no_bearer("std")
+    }
+    #[test]
+    fn a_refused_uid_gets_no_byte_even_at_the_connection_limit() {
+        super::a_refused_uid_gets_no_byte_even_at_the_connection_limit("std")
     }
 }
 
@@ -394,6 +402,43 @@ fn assert_root() {
 /// A [`common::Daemon`] with a bearer (read from [`BEARER_ENV`], set on the child) and info
 /// logs. Its temp dir is mode 0755, traversable by the other uid whatever the umask: the
 /// socket's own mode decides.
+/// The uid check comes before admission: at the connection limit, a uid that may not be
+/// served still gets no byte of HTTP (not the busy 503), and the refusal is logged.
+fn a_refused_uid_gets_no_byte_even_at_the_connection_limit(driver: &str) {
+    assert_root();
+    let as_other = OtherUid::find();
+    let setup = Setup {
+        limits: "max_connections = 1".into(),
+        env: vec![("AGENTD_LOG".into(), "info".into())],
+        ..Setup::default()
+    };
+    let d = Daemon::start_prepared(driver, &setup, |dir| {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).expect("chmod the temp dir")
+    });
+    // Root holds the one slot.
+    let mut held = d.connect_unix();
+    assert_eq!(held.get_card().status, 200, "{driver}: root is served");
+    fs::set_permissions(&d.unix, fs::Permissions::from_mode(0o666)).expect("chmod 0666");
+    let run = as_other.connect_and_get_card(&d.unix);
+    run.assert_uid();
+    assert_eq!(
+        run.value("received"),
+        Some("0"),
+        "expected no HTTP byte (not a 503) for uid {OTHER_UID} on the {driver} daemon at its \
+         connection limit; the client said:\n{}",
+        run.transcript()
+    );
+    let line = wait_for_log(&d, |l| {
+        l.contains(REFUSAL_LOG) && l.contains(&format!("uid={OTHER_UID}"))
+    });
+    assert!(
+        line.is_some(),
+        "expected the {driver} daemon to log the refusal; stderr:\n{}",
+        d.stderr()
+    );
+    drop(held);
+}
+
 fn start(driver: &str, bearer: &str) -> Daemon {
     let setup = Setup {
         a2a: format!("bearer = \"{{{{secret:{BEARER_ENV}}}}}\""),
