@@ -8,8 +8,7 @@ use std::sync::{Arc, Mutex};
 use agentd_core::Instance;
 use agentd_io_std::{BoundListener, Clock, OsEntropy};
 
-mod config;
-mod runtime;
+use agentd::{config, runtime};
 
 const HELP: &str = "\
 agentd — an A2A 1.0 agent daemon

@@ -1,0 +1,6 @@
+//! The `agentd` daemon as a library: the configuration file and the built-in runtime that
+//! does the work the sans-io core hands out as effects. The binary (`src/main.rs`) wires
+//! them to a driver; tests and fuzz targets reach them here.
+
+pub mod config;
+pub mod runtime;
