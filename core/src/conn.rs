@@ -700,9 +700,7 @@ impl Connection {
             }
             Reply::Error(err) => {
                 // A refused request echoes nothing.
-                let mut doc = Vec::with_capacity(128);
-                jsonrpc::write_error(&mut doc, &id, &err);
-                self.write_json_keep(err.http_status(), &doc, keep_alive, minor, None, now);
+                self.write_error_reply(&err, &id, keep_alive, minor, now);
                 false
             }
             Reply::Wait {
@@ -979,16 +977,7 @@ impl Connection {
         match pending.outcome {
             None => unreachable!("checked above"),
             Some(CallOutcome::Answered(CommandAnswer::Refused(err))) => {
-                let mut doc = Vec::with_capacity(128);
-                jsonrpc::write_error(&mut doc, &id, &err);
-                self.write_json_keep(
-                    err.http_status(),
-                    &doc,
-                    keep_alive,
-                    minor_version,
-                    None,
-                    now,
-                );
+                self.write_error_reply(&err, &id, keep_alive, minor_version, now);
             }
             Some(CallOutcome::Answered(CommandAnswer::Document(result))) => {
                 let message = crate::ext::command::reply_message(
@@ -1283,6 +1272,28 @@ impl Connection {
         }
         self.finish_head(&mut h, minor, keep_alive);
         h.write_full(&mut self.out, doc, false);
+    }
+
+    /// A JSON-RPC error answer at the table's HTTP status, with `Retry-After` where the
+    /// table gives one. A refused request echoes no extension.
+    fn write_error_reply(
+        &mut self,
+        err: &RpcError,
+        id: &RequestId,
+        keep_alive: bool,
+        minor: u8,
+        now: Now,
+    ) {
+        let mut doc = Vec::with_capacity(128);
+        jsonrpc::write_error(&mut doc, id, err);
+        let date = self.date(now);
+        let mut h =
+            Head::new(err.http_status(), &date).header("content-type", "application/json");
+        if let Some(secs) = err.retry_after() {
+            h = h.header("retry-after", secs.to_string());
+        }
+        self.finish_head(&mut h, minor, keep_alive);
+        h.write_full(&mut self.out, &doc, false);
     }
 
     /// A response with no body beyond its status: refusals, preflights.

@@ -48,6 +48,8 @@ pub enum ErrorKind {
     OpNotServed,
     /// No credential, or one that names nobody (HTTP 401).
     Unauthenticated,
+    /// The instance drains: no new work (HTTP 200, with `Retry-After`).
+    Draining,
 }
 
 /// What the table says about a kind.
@@ -169,6 +171,7 @@ impl ErrorKind {
                 Some("OP_NOT_SERVED"),
                 AGENTD_DOMAIN,
             ),
+            Draining => (-32603, "Internal error", Some("DRAINING"), AGENTD_DOMAIN),
             Unauthenticated => (
                 -31401,
                 "Unauthenticated",
@@ -243,6 +246,14 @@ impl RpcError {
 
     pub fn task_not_found(id: &str) -> Self {
         Self::new(ErrorKind::TaskNotFound, format!("task not found: {id}")).with_meta("taskId", id)
+    }
+
+    /// Seconds a client should wait before trying again, sent as `Retry-After`.
+    pub fn retry_after(&self) -> Option<u32> {
+        match self.kind {
+            ErrorKind::Draining => Some(5),
+            _ => None,
+        }
     }
 
     pub fn http_status(&self) -> u16 {

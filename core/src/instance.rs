@@ -207,6 +207,15 @@ pub enum Completion {
         schema: Option<serde_json::Value>,
         channel: Option<String>,
     },
+    /// A task op finished: the task gets its `<taskId>.result` artifact as §3.6 of the
+    /// command extension says (an object is a DataPart marked with the command URI, a string
+    /// a text part; `None` or `null` leaves no artifact) and completes, with `message` as
+    /// its status message.
+    CommandDone {
+        task_id: String,
+        result: Option<serde_json::Value>,
+        message: Option<String>,
+    },
     /// The task produced (a chunk of) an artifact.
     Artifact {
         task_id: String,
@@ -330,6 +339,10 @@ pub struct Instance {
     pub draining: bool,
     /// Holds new work (the runtime's pause sets it).
     pub paused: bool,
+    /// Why the instance drains or is paused, for `status` and the feed.
+    pub lifecycle_reason: String,
+    /// The host's objects as `status` shows them.
+    pub view: crate::view::RuntimeView,
 }
 
 impl Instance {
@@ -370,6 +383,8 @@ impl Instance {
             next_call: 1,
             draining: false,
             paused: false,
+            lifecycle_reason: String::new(),
+            view: crate::view::RuntimeView::default(),
         }
     }
 
@@ -597,6 +612,67 @@ impl Instance {
         Ok(())
     }
 
+    /// Starts draining: new work is refused with DRAINING from now on, and every feed
+    /// subscriber hears it.
+    pub fn set_draining(&mut self, reason: &str, now: Now) {
+        self.draining = true;
+        self.lifecycle_reason = reason.to_owned();
+        let _ = self.push_feed(
+            crate::feed::FeedEvent::Other {
+                kind: "lifecycle",
+                data: serde_json::json!({"draining": true, "reason": reason}),
+                owner: None,
+            },
+            now,
+        );
+    }
+
+    /// Pauses or resumes the whole instance (the host holds its work while paused).
+    pub fn set_paused(&mut self, paused: bool, reason: &str, now: Now) {
+        self.paused = paused;
+        self.lifecycle_reason = reason.to_owned();
+        let data = if paused {
+            serde_json::json!({"paused": true, "reason": reason})
+        } else {
+            serde_json::json!({"paused": false})
+        };
+        let _ = self.push_feed(
+            crate::feed::FeedEvent::Other {
+                kind: "lifecycle",
+                data,
+                owner: None,
+            },
+            now,
+        );
+    }
+
+    /// Turns `a2a.introspection.enabled` on or off at run time (`admin.set`); the feed hears
+    /// it as a `config` event.
+    pub fn set_introspection(&mut self, on: bool, source: &'static str, now: Now) {
+        self.config.introspection_enabled = on;
+        let _ = self.push_feed(
+            crate::feed::FeedEvent::Other {
+                kind: "config",
+                data: serde_json::json!({"paths": ["a2a.introspection.enabled"], "source": source}),
+                owner: None,
+            },
+            now,
+        );
+    }
+
+    /// Tasks still being worked on (submitted or working): what a drain waits for.
+    pub fn tasks_in_flight(&self) -> usize {
+        self.tasks
+            .newest_first(None)
+            .filter(|t| matches!(t.state, TaskState::Submitted | TaskState::Working))
+            .count()
+    }
+
+    /// Connections still waiting on the instance: blocking sends, streams, command calls.
+    pub fn waiters(&self) -> usize {
+        self.subs.len() + self.calls.len()
+    }
+
     pub fn config(&self) -> &InstanceConfig {
         &self.config
     }
@@ -668,6 +744,38 @@ impl Instance {
                     .map_err(map_err)
             }
             Completion::CommandResult { call, answer } => self.answer_call(call, answer),
+            Completion::CommandDone {
+                task_id,
+                result,
+                message,
+            } => {
+                let state = self
+                    .tasks
+                    .get(&task_id)
+                    .ok_or(CompletionError::UnknownTask)?
+                    .state;
+                if state.is_terminal() {
+                    return Err(CompletionError::TaskTerminal(state));
+                }
+                if let Some(artifact) = result.and_then(|r| result_artifact(&task_id, r)) {
+                    self.handle_completion(
+                        Completion::Artifact {
+                            task_id: task_id.clone(),
+                            artifact,
+                            append: false,
+                            last_chunk: true,
+                        },
+                        now,
+                    )?;
+                }
+                self.set_status(
+                    &task_id,
+                    TaskState::Completed,
+                    message.map(|m| vec![Part::text(m)]),
+                    now,
+                )
+                .map_err(map_err)
+            }
             Completion::CommandStarted { call, link } => self.start_call_task(call, link, now),
             Completion::Ask {
                 task_id,
@@ -800,6 +908,29 @@ impl Instance {
     pub(crate) fn new_id(&mut self) -> String {
         crate::ids::uuid_v4(self.entropy.as_mut())
     }
+}
+
+/// The `<taskId>.result` artifact of a task op's result (§3.6): an object is one DataPart
+/// marked with the command URI, a string a text part; anything else is wrapped as data, and
+/// `null` leaves no artifact (a part-less artifact is never emitted).
+pub(crate) fn result_artifact(task_id: &str, result: serde_json::Value) -> Option<Artifact> {
+    let (part, extensions) = match result {
+        serde_json::Value::Null | serde_json::Value::Bool(false) => return None,
+        serde_json::Value::String(s) => (Part::text(s), Vec::new()),
+        other => {
+            let mut p = Part::data(other);
+            p.media_type = "application/json".into();
+            (p, vec![crate::ext::COMMAND_URI.to_owned()])
+        }
+    };
+    Some(Artifact {
+        artifact_id: format!("{task_id}.result"),
+        description: String::new(),
+        extensions,
+        metadata: None,
+        name: "result".into(),
+        parts: vec![part],
+    })
 }
 
 /// The card of a listener as the public sees it.

@@ -45,6 +45,7 @@ pub mod sessions;
 pub mod tasks;
 pub mod time;
 pub mod tls;
+pub mod view;
 
 pub use conn::Connection;
 pub use instance::{

@@ -5,6 +5,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use crate::view::RuntimeView;
 use crate::a2a::types::{
     GetTaskRequest, ListTasksRequest, ListTasksResponse, Message, PartContent, Role,
     SendMessageRequest, StreamResponse, TaskIdRequest, TaskState,
@@ -330,6 +331,9 @@ fn send(
     }
 
     let task_id = if message.task_id.is_empty() {
+        if inst.draining {
+            return Err(draining(inst));
+        }
         let task_id = inst.new_id();
         if message.context_id.is_empty() {
             message.context_id = inst.new_id();
@@ -381,11 +385,21 @@ fn send(
                 format!("task {task_id} belongs to another context"),
             ));
         }
+        if t.state == TaskState::InputRequired {
+            if let Some(schema) = &t.ask_schema {
+                check_gate_answer(schema, &message)?;
+            }
+        }
         let context_id = t.context_id.clone();
         let owner = t.owner.clone();
         inst.tasks
             .append_message(&task_id, message.clone())
             .map_err(|_| RpcError::task_not_found(&task_id))?;
+        // The gate is answered: its question no longer stands.
+        if let Some(t) = inst.tasks.get_mut(&task_id) {
+            t.ask_schema = None;
+            t.ask_channel = None;
+        }
         inst.set_status(&task_id, TaskState::Working, None, ctx.now)
             .map_err(|_| RpcError::task_not_found(&task_id))?;
         message.context_id = context_id.clone();
@@ -598,6 +612,9 @@ fn run_command(
         } else {
             serialize(&response)
         });
+    }
+    if inst.draining && checked.reply == ReplyKind::Task && !checked.op.starts_with("admin.") {
+        return Err(draining(inst));
     }
     let task_id = (checked.reply == ReplyKind::Task).then(|| inst.new_id());
     let checked_annotate = annotate;
@@ -896,20 +913,32 @@ fn status_document(inst: &Instance, ctx: &CallContext<'_>) -> serde_json::Value 
             .or_insert(serde_json::json!(0));
         *n = serde_json::json!(n.as_u64().unwrap_or(0) + 1);
     }
+    let p = ctx.principal;
+    let view = &inst.view;
+    let workflows: Vec<&serde_json::Value> = view
+        .workflows
+        .iter()
+        .filter(|w| w.may_run(p))
+        .map(|w| &w.doc)
+        .collect();
+    let runs: Vec<&serde_json::Value> = RuntimeView::visible(&view.runs, p).collect();
+    let conversations: Vec<&serde_json::Value> =
+        RuntimeView::visible(&view.conversations, p).collect();
+    let activity: Vec<&serde_json::Value> = RuntimeView::visible(&view.activity, p).collect();
     serde_json::json!({
         "instance": inst.config.name,
         "uptime_ms": ctx.now.mono_ms.saturating_sub(inst.started().mono_ms),
         "draining": inst.draining,
         "paused": inst.paused,
-        "model": "",
+        "model": view.model,
         "version": inst.config.version,
         "skills": [],
         "skill_prefix": "",
         "values": {},
-        "workflows": [],
-        "runs": [],
-        "conversations": [],
-        "activity": [],
+        "workflows": workflows,
+        "runs": runs,
+        "conversations": conversations,
+        "activity": activity,
         "counts": {
             "tasks": visible,
             "tasksByState": by_state,
@@ -917,4 +946,70 @@ fn status_document(inst: &Instance, ctx: &CallContext<'_>) -> serde_json::Value 
             "pendingCommands": inst.pending_calls(),
         },
     })
+}
+
+/// The refusal of new work while the instance drains.
+fn draining(inst: &Instance) -> RpcError {
+    let why = if inst.lifecycle_reason.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", inst.lifecycle_reason)
+    };
+    RpcError::new(
+        ErrorKind::Draining,
+        format!("the agent is draining{why}: it finishes the work in flight and accepts no new work"),
+    )
+}
+
+/// The answer to an input-required gate, as its `askSchema` sees it: the data of the
+/// message's data part; else its text, read as JSON when it parses (so a plain-text client
+/// can answer `{"approve": true}`) and as a string otherwise.
+pub fn gate_answer(message: &Message) -> serde_json::Value {
+    for part in &message.parts {
+        if let PartContent::Data(d) = &part.content {
+            return d.clone();
+        }
+    }
+    let text: String = message
+        .parts
+        .iter()
+        .filter_map(|p| match &p.content {
+            PartContent::Text(t) => Some(t.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    serde_json::from_str(text.trim()).unwrap_or(serde_json::Value::String(text))
+}
+
+/// Refuses an answer its gate's schema does not admit: the gate stays open.
+fn check_gate_answer(schema: &serde_json::Value, message: &Message) -> Result<(), RpcError> {
+    // The host validated the schema when it opened the gate; one it could not compile
+    // admits any answer rather than trapping the task.
+    let Ok(validator) = jsonschema::draft202012::new(schema) else {
+        return Ok(());
+    };
+    let answer = gate_answer(message);
+    let problems: Vec<String> = validator
+        .iter_errors(&answer)
+        .take(4)
+        .map(|e| {
+            let at = e.instance_path().to_string();
+            if at.is_empty() {
+                e.to_string()
+            } else {
+                format!("{at}: {e}")
+            }
+        })
+        .collect();
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(RpcError::invalid_field(
+        "message.parts",
+        format!(
+            "the answer does not match the question's askSchema ({}); the task still waits for an answer",
+            problems.join("; ")
+        ),
+    ))
 }
