@@ -30,6 +30,12 @@ pub struct Config {
     pub a2a: A2aSection,
     #[serde(default)]
     pub limits: LimitsSection,
+    /// `[[workflows]]`: named step graphs, checked by [`Config::workflows`].
+    #[serde(default)]
+    pub workflows: Vec<toml::Spanned<crate::runtime::workflow::WorkflowDef>>,
+    /// The file's name and text, for `file:line` in load errors.
+    #[serde(skip)]
+    pub source: Option<(String, String)>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -39,6 +45,9 @@ pub struct AgentSection {
     pub name: Option<String>,
     /// The card's `description`.
     pub description: Option<String>,
+    /// `agent.approval`: `auto` (exec steps run), `ask` (each waits for an operator's
+    /// approval) or `deny`. Settable at run time with `admin.set`.
+    pub approval: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -60,6 +69,16 @@ pub struct A2aSection {
     pub device_grant: DeviceGrantSection,
     #[serde(default)]
     pub tls: TlsSection,
+    #[serde(default)]
+    pub introspection: IntrospectionSection,
+}
+
+/// `[a2a.introspection]`: the introspection ops, `audit` events and the log ring.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntrospectionSection {
+    #[serde(default)]
+    pub enabled: bool,
 }
 
 /// `[a2a.tls]`: the certificate of `https://` listeners, and the CA that makes them mutual.
@@ -162,7 +181,55 @@ pub struct LimitsSection {
 impl Config {
     pub fn load(path: &Path) -> Result<Config, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+        let mut config: Config =
+            toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        config.source = Some((path.display().to_string(), text));
+        // Checked at load, so a mistake in a workflow is a load error, not a failed run.
+        config.workflows()?;
+        config.runtime_settings()?;
+        Ok(config)
+    }
+
+    /// The workflows, checked.
+    pub fn workflows(&self) -> Result<Vec<crate::runtime::workflow::Workflow>, String> {
+        let (file, text) = self
+            .source
+            .as_ref()
+            .map(|(f, t)| (f.as_str(), t.as_str()))
+            .unwrap_or(("<config>", ""));
+        crate::runtime::workflow::check_all(&self.workflows, &[], file, text)
+    }
+
+    /// What the runtime is configured with.
+    pub fn runtime_settings(&self) -> Result<crate::runtime::Settings, String> {
+        let approval = match self.agent.approval.as_deref() {
+            None => crate::runtime::Approval::Auto,
+            Some(a) => crate::runtime::Approval::parse(a)
+                .ok_or_else(|| format!("agent.approval: {a:?} is not auto, ask or deny"))?,
+        };
+        Ok(crate::runtime::Settings {
+            workflows: self.workflows()?,
+            approval,
+        })
+    }
+
+    /// The declared commands of the workflows' starts, for the core's registry.
+    pub fn declared_commands(&self) -> Result<Vec<agentd_core::ext::command::DeclaredCommand>, String> {
+        Ok(self
+            .workflows()?
+            .into_iter()
+            .filter_map(|w| {
+                let c = w.command?;
+                Some(agentd_core::ext::command::DeclaredCommand {
+                    op: c.op,
+                    workflow: w.name,
+                    schema: c
+                        .schema
+                        .unwrap_or(serde_json::json!({"type": "object"})),
+                    roles: c.roles,
+                })
+            })
+            .collect())
     }
 
     /// The endpoints to listen on, validated.
@@ -271,6 +338,7 @@ impl Config {
             }
             c.tasks.max_tasks = n;
         }
+        c.introspection_enabled = self.a2a.introspection.enabled;
         let ev = &self.a2a.events;
         c.events_enabled = ev.enabled;
         if let Some(n) = ev.ring {

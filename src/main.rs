@@ -112,48 +112,76 @@ fn init_logging() {
         Ok("trace") => tracing::Level::TRACE,
         _ => tracing::Level::INFO,
     };
-    tracing_subscriber::fmt()
-        .with_max_level(level)
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
+        .with_ansi(false);
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_subscriber::filter::LevelFilter::from_level(level))
+        .with(fmt)
+        .with(runtime::logring::LogRingLayer);
+    let _ = tracing::subscriber::set_global_default(subscriber);
 }
 
-fn run(args: Args) -> Result<(), String> {
+/// Why the daemon could not run: a load error (the configuration) or a runtime one.
+enum Failure {
+    Config(String),
+    Runtime(String),
+}
+
+fn run(args: Args) -> Result<(), Failure> {
     let config = match &args.config {
-        Some(path) => config::Config::load(path)?,
+        Some(path) => config::Config::load(path).map_err(Failure::Config)?,
         None => config::Config::default(),
     };
-    let endpoints = config.endpoints()?;
+    let endpoints = config.endpoints().map_err(Failure::Config)?;
+    let settings = config.runtime_settings().map_err(Failure::Config)?;
+    let declared = config.declared_commands().map_err(Failure::Config)?;
     let mut listeners = Vec::with_capacity(endpoints.len());
     for ep in &endpoints {
-        listeners.push(BoundListener::bind(ep).map_err(|e| format!("cannot listen on {ep}: {e}"))?);
+        listeners.push(
+            BoundListener::bind(ep)
+                .map_err(|e| Failure::Runtime(format!("cannot listen on {ep}: {e}")))?,
+        );
     }
     let infos = listeners
         .iter()
         .zip(&endpoints)
         .map(|(l, ep)| l.info_tls(ep.is_tls()))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("listener address: {e}"))?;
-    let mut instance_config = config.instance_config(infos.clone())?;
-    instance_config.tls = config.tls_listeners(&endpoints)?;
+        .map_err(|e| Failure::Runtime(format!("listener address: {e}")))?;
+    let mut instance_config = config
+        .instance_config(infos.clone())
+        .map_err(Failure::Config)?;
+    instance_config.tls = config
+        .tls_listeners(&endpoints)
+        .map_err(Failure::Config)?;
     let clock = Clock::new();
-    let instance = Arc::new(Mutex::new(Instance::new(
-        instance_config,
-        Box::new(OsEntropy),
-        clock.now(),
-    )));
-    runtime::spawn(instance.clone(), clock).map_err(|e| format!("runtime thread: {e}"))?;
+    let mut instance = Instance::new(instance_config, Box::new(OsEntropy), clock.now());
+    for decl in declared {
+        let op = decl.op.clone();
+        instance
+            .register_command(decl)
+            .map_err(|e| Failure::Config(format!("workflow command {op:?}: {e:?}")))?;
+    }
+    let instance = Arc::new(Mutex::new(instance));
+    let runtime = runtime::spawn(instance.clone(), clock, settings)
+        .map_err(|e| Failure::Runtime(format!("runtime thread: {e}")))?;
     let max_connections = config.limits.max_connections;
-    let wait: Box<dyn FnOnce()> = match args.driver {
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    match args.driver {
         Driver::Smol => {
             let mut opts = agentd_io_smol::DriverOptions::default();
             if let Some(n) = max_connections {
                 opts.max_connections = n;
             }
             let h = agentd_io_smol::serve(instance, listeners, opts, clock)
-                .map_err(|e| e.to_string())?;
-            Box::new(move || h.wait())
+                .map_err(|e| Failure::Runtime(e.to_string()))?;
+            let tx = done_tx.clone();
+            std::thread::spawn(move || {
+                h.wait();
+                let _ = tx.send(Err("the driver stopped".into()));
+            });
         }
         Driver::Std => {
             let mut opts = agentd_io_std::DriverOptions::default();
@@ -161,17 +189,56 @@ fn run(args: Args) -> Result<(), String> {
                 opts.max_connections = n;
             }
             let h = agentd_io_std::serve(instance, listeners, opts, clock)
-                .map_err(|e| e.to_string())?;
-            Box::new(move || h.wait())
+                .map_err(|e| Failure::Runtime(e.to_string()))?;
+            let tx = done_tx.clone();
+            std::thread::spawn(move || {
+                h.wait();
+                let _ = tx.send(Err("the driver stopped".into()));
+            });
         }
+    }
+    // SIGTERM (and SIGINT) drain gracefully; a second one ends the process at once.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])
+    .map_err(|e| Failure::Runtime(format!("signal handlers: {e}")))?;
+    let drainer = runtime.drain_handle();
+    let exit = runtime.exit;
+    let drain_tx = {
+        let tx = done_tx.clone();
+        std::thread::spawn(move || {
+            if exit.recv().is_ok() {
+                let _ = tx.send(Ok(()));
+            }
+        });
+        runtime_drainer(drainer)
     };
+    std::thread::spawn(move || {
+        let mut seen = 0;
+        for sig in signals.forever() {
+            seen += 1;
+            if seen > 1 {
+                tracing::warn!(signal = sig, "second signal: exiting without waiting");
+                std::process::exit(1);
+            }
+            tracing::info!(signal = sig, "signal received: draining");
+            drain_tx("signal");
+        }
+    });
     for info in &infos {
         tracing::info!(url = %info.url, driver = ?args.driver, "listening");
         // One machine-readable line per listener, for scripts and tests (port 0 binds any).
         println!("listening {}", info.url);
     }
-    wait();
-    Ok(())
+    match done_rx.recv() {
+        Ok(Ok(())) | Err(_) => Ok(()),
+        Ok(Err(e)) => Err(Failure::Runtime(e)),
+    }
+}
+
+fn runtime_drainer(h: runtime::DrainHandle) -> impl Fn(&str) {
+    move |reason| h.drain(reason)
 }
 
 fn main() -> ExitCode {
@@ -186,7 +253,13 @@ fn main() -> ExitCode {
     init_logging();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+        // A load error exits 2, like a usage error: the configuration must change.
+        Err(Failure::Config(e)) => {
+            tracing::error!("{e}");
+            eprintln!("agentd: {e}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Runtime(e)) => {
             tracing::error!("{e}");
             eprintln!("agentd: {e}");
             ExitCode::from(1)

@@ -613,7 +613,11 @@ fn run_command(
             serialize(&response)
         });
     }
-    if inst.draining && checked.reply == ReplyKind::Task && !checked.op.starts_with("admin.") {
+    // Draining refuses new work only: starting a run or a subagent turn. Signals, cancels
+    // and operator controls act on the work in flight, which a drain lets finish.
+    let new_work = checked.builtin.is_none()
+        || matches!(checked.op.as_str(), "workflow.run" | "subagent.send");
+    if inst.draining && new_work {
         return Err(draining(inst));
     }
     let task_id = (checked.reply == ReplyKind::Task).then(|| inst.new_id());

@@ -1,83 +1,26 @@
 //! The built-in runtime: the host that does the work the core hands out as effects.
 //!
-//! No conversation agent can be configured yet, so every turn ends honestly as a task in
-//! `TASK_STATE_REJECTED` whose status message says why; nothing is invented. Likewise the
-//! command ops whose work belongs to the runtime (workflows, subagents, operator controls,
-//! sign-in) are refused with OP_NOT_SERVED, before any task exists. (`status` and `config`
-//! are answered by the core itself.)
+//! One thread owns every runtime object (runs, gates, conversations, subagents) and reacts
+//! to messages: the core has effects, a step's worker finished, an agent process spoke, a
+//! signal arrived. Work that blocks (a program, a peer call) runs on a worker thread that
+//! reports back with a message, so the runtime thread never waits on the outside world and
+//! the instance lock is held only while effects and completions are applied.
+//!
+//! - Workflow runs ([`workflow`]): `workflow.run` or a declared command starts one; each
+//!   step's start and end is a `step` feed event, a `run` event and a task status update;
+//!   `human` steps gate the task in `input-required` until its owner answers.
+//! - Conversation turns go to the configured agent process ([`agent`]); with none, a turn
+//!   ends as a rejected task saying so.
+//! - Operator controls: drain, pause, resume, cancel and the runtime-settable paths.
 
-use std::sync::{Arc, Mutex};
-use std::task::{Wake, Waker};
-use std::thread;
+pub mod exec;
+pub mod logring;
+pub mod workflow;
 
-use agentd_core::a2a::types::{Part, TaskState};
-use agentd_core::errors::{ErrorKind, RpcError};
-use agentd_core::{CommandAnswer, Completion, Effect, Instance};
-use agentd_io_std::Clock;
+mod engine;
+
+pub use engine::{spawn, Approval, DrainHandle, Exit, RuntimeHandle, Settings};
 
 /// The status message of a turn no agent can answer.
 pub const NO_AGENT: &str =
     "no conversation agent is configured on this agentd instance, so it cannot answer conversation turns";
-
-/// Runs the runtime on its own thread until the process ends.
-pub fn spawn(
-    instance: Arc<Mutex<Instance>>,
-    clock: Clock,
-) -> std::io::Result<thread::JoinHandle<()>> {
-    thread::Builder::new()
-        .name("agentd-runtime".into())
-        .spawn(move || {
-            let waker = Waker::from(Arc::new(Unpark(thread::current())));
-            loop {
-                {
-                    let mut inst = instance.lock().unwrap_or_else(|p| p.into_inner());
-                    while let Some(effect) = inst.poll_effect() {
-                        if let Some(done) = handle(effect) {
-                            if let Err(e) = inst.handle_completion(done, clock.now()) {
-                                tracing::warn!(error = ?e, "completion refused");
-                            }
-                        }
-                    }
-                    // Registered under the lock: an effect queued after it unparks us.
-                    inst.register_effect_waker(&waker);
-                }
-                thread::park();
-            }
-        })
-}
-
-/// What the runtime does for one effect.
-fn handle(effect: Effect) -> Option<Completion> {
-    match effect {
-        Effect::Turn { task_id, .. } => Some(Completion::Status {
-            task_id,
-            state: TaskState::Rejected,
-            message: Some(vec![Part::text(NO_AGENT)]),
-        }),
-        // Nothing runs, so nothing needs stopping.
-        Effect::Cancel { .. } => None,
-        Effect::Command { call, op, .. } => Some(Completion::CommandResult {
-            call,
-            answer: CommandAnswer::Refused(
-                RpcError::new(
-                    ErrorKind::OpNotServed,
-                    format!(
-                        "command \"{op}\" is not served yet: the runtime behind it is not built"
-                    ),
-                )
-                .with_meta("op", op),
-            ),
-        }),
-    }
-}
-
-struct Unpark(thread::Thread);
-
-impl Wake for Unpark {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
-    }
-}
