@@ -214,7 +214,9 @@ impl Config {
     }
 
     /// The declared commands of the workflows' starts, for the core's registry.
-    pub fn declared_commands(&self) -> Result<Vec<agentd_core::ext::command::DeclaredCommand>, String> {
+    pub fn declared_commands(
+        &self,
+    ) -> Result<Vec<agentd_core::ext::command::DeclaredCommand>, String> {
         Ok(self
             .workflows()?
             .into_iter()
@@ -223,9 +225,7 @@ impl Config {
                 Some(agentd_core::ext::command::DeclaredCommand {
                     op: c.op,
                     workflow: w.name,
-                    schema: c
-                        .schema
-                        .unwrap_or(serde_json::json!({"type": "object"})),
+                    schema: c.schema.unwrap_or(serde_json::json!({"type": "object"})),
                     roles: c.roles,
                 })
             })

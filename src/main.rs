@@ -153,9 +153,7 @@ fn run(args: Args) -> Result<(), Failure> {
     let mut instance_config = config
         .instance_config(infos.clone())
         .map_err(Failure::Config)?;
-    instance_config.tls = config
-        .tls_listeners(&endpoints)
-        .map_err(Failure::Config)?;
+    instance_config.tls = config.tls_listeners(&endpoints).map_err(Failure::Config)?;
     let clock = Clock::new();
     let mut instance = Instance::new(instance_config, Box::new(OsEntropy), clock.now());
     for decl in declared {

@@ -78,13 +78,14 @@ fn configurations_it_cannot_honour_stop_startup() {
     for (name, text, needle) in cases {
         let path = temp_config(name, text);
         let out = agentd(&["--config", path.to_str().unwrap()]);
-        assert_eq!(out.status.code(), Some(1), "{name}");
+        // A load error exits 2 (the surface's rule for configuration mistakes).
+        assert_eq!(out.status.code(), Some(2), "{name}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{name}: {err}");
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
     }
     let out = agentd(&["--config", "/nonexistent/agentd.toml"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/agentd.toml"));
 }
 

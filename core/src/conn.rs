@@ -1287,8 +1287,7 @@ impl Connection {
         let mut doc = Vec::with_capacity(128);
         jsonrpc::write_error(&mut doc, id, err);
         let date = self.date(now);
-        let mut h =
-            Head::new(err.http_status(), &date).header("content-type", "application/json");
+        let mut h = Head::new(err.http_status(), &date).header("content-type", "application/json");
         if let Some(secs) = err.retry_after() {
             h = h.header("retry-after", secs.to_string());
         }

@@ -5,7 +5,6 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::view::RuntimeView;
 use crate::a2a::types::{
     GetTaskRequest, ListTasksRequest, ListTasksResponse, Message, PartContent, Role,
     SendMessageRequest, StreamResponse, TaskIdRequest, TaskState,
@@ -22,6 +21,7 @@ use crate::instance::{CallId, CallMode, Effect, Instance, PendingCall, SubId};
 use crate::jsonrpc::{self, RequestId};
 use crate::tasks::{decode_page_token, encode_page_token, StoreError};
 use crate::time::{parse_rfc3339, Now};
+use crate::view::RuntimeView;
 
 pub use crate::ext::registry::EVENTS_METHOD;
 
@@ -961,7 +961,9 @@ fn draining(inst: &Instance) -> RpcError {
     };
     RpcError::new(
         ErrorKind::Draining,
-        format!("the agent is draining{why}: it finishes the work in flight and accepts no new work"),
+        format!(
+            "the agent is draining{why}: it finishes the work in flight and accepts no new work"
+        ),
     )
 }
 

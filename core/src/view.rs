@@ -154,7 +154,8 @@ mod tests {
                 doc: serde_json::json!(2),
             },
         );
-        let ann: Vec<_> = RuntimeView::visible(&items, &user(&[])).collect();
+        let ann_p = user(&[]);
+        let ann: Vec<_> = RuntimeView::visible(&items, &ann_p).collect();
         assert_eq!(ann, vec![&serde_json::json!(1)]);
         let op = Principal::operator();
         assert_eq!(RuntimeView::visible(&items, &op).count(), 2);

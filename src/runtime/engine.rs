@@ -171,7 +171,11 @@ impl Wake for EffectWake {
         self.wake_by_ref()
     }
     fn wake_by_ref(self: &Arc<Self>) {
-        let _ = self.0.lock().unwrap_or_else(|p| p.into_inner()).send(Msg::Wake);
+        let _ = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(Msg::Wake);
     }
 }
 
@@ -221,8 +225,13 @@ struct StepState {
 enum Waiting {
     None,
     /// A human step's gate (or the approval gate before an exec step).
-    Gate { approval: bool },
-    Signal { name: String, until_mono: Option<u64> },
+    Gate {
+        approval: bool,
+    },
+    Signal {
+        name: String,
+        until_mono: Option<u64>,
+    },
     /// A worker runs the step.
     Worker,
 }
@@ -399,7 +408,17 @@ impl Runtime {
     }
 
     fn next_timer(&self) -> Duration {
-        if self.draining.is_some() || self.runs.values().any(|r| matches!(r.waiting, Waiting::Signal { until_mono: Some(_), .. })) {
+        if self.draining.is_some()
+            || self.runs.values().any(|r| {
+                matches!(
+                    r.waiting,
+                    Waiting::Signal {
+                        until_mono: Some(_),
+                        ..
+                    }
+                )
+            })
+        {
             Duration::from_millis(50)
         } else {
             Duration::from_secs(3600)
@@ -490,9 +509,8 @@ impl Runtime {
         if !inst.config().introspection_enabled {
             return;
         }
-        let read = agentd_core::ext::command::table::find(op).is_some_and(|s| {
-            s.reply == agentd_core::ext::command::table::ReplyKind::Message
-        });
+        let read = agentd_core::ext::command::table::find(op)
+            .is_some_and(|s| s.reply == agentd_core::ext::command::table::ReplyKind::Message);
         if read && refused.is_none() {
             return;
         }
@@ -525,16 +543,19 @@ impl Runtime {
         now: Now,
     ) {
         let key = (owner.id.clone(), context_id.to_owned());
-        let c = self.conversations.entry(key).or_insert_with(|| Conversation {
-            context_id: context_id.to_owned(),
-            owner: owner.clone(),
-            messages: VecDeque::new(),
-            total_messages: 0,
-            turns: 0,
-            version: 0,
-            task: None,
-            updated: now.epoch_ms,
-        });
+        let c = self
+            .conversations
+            .entry(key)
+            .or_insert_with(|| Conversation {
+                context_id: context_id.to_owned(),
+                owner: owner.clone(),
+                messages: VecDeque::new(),
+                total_messages: 0,
+                turns: 0,
+                version: 0,
+                task: None,
+                updated: now.epoch_ms,
+            });
         let text: Vec<String> = message
             .parts
             .iter()
@@ -550,7 +571,9 @@ impl Runtime {
         if c.messages.len() == CONVERSATION_MESSAGES_KEPT {
             c.messages.pop_front();
         }
-        c.messages.push_back(json!({"role": "user", "task": task_id, "text": text.join("\n"), "ts": now.epoch_ms}));
+        c.messages.push_back(
+            json!({"role": "user", "task": task_id, "text": text.join("\n"), "ts": now.epoch_ms}),
+        );
         c.total_messages += 1;
         c.turns += 1;
         c.version += 1;
@@ -581,7 +604,10 @@ impl Runtime {
     fn command(&mut self, inst: &mut Inst<'_>, call: Call<'_>, now: Now) -> Result<(), RpcError> {
         if let Some(name) = call.workflow {
             let wf = self.workflows.get(name).cloned().ok_or_else(|| {
-                RpcError::new(ErrorKind::OpNotServed, format!("workflow {name:?} is not loaded"))
+                RpcError::new(
+                    ErrorKind::OpNotServed,
+                    format!("workflow {name:?} is not loaded"),
+                )
             })?;
             let inputs = Value::Object(call.args.clone());
             return self.start_run(inst, &call, wf, inputs, call.op.to_owned(), now);
@@ -635,11 +661,24 @@ impl Runtime {
                 Ok(())
             }
             "workflow.cancel" => {
-                let id = self.visible_run(str_arg(call.args, "run").unwrap_or(""), call.principal)?;
+                let id =
+                    self.visible_run(str_arg(call.args, "run").unwrap_or(""), call.principal)?;
                 self.refuse_final(&id)?;
                 self.started(inst, &call, LinkKind::Run, &id, now)?;
-                self.cancel_run(inst, &id, &format!("cancelled by {}", call.principal.id), true, now);
-                done(inst, call.task_id, None, Some(format!("run {id} cancelled")), now);
+                self.cancel_run(
+                    inst,
+                    &id,
+                    &format!("cancelled by {}", call.principal.id),
+                    true,
+                    now,
+                );
+                done(
+                    inst,
+                    call.task_id,
+                    None,
+                    Some(format!("run {id} cancelled")),
+                    now,
+                );
                 Ok(())
             }
             "workflow.signal" => {
@@ -657,9 +696,9 @@ impl Runtime {
                 let waiting: Vec<String> = targets
                     .into_iter()
                     .filter(|id| {
-                        self.runs.get(id).is_some_and(|r| {
-                            matches!(&r.waiting, Waiting::Signal { name: n, .. } if *n == name)
-                        })
+                        self.runs.get(id).is_some_and(
+                            |r| matches!(&r.waiting, Waiting::Signal { name: n, .. } if *n == name),
+                        )
                     })
                     .collect();
                 let link = waiting.first().cloned().unwrap_or_else(|| name.clone());
@@ -691,9 +730,13 @@ impl Runtime {
                         .max_by_key(|r| r.created),
                 };
                 let doc = match (run, str_arg(call.args, "id")) {
-                    (Some(r), _) => json!({"conversation": r.context_id, "plan": r.plan(), "progress": r.progress()}),
+                    (Some(r), _) => {
+                        json!({"conversation": r.context_id, "plan": r.plan(), "progress": r.progress()})
+                    }
                     (None, Some(ctx)) => {
-                        if !self.conversations.contains_key(&(p.id.clone(), ctx.to_owned()))
+                        if !self
+                            .conversations
+                            .contains_key(&(p.id.clone(), ctx.to_owned()))
                             && !p.is_operator()
                         {
                             return Err(not_found("conversation"));
@@ -706,7 +749,8 @@ impl Runtime {
                 Ok(())
             }
             "run.get" => {
-                let id = self.visible_run(str_arg(call.args, "run").unwrap_or(""), call.principal)?;
+                let id =
+                    self.visible_run(str_arg(call.args, "run").unwrap_or(""), call.principal)?;
                 let r = &self.runs[&id];
                 let mut doc = r.doc();
                 let steps: Map<String, Value> = r
@@ -803,7 +847,9 @@ impl Runtime {
                 Ok(())
             }
             "admin.pause" => {
-                let reason = str_arg(call.args, "reason").unwrap_or("admin.pause").to_owned();
+                let reason = str_arg(call.args, "reason")
+                    .unwrap_or("admin.pause")
+                    .to_owned();
                 if let Some(id) = str_arg(call.args, "run") {
                     let id = self.any_run(id)?;
                     self.refuse_final(&id)?;
@@ -815,7 +861,13 @@ impl Runtime {
                         }
                     }
                     self.run_changed(inst, &id, now);
-                    done(inst, call.task_id, Some(json!({"ok": true, "paused": id})), None, now);
+                    done(
+                        inst,
+                        call.task_id,
+                        Some(json!({"ok": true, "paused": id})),
+                        None,
+                        now,
+                    );
                 } else {
                     self.started(inst, &call, LinkKind::Run, "instance", now)?;
                     inst.set_paused(true, &reason, now);
@@ -839,7 +891,13 @@ impl Runtime {
                         r.held = false;
                     }
                     self.advance(inst, &id, now);
-                    done(inst, call.task_id, Some(json!({"ok": true, "resumed": id})), None, now);
+                    done(
+                        inst,
+                        call.task_id,
+                        Some(json!({"ok": true, "resumed": id})),
+                        None,
+                        now,
+                    );
                 } else {
                     self.started(inst, &call, LinkKind::Run, "instance", now)?;
                     inst.set_paused(false, "", now);
@@ -853,13 +911,21 @@ impl Runtime {
                     for id in held {
                         self.advance(inst, &id, now);
                     }
-                    done(inst, call.task_id, Some(json!({"ok": true, "state": "running"})), None, now);
+                    done(
+                        inst,
+                        call.task_id,
+                        Some(json!({"ok": true, "state": "running"})),
+                        None,
+                        now,
+                    );
                 }
                 Ok(())
             }
             "admin.cancel" => {
                 let target = str_arg(call.args, "run").unwrap_or("");
-                let reason = str_arg(call.args, "reason").unwrap_or("admin.cancel").to_owned();
+                let reason = str_arg(call.args, "reason")
+                    .unwrap_or("admin.cancel")
+                    .to_owned();
                 // A run by its id, or by the task that tracks it.
                 let id = self
                     .runs
@@ -869,8 +935,20 @@ impl Runtime {
                     .ok_or_else(|| not_found("run"))?;
                 self.refuse_final(&id)?;
                 self.started(inst, &call, LinkKind::Run, &id, now)?;
-                self.cancel_run(inst, &id, &format!("cancelled by the operator: {reason}"), true, now);
-                done(inst, call.task_id, Some(json!({"ok": true, "cancelled": id})), None, now);
+                self.cancel_run(
+                    inst,
+                    &id,
+                    &format!("cancelled by the operator: {reason}"),
+                    true,
+                    now,
+                );
+                done(
+                    inst,
+                    call.task_id,
+                    Some(json!({"ok": true, "cancelled": id})),
+                    None,
+                    now,
+                );
                 Ok(())
             }
             "admin.set" => {
@@ -878,11 +956,19 @@ impl Runtime {
                 let value = call.args.get("value").cloned().unwrap_or(Value::Null);
                 let parsed = match path {
                     "a2a.introspection.enabled" => json!(parse_bool(&value).ok_or_else(|| {
-                        invalid_args(call.op, "value", "a2a.introspection.enabled takes true or false")
+                        invalid_args(
+                            call.op,
+                            "value",
+                            "a2a.introspection.enabled takes true or false",
+                        )
                     })?),
                     "agent.approval" => {
                         let a = value.as_str().and_then(Approval::parse).ok_or_else(|| {
-                            invalid_args(call.op, "value", "agent.approval takes \"auto\", \"ask\" or \"deny\"")
+                            invalid_args(
+                                call.op,
+                                "value",
+                                "agent.approval takes \"auto\", \"ask\" or \"deny\"",
+                            )
                         })?;
                         json!(a.as_str())
                     }
@@ -890,7 +976,10 @@ impl Runtime {
                         return Err(invalid_args(
                             call.op,
                             "path",
-                            format!("{other:?} is not settable at run time; the settable paths are {}", agentd_core::ext::command::table::SETTABLE_PATHS.join(", ")),
+                            format!(
+                                "{other:?} is not settable at run time; the settable paths are {}",
+                                agentd_core::ext::command::table::SETTABLE_PATHS.join(", ")
+                            ),
                         ))
                     }
                 };
@@ -902,7 +991,8 @@ impl Runtime {
                         logring::set_recording(on);
                     }
                     _ => {
-                        self.approval = Approval::parse(parsed.as_str().unwrap_or("auto")).unwrap_or_default();
+                        self.approval =
+                            Approval::parse(parsed.as_str().unwrap_or("auto")).unwrap_or_default();
                         let _ = inst.push_event(
                             FeedEvent::Other {
                                 kind: "config",
@@ -914,7 +1004,13 @@ impl Runtime {
                     }
                 }
                 tracing::info!(path, value = %parsed, by = %call.principal.id, "admin.set");
-                done(inst, call.task_id, Some(json!({"path": path, "value": parsed})), None, now);
+                done(
+                    inst,
+                    call.task_id,
+                    Some(json!({"path": path, "value": parsed})),
+                    None,
+                    now,
+                );
                 Ok(())
             }
             other => Err(RpcError::new(
@@ -1035,7 +1131,9 @@ impl Runtime {
     fn advance(&mut self, inst: &mut Inst<'_>, id: &str, now: Now) {
         loop {
             let paused = inst.paused;
-            let Some(r) = self.runs.get_mut(id) else { return };
+            let Some(r) = self.runs.get_mut(id) else {
+                return;
+            };
             if r.status.is_final() || r.waiting != Waiting::None {
                 return;
             }
@@ -1140,30 +1238,45 @@ impl Runtime {
                                     json!({"approval": {"program": job.program, "args": job.args}});
                                 r.waiting = Waiting::Gate { approval: true };
                             }
-                            self.open_gate(inst, id, prompt, Some(schema), Some("operator".into()), now);
+                            self.open_gate(
+                                inst,
+                                id,
+                                prompt,
+                                Some(schema),
+                                Some("operator".into()),
+                                now,
+                            );
                             return;
                         }
                         _ => {}
                     }
-                    let Some(r) = self.runs.get_mut(id) else { return };
+                    let Some(r) = self.runs.get_mut(id) else {
+                        return;
+                    };
                     r.waiting = Waiting::Worker;
                     let cancel = r.cancel.clone();
                     let tx = self.tx.clone();
                     let run = id.to_owned();
-                    let spawned = thread::Builder::new()
-                        .name(format!("exec-{run}"))
-                        .spawn(move || {
-                            let result = exec::run(&job, &cancel);
-                            let _ = tx.send(Msg::StepDone {
-                                run,
-                                step: i,
-                                attempt,
-                                result,
+                    let spawned =
+                        thread::Builder::new()
+                            .name(format!("exec-{run}"))
+                            .spawn(move || {
+                                let result = exec::run(&job, &cancel);
+                                let _ = tx.send(Msg::StepDone {
+                                    run,
+                                    step: i,
+                                    attempt,
+                                    result,
+                                });
                             });
-                        });
                     if let Err(e) = spawned {
                         r.waiting = Waiting::None;
-                        self.step_finished(inst, id, Err(format!("cannot start a worker: {e}")), now);
+                        self.step_finished(
+                            inst,
+                            id,
+                            Err(format!("cannot start a worker: {e}")),
+                            now,
+                        );
                         continue;
                     }
                     self.run_changed(inst, id, now);
@@ -1214,7 +1327,14 @@ impl Runtime {
 
     /// Starts an `a2a.send` or `a2a.delegate` step on a worker; false when it failed at once
     /// (the failure is already reported to the run).
-    fn start_peer_step(&mut self, id: &str, i: usize, attempt: u32, kind: &StepKind, _vars: &Value) -> bool {
+    fn start_peer_step(
+        &mut self,
+        id: &str,
+        i: usize,
+        attempt: u32,
+        kind: &StepKind,
+        _vars: &Value,
+    ) -> bool {
         let peer = match kind {
             StepKind::Send { peer, .. } | StepKind::Delegate { peer, .. } => peer.clone(),
             _ => return false,
@@ -1224,7 +1344,9 @@ impl Runtime {
             run: id.to_owned(),
             step: i,
             attempt,
-            result: Err(format!("peer {peer:?}: outbound A2A calls are not built in this build")),
+            result: Err(format!(
+                "peer {peer:?}: outbound A2A calls are not built in this build"
+            )),
         });
         if let Some(r) = self.runs.get_mut(id) {
             r.waiting = Waiting::Worker;
@@ -1242,7 +1364,9 @@ impl Runtime {
         channel: Option<String>,
         now: Now,
     ) {
-        let Some(r) = self.runs.get_mut(id) else { return };
+        let Some(r) = self.runs.get_mut(id) else {
+            return;
+        };
         r.status = RunStatus::Waiting;
         if let Some(i) = r.current {
             r.steps[i].status = "waiting";
@@ -1265,7 +1389,9 @@ impl Runtime {
     /// The gate's task was answered (the core held the answer to the gate's schema).
     fn answer_gate(&mut self, inst: &mut Inst<'_>, id: &str, message: &Message, now: Now) {
         let answer = agentd_core::rpc::gate_answer(message);
-        let Some(r) = self.runs.get_mut(id) else { return };
+        let Some(r) = self.runs.get_mut(id) else {
+            return;
+        };
         let approval = matches!(r.waiting, Waiting::Gate { approval: true });
         r.waiting = Waiting::None;
         r.status = RunStatus::Running;
@@ -1277,7 +1403,12 @@ impl Runtime {
                 r.steps[i].attempt = r.steps[i].attempt.saturating_sub(1);
                 self.advance(inst, id, now);
             } else {
-                self.step_finished(inst, id, Err("the operator did not approve running it".into()), now);
+                self.step_finished(
+                    inst,
+                    id,
+                    Err("the operator did not approve running it".into()),
+                    now,
+                );
             }
             return;
         }
@@ -1293,7 +1424,9 @@ impl Runtime {
         result: Result<Value, String>,
         now: Now,
     ) {
-        let Some(r) = self.runs.get_mut(id) else { return };
+        let Some(r) = self.runs.get_mut(id) else {
+            return;
+        };
         // A late report for a step the run left (cancelled, or a new attempt) changes nothing.
         if r.status.is_final() || r.current != Some(step) || r.steps[step].attempt != attempt {
             return;
@@ -1303,8 +1436,16 @@ impl Runtime {
     }
 
     /// Records the current step's end and moves on: to the next step, or to the run's end.
-    fn step_finished(&mut self, inst: &mut Inst<'_>, id: &str, result: Result<Value, String>, now: Now) {
-        let Some(r) = self.runs.get_mut(id) else { return };
+    fn step_finished(
+        &mut self,
+        inst: &mut Inst<'_>,
+        id: &str,
+        result: Result<Value, String>,
+        now: Now,
+    ) {
+        let Some(r) = self.runs.get_mut(id) else {
+            return;
+        };
         let Some(i) = r.current else { return };
         let step = r.workflow.steps[i].clone();
         r.waiting = Waiting::None;
@@ -1338,7 +1479,13 @@ impl Runtime {
                 if r.status != RunStatus::Paused {
                     r.status = RunStatus::Running;
                 }
-                status(inst, &task_id, TaskState::Working, format!("step {} done", step.id), now);
+                status(
+                    inst,
+                    &task_id,
+                    TaskState::Working,
+                    format!("step {} done", step.id),
+                    now,
+                );
                 self.run_changed(inst, id, now);
                 self.advance(inst, id, now);
             }
@@ -1350,7 +1497,9 @@ impl Runtime {
     }
 
     fn finish(&mut self, inst: &mut Inst<'_>, id: &str, result: Result<Value, String>, now: Now) {
-        let Some(r) = self.runs.get_mut(id) else { return };
+        let Some(r) = self.runs.get_mut(id) else {
+            return;
+        };
         r.finished = Some(now.epoch_ms);
         r.updated = now.epoch_ms;
         r.waiting = Waiting::None;
@@ -1360,7 +1509,13 @@ impl Runtime {
             Ok(output) => {
                 r.status = RunStatus::Completed;
                 r.output = output.clone();
-                done(inst, Some(&task_id), Some(output), Some(format!("workflow {name} completed")), now);
+                done(
+                    inst,
+                    Some(&task_id),
+                    Some(output),
+                    Some(format!("workflow {name} completed")),
+                    now,
+                );
             }
             Err(e) => {
                 r.status = RunStatus::Failed;
@@ -1374,8 +1529,17 @@ impl Runtime {
         self.retire(inst, id, now);
     }
 
-    fn cancel_run(&mut self, inst: &mut Inst<'_>, id: &str, reason: &str, cancel_task: bool, now: Now) {
-        let Some(r) = self.runs.get_mut(id) else { return };
+    fn cancel_run(
+        &mut self,
+        inst: &mut Inst<'_>,
+        id: &str,
+        reason: &str,
+        cancel_task: bool,
+        now: Now,
+    ) {
+        let Some(r) = self.runs.get_mut(id) else {
+            return;
+        };
         if r.status.is_final() {
             return;
         }
@@ -1419,11 +1583,19 @@ impl Runtime {
     fn retire(&mut self, inst: &mut Inst<'_>, id: &str, now: Now) {
         self.finished.push_back(id.to_owned());
         while self.finished.len() > FINISHED_RUNS_KEPT {
-            let Some(old) = self.finished.pop_front() else { break };
+            let Some(old) = self.finished.pop_front() else {
+                break;
+            };
             if let Some(r) = self.runs.remove(&old) {
                 self.task_runs.remove(&r.task_id);
                 inst.view.runs.remove(&old);
-                push(inst, "run.removed", json!({"id": old}), Some(r.owner.id.clone()), now);
+                push(
+                    inst,
+                    "run.removed",
+                    json!({"id": old}),
+                    Some(r.owner.id.clone()),
+                    now,
+                );
             }
         }
     }
@@ -1433,12 +1605,20 @@ impl Runtime {
             .runs
             .values()
             .filter_map(|r| match &r.waiting {
-                Waiting::Signal { name, until_mono: Some(t) } if now.mono_ms >= *t => Some((r.id.clone(), name.clone())),
+                Waiting::Signal {
+                    name,
+                    until_mono: Some(t),
+                } if now.mono_ms >= *t => Some((r.id.clone(), name.clone())),
                 _ => None,
             })
             .collect();
         for (id, name) in expired {
-            self.step_finished(inst, &id, Err(format!("no {name:?} signal arrived in time")), now);
+            self.step_finished(
+                inst,
+                &id,
+                Err(format!("no {name:?} signal arrived in time")),
+                now,
+            );
         }
     }
 
@@ -1464,7 +1644,11 @@ impl Runtime {
         let parked: Vec<&String> = self
             .runs
             .values()
-            .filter(|r| !r.status.is_final() && r.waiting != Waiting::Worker && r.status != RunStatus::Running)
+            .filter(|r| {
+                !r.status.is_final()
+                    && r.waiting != Waiting::Worker
+                    && r.status != RunStatus::Running
+            })
             .map(|r| &r.task_id)
             .collect();
         let busy = inst.tasks_in_flight().saturating_sub(parked.len());
@@ -1477,7 +1661,10 @@ impl Runtime {
             return false;
         }
         if !parked.is_empty() {
-            tracing::warn!(parked = parked.len(), "runs still wait at a gate or for a signal; the memory store does not keep them");
+            tracing::warn!(
+                parked = parked.len(),
+                "runs still wait at a gate or for a signal; the memory store does not keep them"
+            );
         }
         true
     }
@@ -1497,7 +1684,10 @@ struct Call<'a> {
 fn complete(inst: &mut Inst<'_>, c: Completion, now: Now) {
     if let Err(e) = inst.handle_completion(c, now) {
         // A task the client canceled, or a call whose client left: nothing to report to.
-        if !matches!(e, CompletionError::TaskTerminal(_) | CompletionError::UnknownCall) {
+        if !matches!(
+            e,
+            CompletionError::TaskTerminal(_) | CompletionError::UnknownCall
+        ) {
             tracing::warn!(error = ?e, "completion refused");
         }
     }
@@ -1514,7 +1704,13 @@ fn answer(inst: &mut Inst<'_>, call: CallId, doc: Value, now: Now) {
     );
 }
 
-fn done(inst: &mut Inst<'_>, task_id: Option<&str>, result: Option<Value>, message: Option<String>, now: Now) {
+fn done(
+    inst: &mut Inst<'_>,
+    task_id: Option<&str>,
+    result: Option<Value>,
+    message: Option<String>,
+    now: Now,
+) {
     if let Some(task_id) = task_id {
         complete(
             inst,
@@ -1581,7 +1777,11 @@ fn check_against(schema: &Value, value: &Value, op: &str, field: &str) -> Result
     let Ok(v) = jsonschema::draft202012::new(schema) else {
         return Ok(());
     };
-    let problems: Vec<String> = v.iter_errors(value).take(4).map(|e| e.to_string()).collect();
+    let problems: Vec<String> = v
+        .iter_errors(value)
+        .take(4)
+        .map(|e| e.to_string())
+        .collect();
     if problems.is_empty() {
         Ok(())
     } else {
@@ -1619,7 +1819,11 @@ fn cut_strings(v: &Value, max: usize) -> Value {
             Value::String(s[..end].to_owned())
         }
         Value::Array(a) => Value::Array(a.iter().map(|x| cut_strings(x, max)).collect()),
-        Value::Object(o) => Value::Object(o.iter().map(|(k, x)| (k.clone(), cut_strings(x, max))).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, x)| (k.clone(), cut_strings(x, max)))
+                .collect(),
+        ),
         other => other.clone(),
     }
 }

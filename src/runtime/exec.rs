@@ -87,8 +87,9 @@ pub fn run(job: &ExecJob, cancel: &Arc<AtomicBool>) -> Result<Value, String> {
     let text = text.strip_suffix('\n').unwrap_or(&text);
     match job.output {
         OutputMode::Text => Ok(Value::String(text.to_owned())),
-        OutputMode::Json => serde_json::from_str(text)
-            .map_err(|e| format!("{} printed no JSON: {e}", job.program)),
+        OutputMode::Json => {
+            serde_json::from_str(text).map_err(|e| format!("{} printed no JSON: {e}", job.program))
+        }
         OutputMode::Auto => {
             Ok(serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned())))
         }
@@ -148,8 +149,14 @@ mod tests {
     #[test]
     fn stdout_is_the_output_json_or_text() {
         let no = Arc::new(AtomicBool::new(false));
-        assert_eq!(run(&job("/bin/echo", &["{\"a\":1}"], 5000), &no).unwrap(), serde_json::json!({"a": 1}));
-        assert_eq!(run(&job("/bin/echo", &["hello"], 5000), &no).unwrap(), "hello");
+        assert_eq!(
+            run(&job("/bin/echo", &["{\"a\":1}"], 5000), &no).unwrap(),
+            serde_json::json!({"a": 1})
+        );
+        assert_eq!(
+            run(&job("/bin/echo", &["hello"], 5000), &no).unwrap(),
+            "hello"
+        );
         let env = run(&job("/bin/sh", &["-c", "echo $AGENTD_TEST"], 5000), &no).unwrap();
         assert_eq!(env, "yes");
     }

@@ -56,7 +56,10 @@ impl<S: Subscriber> tracing_subscriber::Layer<S> for LogRingLayer {
         event.record(&mut fields);
         let meta = event.metadata();
         // The event's name is its message; the target says which part of agentd spoke.
-        let name = fields.message.take().unwrap_or_else(|| meta.name().to_owned());
+        let name = fields
+            .message
+            .take()
+            .unwrap_or_else(|| meta.name().to_owned());
         let ts = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -110,7 +113,8 @@ impl FieldsVisitor {
         if field.name() == "message" {
             self.message = Some(value);
         } else {
-            self.fields.insert(field.name().into(), Value::String(value));
+            self.fields
+                .insert(field.name().into(), Value::String(value));
         }
     }
 }

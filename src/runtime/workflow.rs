@@ -290,7 +290,8 @@ fn check_one(
     for (i, s) in def.steps.iter().enumerate() {
         let d = s.get_ref();
         let where_ = format!("{}: {wf} step {:?}", at(s.span()), d.id);
-        let kind = check_step(d, i, peers, &index, &mut command).map_err(|e| format!("{where_}: {e}"))?;
+        let kind =
+            check_step(d, i, peers, &index, &mut command).map_err(|e| format!("{where_}: {e}"))?;
         let next = match d.next.as_deref() {
             None => (i + 1 < def.steps.len()).then_some(i + 1),
             Some("end") => None,
@@ -365,7 +366,10 @@ fn check_step(
         ("channel", d.channel.is_some()),
         ("signal", d.signal.is_some()),
         ("peer", d.peer.is_some()),
-        ("text", d.text.is_some() || d.objective.is_some() && !allowed.contains(&"objective")),
+        (
+            "text",
+            d.text.is_some() || d.objective.is_some() && !allowed.contains(&"objective"),
+        ),
     ];
     for (field, present) in set {
         if present && !allowed.contains(&field) {
@@ -425,7 +429,9 @@ fn check_step(
                     schema: d.schema.clone(),
                 });
             } else if d.roles.is_some() || d.schema.is_some() {
-                return Err("roles and schema describe the start's command; name it with command".into());
+                return Err(
+                    "roles and schema describe the start's command; name it with command".into(),
+                );
             }
             StepKind::Start
         }
@@ -438,14 +444,19 @@ fn check_step(
                 None => Vec::new(),
                 Some(Value::Array(items)) => items
                     .iter()
-                    .map(|a| a.as_str().map(str::to_owned).ok_or("args: every argument is a string"))
+                    .map(|a| {
+                        a.as_str()
+                            .map(str::to_owned)
+                            .ok_or("args: every argument is a string")
+                    })
                     .collect::<Result<Vec<_>, _>>()?,
                 Some(_) => return Err("args: a list of strings".into()),
             };
             for a in &args {
                 templates(a)?;
             }
-            let env: Vec<(String, String)> = d.env.clone().unwrap_or_default().into_iter().collect();
+            let env: Vec<(String, String)> =
+                d.env.clone().unwrap_or_default().into_iter().collect();
             for (_, v) in &env {
                 templates(v)?;
             }
@@ -464,7 +475,10 @@ fn check_step(
             }
         }
         "human" => {
-            let prompt = d.prompt.clone().ok_or("needs prompt: the question a person answers")?;
+            let prompt = d
+                .prompt
+                .clone()
+                .ok_or("needs prompt: the question a person answers")?;
             templates(&prompt)?;
             if let Some(schema) = &d.schema {
                 check_schema(schema).map_err(|e| format!("schema: {e}"))?;
@@ -656,7 +670,8 @@ pub fn render(t: &str, vars: &Value) -> Result<String, String> {
         let after = &rest[open + 2..];
         let close = after.find("}}").ok_or("unclosed {{")?;
         let expr = after[..close].trim();
-        let v = lookup(vars, expr).ok_or_else(|| format!("{{{{{expr}}}}} has no value in this run"))?;
+        let v =
+            lookup(vars, expr).ok_or_else(|| format!("{{{{{expr}}}}} has no value in this run"))?;
         out.push_str(&as_text(v));
         rest = &after[close + 2..];
     }
@@ -754,16 +769,68 @@ args = { tag = "{{inputs.tag}}" }
     #[test]
     fn mistakes_are_load_errors_with_the_line() {
         let cases = [
-            (GOOD.replace("kind = \"exec\"", "kind = \"shell\""), "w.toml:12:", "unknown step kind \"shell\""),
-            (GOOD.replace("prompt = \"ship {{inputs.tag}}?\"", "prompt = \"x\"\nnext = \"nowhere\""), "w.toml:18:", "next names \"nowhere\""),
-            (GOOD.replace("command = \"release.start\"", "command = \"admin.drain\""), "w.toml:5:", "reserved op name"),
-            (GOOD.replace("command = \"release.start\"", "command = \"_instance.x\""), "w.toml:5:", "reserved op name"),
-            (GOOD.replace("{{steps.start.output.args.tag}}", "{{steps.nope.output}}"), "w.toml:12:", "names step \"nope\""),
-            (GOOD.replace("peer = \"worker\"", "peer = \"ghost\""), "w.toml:23:", "peer \"ghost\""),
-            (GOOD.replace("properties = { tag = { type = \"string\" } }", "properties = 3"), "w.toml:5:", "not a valid JSON Schema"),
-            (GOOD.replace("prompt = \"ship {{inputs.tag}}?\"", "prompt = \"x\"\nprogram = \"/bin/true\""), "w.toml:18:", "does not take program"),
-            (GOOD.replace("id = \"ask\"", "id = \"build\""), "w.toml:18:", "used twice"),
-            (GOOD.replace("prompt = \"ship {{inputs.tag}}?\"", "prompt = \"x\"\nnext = \"build\""), "w.toml:", "loop back"),
+            (
+                GOOD.replace("kind = \"exec\"", "kind = \"shell\""),
+                "w.toml:12:",
+                "unknown step kind \"shell\"",
+            ),
+            (
+                GOOD.replace(
+                    "prompt = \"ship {{inputs.tag}}?\"",
+                    "prompt = \"x\"\nnext = \"nowhere\"",
+                ),
+                "w.toml:18:",
+                "next names \"nowhere\"",
+            ),
+            (
+                GOOD.replace("command = \"release.start\"", "command = \"admin.drain\""),
+                "w.toml:5:",
+                "reserved op name",
+            ),
+            (
+                GOOD.replace("command = \"release.start\"", "command = \"_instance.x\""),
+                "w.toml:5:",
+                "reserved op name",
+            ),
+            (
+                GOOD.replace("{{steps.start.output.args.tag}}", "{{steps.nope.output}}"),
+                "w.toml:12:",
+                "names step \"nope\"",
+            ),
+            (
+                GOOD.replace("peer = \"worker\"", "peer = \"ghost\""),
+                "w.toml:23:",
+                "peer \"ghost\"",
+            ),
+            (
+                GOOD.replace(
+                    "properties = { tag = { type = \"string\" } }",
+                    "properties = 3",
+                ),
+                "w.toml:5:",
+                "not a valid JSON Schema",
+            ),
+            (
+                GOOD.replace(
+                    "prompt = \"ship {{inputs.tag}}?\"",
+                    "prompt = \"x\"\nprogram = \"/bin/true\"",
+                ),
+                "w.toml:18:",
+                "does not take program",
+            ),
+            (
+                GOOD.replace("id = \"ask\"", "id = \"build\""),
+                "w.toml:18:",
+                "used twice",
+            ),
+            (
+                GOOD.replace(
+                    "prompt = \"ship {{inputs.tag}}?\"",
+                    "prompt = \"x\"\nnext = \"build\"",
+                ),
+                "w.toml:",
+                "loop back",
+            ),
         ];
         for (src, line, what) in cases {
             let err = load(&src).unwrap_err();
@@ -774,12 +841,21 @@ args = { tag = "{{inputs.tag}}" }
     #[test]
     fn templates_fill_text_and_keep_types() {
         let vars = json!({"inputs": {"n": 3, "s": "x", "list": [1, 2]}, "steps": {"a": {"output": {"k": true}}}});
-        assert_eq!(render("n={{inputs.n}} s={{ inputs.s }}", &vars).unwrap(), "n=3 s=x");
+        assert_eq!(
+            render("n={{inputs.n}} s={{ inputs.s }}", &vars).unwrap(),
+            "n=3 s=x"
+        );
         assert_eq!(render("{{inputs.list.1}}", &vars).unwrap(), "2");
         assert_eq!(
-            render_value(&json!({"n": "{{inputs.n}}", "t": "v{{inputs.n}}", "k": ["{{steps.a.output.k}}"]}), &vars).unwrap(),
+            render_value(
+                &json!({"n": "{{inputs.n}}", "t": "v{{inputs.n}}", "k": ["{{steps.a.output.k}}"]}),
+                &vars
+            )
+            .unwrap(),
             json!({"n": 3, "t": "v3", "k": [true]})
         );
-        assert!(render("{{inputs.missing}}", &vars).unwrap_err().contains("no value"));
+        assert!(render("{{inputs.missing}}", &vars)
+            .unwrap_err()
+            .contains("no value"));
     }
 }

@@ -303,6 +303,37 @@ impl Daemon {
         &self.dir
     }
 
+    /// Waits up to `within` for the daemon to exit on its own and returns its status
+    /// (`None`: still running).
+    #[allow(dead_code)]
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            let status = self.child.as_mut()?.try_wait().ok().flatten();
+            if let Some(status) = status {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends the daemon a signal by name (`TERM`, `INT`, ...).
+    #[allow(dead_code)]
+    pub fn signal(&self, name: &str) {
+        let pid = self.pid().to_string();
+        let ok = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(&pid)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill -{name} {pid}");
+    }
+
     /// Panics (with the daemon's stderr) if the process has exited.
     pub fn assert_alive(&mut self) {
         let status = self
