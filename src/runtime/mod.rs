@@ -6,6 +6,8 @@
 //! sign-in) are refused with OP_NOT_SERVED, before any task exists. (`status` and `config`
 //! are answered by the core itself.)
 
+pub mod agent;
+
 use std::sync::{Arc, Mutex};
 use std::task::{Wake, Waker};
 use std::thread;
