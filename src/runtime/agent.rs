@@ -333,7 +333,11 @@ impl AgentProcess {
                 task: turn.task,
             });
         }
-        let deadline = Instant::now() + sh.spec.turn_timeout;
+        let now = Instant::now();
+        // A timeout too large for an Instant is as good as none.
+        let deadline = now
+            .checked_add(sh.spec.turn_timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400));
         let live = inner
             .proc
             .as_ref()
@@ -590,8 +594,9 @@ pub fn to_completions(event: &AgentEvent) -> Vec<Completion> {
 
 // ---- the supervisor ----
 
-/// How long after a child's exit its stdout may still be drained before the exit is
-/// settled: lines it wrote before dying are delivered first.
+/// How long after a child's exit its stdout and stderr may still be drained before the exit
+/// is settled: lines it wrote before dying are delivered first. (A pipe held open by
+/// something that escaped its process group would otherwise delay the exit forever.)
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
 /// Exit polling while a child's stdout is closed (it is probably exiting).
 const EXIT_POLL: Duration = Duration::from_millis(20);
@@ -647,6 +652,7 @@ struct Proc {
     input: Option<SyncSender<Vec<u8>>>,
     started_ms: u64,
     stdout_done: bool,
+    stderr_done: bool,
     /// How it exited and when that was seen, while its stdout drains.
     exited: Option<(ExitStatus, Instant)>,
     /// A shutdown asked it to exit.
@@ -830,6 +836,7 @@ impl Shared {
             input: Some(tx),
             started_ms: epoch_ms(),
             stdout_done: false,
+            stderr_done: false,
             exited: None,
             stop_requested: false,
             bad_lines: 0,
@@ -838,7 +845,8 @@ impl Shared {
 
     /// Notices a child that exited on its own. Its process group is killed before it is
     /// reaped (its pid, hence the group id, cannot be reused until then), then the exit is
-    /// settled once its stdout is drained.
+    /// settled once its stdout and stderr are drained: what it said before dying comes
+    /// first, and `last_stderr` holds its last words.
     fn poll_exit(&self, inner: &mut Inner) {
         let Some(p) = inner.proc.as_mut() else {
             return;
@@ -864,7 +872,7 @@ impl Shared {
         let Some((status, at)) = p.exited else {
             return;
         };
-        if !p.stdout_done && at.elapsed() < DRAIN_GRACE {
+        if !(p.stdout_done && p.stderr_done) && at.elapsed() < DRAIN_GRACE {
             return;
         }
         let description = describe(status);
@@ -1210,6 +1218,11 @@ impl Shared {
         }
         if dropped > 0 {
             tracing::warn!(agent = %agent, pid, "{dropped} stderr lines not logged (too many)");
+        }
+        let mut inner = self.lock();
+        if let Some(p) = inner.proc.as_mut().filter(|p| p.generation == generation) {
+            p.stderr_done = true;
+            self.wake.notify_all();
         }
     }
 }
@@ -1594,6 +1607,13 @@ mod tests {
             in_flight: vec![]
         }))
         .is_empty());
+    }
+
+    #[test]
+    fn the_runtime_can_share_agents_across_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<AgentProcess>();
+        shared::<Agents>();
     }
 
     #[test]
