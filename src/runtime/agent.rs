@@ -912,7 +912,6 @@ impl Shared {
                 tracing::warn!(agent = %self.spec.name, error = %e, "cannot reap the agent");
             }
         }
-        tracing::warn!(agent = %self.spec.name, pid = p.pid, "agent {reason}");
         let task_reason = format!("agent process {} was {reason}", self.spec.name);
         self.finish_exit(inner, reason, task_reason, state, crash);
     }
