@@ -13,6 +13,7 @@
 //!   ends as a rejected task saying so.
 //! - Operator controls: drain, pause, resume, cancel and the runtime-settable paths.
 
+pub mod agent;
 pub mod exec;
 pub mod logring;
 pub mod workflow;

@@ -1,0 +1,1624 @@
+//! Agent processes: programs agentd supervises that answer conversation turns (the
+//! conversation agent, and named subagents), speaking a JSON-lines protocol on their stdin
+//! and stdout. The protocol, and what agentd does on each misbehaviour, is
+//! `docs/agent-protocol.md`.
+//!
+//! An [`AgentProcess`] owns one program. It starts it lazily on the first turn, writes turns
+//! to it ([`AgentProcess::turn`]), and reports everything that happens as [`AgentEvent`]s on
+//! the channel given at construction, in the order the agent said it. A crash, a kill or a
+//! missed deadline is always reported: the process's `Exited` event, then a `Fail` for each
+//! task whose turn was in flight on it. [`to_completions`] maps events to the core's
+//! [`Completion`]s, so the runtime loop is: effect → [`TurnIn::from_effect`] → `turn`;
+//! event → `to_completions` → `Instance::handle_completion`.
+//!
+//! Threads: one monitor per `AgentProcess` (exit detection, turn deadlines, restarts after a
+//! backoff), and per running child a stdin writer, a stdout reader and a stderr reader. The
+//! caller never blocks on the child: turns go through a bounded queue to the writer.
+//!
+//! The child runs in its own process group, so a kill reaches whatever it started; the
+//! group is also killed when the child exits, so nothing it left behind outlives it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use agentd_core::a2a::types::{Artifact, Part, PartContent, TaskState};
+use agentd_core::{Completion, Effect};
+use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// How one agent program is run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentSpec {
+    /// The agent's name: in events, logs and failure reasons.
+    pub name: String,
+    /// The program and its arguments. The program is looked up on `PATH`.
+    pub command: Vec<String>,
+    /// Set on top of agentd's own environment.
+    pub env: Vec<(String, String)>,
+    /// The working directory; agentd's own without one.
+    pub cwd: Option<PathBuf>,
+    /// A turn must end (reply, ask or fail) this long after [`AgentProcess::turn`]; else it
+    /// fails as timed out and the process, presumed wedged, is killed.
+    pub turn_timeout: Duration,
+    /// The longest line the agent may write on stdout, newline excluded. A longer line kills
+    /// the process: it is not speaking the protocol, and buffering it has no bound.
+    pub max_line_bytes: usize,
+    /// The process is killed on its Nth stdout line that is not protocol JSON (0: never).
+    /// Up to then such lines are logged and ignored, so a stray debug print is survivable.
+    pub max_bad_lines: u32,
+    /// Lines (turns, cancels) queued for the agent's stdin before `turn` answers
+    /// [`AgentError::Busy`].
+    pub queue: usize,
+}
+
+impl AgentSpec {
+    /// A spec with the default limits: 5 minute turns, 1 MiB lines, 10 bad lines, 64 queued.
+    pub fn new(name: impl Into<String>, command: Vec<String>) -> Self {
+        AgentSpec {
+            name: name.into(),
+            command,
+            env: Vec::new(),
+            cwd: None,
+            turn_timeout: Duration::from_secs(300),
+            max_line_bytes: 1 << 20,
+            max_bad_lines: 10,
+            queue: 64,
+        }
+    }
+}
+
+/// One conversation turn for an agent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TurnIn {
+    pub task: String,
+    pub context: String,
+    /// The id of the principal the task belongs to: `operator`, `user:alice`, ….
+    pub principal: String,
+    /// The parts of the message that opened or continues the task.
+    pub parts: Vec<Part>,
+}
+
+impl TurnIn {
+    /// The turn an [`Effect::Turn`] asks for; `None` for any other effect.
+    pub fn from_effect(effect: &Effect) -> Option<TurnIn> {
+        match effect {
+            Effect::Turn {
+                task_id,
+                context_id,
+                message,
+                owner,
+            } => Some(TurnIn {
+                task: task_id.clone(),
+                context: context_id.clone(),
+                principal: owner.id.clone(),
+                parts: message.parts.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// The `turn` line written to the agent, newline included.
+    fn line(&self) -> Vec<u8> {
+        let text = self
+            .parts
+            .iter()
+            .filter_map(|p| match &p.content {
+                PartContent::Text(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        line_of(&serde_json::json!({
+            "type": "turn",
+            "task": self.task,
+            "context": self.context,
+            "principal": self.principal,
+            "parts": self.parts,
+            "text": text,
+        }))
+    }
+}
+
+/// Something an agent process did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentEvent {
+    /// The [`AgentSpec::name`] of the agent.
+    pub agent: String,
+    /// The task it concerns; `None` for the process's own events.
+    pub task: Option<String>,
+    pub kind: AgentEventKind,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum AgentEventKind {
+    /// A process was started; `restarts` counts the starts before it.
+    Started { pid: u32, restarts: u32 },
+    /// The process could not be started; each task in `in_flight` gets a `Fail` next.
+    StartFailed {
+        error: String,
+        in_flight: Vec<String>,
+    },
+    /// The agent is working on the task; an optional progress note.
+    Status { text: Option<String> },
+    /// (A chunk of) an artifact of the task.
+    Artifact {
+        id: String,
+        name: String,
+        parts: Vec<Part>,
+        append: bool,
+        last: bool,
+    },
+    /// The final answer: the task completes with this message.
+    Reply { parts: Vec<Part> },
+    /// The agent needs input: the task waits in input-required; the answer comes back as
+    /// another turn of the same task.
+    Ask {
+        text: String,
+        schema: Option<Value>,
+        channel: Option<String>,
+    },
+    /// The task failed, with the reason.
+    Fail { error: String },
+    /// The process ended: `exited with status 3`, `was killed by signal 11 (SIGSEGV)`,
+    /// `killed by operator: <reason>`. Each task in `in_flight` gets a `Fail` next.
+    Exited {
+        description: String,
+        in_flight: Vec<String>,
+    },
+}
+
+/// Where an agent process is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentState {
+    /// No process, and nothing went wrong: not started yet, or it exited cleanly with no
+    /// turn in flight. The next turn starts one.
+    Idle,
+    Running,
+    /// It exited unasked, could not start, or was killed by agentd for misbehaving. The next
+    /// turn restarts it after a short backoff.
+    Crashed,
+    /// Killed by [`AgentProcess::kill`]. The next turn starts it again.
+    Killed,
+    /// Shut down; it takes no more turns.
+    Stopped,
+}
+
+impl AgentState {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AgentState::Idle => "idle",
+            AgentState::Running => "running",
+            AgentState::Crashed => "crashed",
+            AgentState::Killed => "killed",
+            AgentState::Stopped => "stopped",
+        }
+    }
+}
+
+/// A snapshot of an agent process, for `status` and `subagent.status`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentStatus {
+    pub name: String,
+    pub state: AgentState,
+    /// The running process's id.
+    pub pid: Option<u32>,
+    /// Starts after the first.
+    pub restarts: u32,
+    /// Why the last process ended or could not start.
+    pub last_error: Option<String>,
+    /// The last line the agent wrote on stderr (truncated).
+    pub last_stderr: Option<String>,
+    /// Tasks with a turn in flight, oldest first.
+    pub in_flight: Vec<String>,
+    /// When the running process started, in epoch milliseconds.
+    pub started_ms: Option<u64>,
+}
+
+/// Why a turn was not taken. Nothing was written and no event follows: the caller fails
+/// the task itself, with this error's text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AgentError {
+    /// The spec cannot be run: no name, or no command.
+    InvalidSpec(String),
+    /// The agent was shut down.
+    Stopped(String),
+    /// The agent's input queue is full: it is not reading its stdin fast enough.
+    Busy(String),
+    /// A turn of this task is already in flight on this agent.
+    AlreadyInFlight { agent: String, task: String },
+    /// agentd could not start a thread it needs.
+    Io(String),
+}
+
+impl fmt::Display for AgentError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AgentError::InvalidSpec(why) => write!(f, "invalid agent spec: {why}"),
+            AgentError::Stopped(a) => write!(f, "agent {a} is stopped and takes no more turns"),
+            AgentError::Busy(a) => write!(
+                f,
+                "agent {a} is not reading its input: too many turns are queued for it"
+            ),
+            AgentError::AlreadyInFlight { agent, task } => {
+                write!(
+                    f,
+                    "agent {agent} is already working on a turn of task {task}"
+                )
+            }
+            AgentError::Io(why) => write!(f, "agent supervisor: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for AgentError {}
+
+/// One supervised agent program. Dropping it kills the program (and its process group).
+pub struct AgentProcess {
+    shared: Arc<Shared>,
+    monitor: Option<JoinHandle<()>>,
+}
+
+impl AgentProcess {
+    /// Supervises `spec`; nothing runs until the first turn. Events go to `events`.
+    pub fn new(spec: AgentSpec, events: Sender<AgentEvent>) -> Result<Self, AgentError> {
+        if spec.name.is_empty() {
+            return Err(AgentError::InvalidSpec("an agent needs a name".into()));
+        }
+        if spec.command.first().is_none_or(|p| p.is_empty()) {
+            return Err(AgentError::InvalidSpec(format!(
+                "agent {} has no command",
+                spec.name
+            )));
+        }
+        let shared = Arc::new(Shared {
+            spec,
+            events,
+            inner: Mutex::new(Inner {
+                state: AgentState::Idle,
+                proc: None,
+                generation: 0,
+                tasks: Vec::new(),
+                restart_at: None,
+                crashes: 0,
+                spawns: 0,
+                last_error: None,
+                last_stderr: None,
+                stopping: false,
+                closing: false,
+            }),
+            wake: Condvar::new(),
+        });
+        let s = shared.clone();
+        let monitor = thread::Builder::new()
+            .name(format!("agent-{}", shared.spec.name))
+            .spawn(move || s.monitor())
+            .map_err(|e| AgentError::Io(format!("cannot start the monitor thread: {e}")))?;
+        Ok(AgentProcess {
+            shared,
+            monitor: Some(monitor),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.shared.spec.name
+    }
+
+    pub fn spec(&self) -> &AgentSpec {
+        &self.shared.spec
+    }
+
+    /// Gives the agent a turn: the opening of a task, or its continuation after an ask.
+    /// Starts the process if none runs (after a backoff if the last one crashed). Never
+    /// blocks on the process. On `Ok` the turn ends with exactly one `Reply`, `Ask` or `Fail`
+    /// event for the task, unless it is canceled.
+    pub fn turn(&self, turn: TurnIn) -> Result<(), AgentError> {
+        let line = turn.line();
+        let sh = &self.shared;
+        let mut inner = sh.lock();
+        if inner.stopping {
+            return Err(AgentError::Stopped(sh.spec.name.clone()));
+        }
+        if inner.tasks.iter().any(|t| t.task == turn.task) {
+            return Err(AgentError::AlreadyInFlight {
+                agent: sh.spec.name.clone(),
+                task: turn.task,
+            });
+        }
+        let now = Instant::now();
+        // A timeout too large for an Instant is as good as none.
+        let deadline = now
+            .checked_add(sh.spec.turn_timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400));
+        let live = inner
+            .proc
+            .as_ref()
+            .filter(|p| p.exited.is_none())
+            .map(|p| (p.generation, p.input.clone()));
+        match live {
+            Some((generation, Some(input))) => {
+                match input.try_send(line) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(_)) => {
+                        return Err(AgentError::Busy(sh.spec.name.clone()));
+                    }
+                    // The writer stopped: the agent closed its stdin or is dying. The turn is
+                    // lost with it, so it fails at the exit or times out.
+                    Err(TrySendError::Disconnected(_)) => {
+                        tracing::warn!(agent = %sh.spec.name, task = %turn.task,
+                            "the agent's stdin is closed; the turn will fail");
+                    }
+                }
+                inner.tasks.push(InFlight {
+                    task: turn.task,
+                    deadline,
+                    sent_to: Some(generation),
+                    line: None,
+                });
+            }
+            // A process that is stopping takes no turn; `stopping` refused it above.
+            Some((_, None)) => return Err(AgentError::Stopped(sh.spec.name.clone())),
+            None => {
+                let waiting = inner.tasks.iter().filter(|t| t.sent_to.is_none()).count();
+                if waiting >= sh.spec.queue.max(1) {
+                    return Err(AgentError::Busy(sh.spec.name.clone()));
+                }
+                inner.tasks.push(InFlight {
+                    task: turn.task,
+                    deadline,
+                    sent_to: None,
+                    line: Some(line),
+                });
+                sh.ensure_started(&mut inner);
+            }
+        }
+        sh.wake.notify_all();
+        Ok(())
+    }
+
+    /// The task was canceled: forgets its turn and tells the agent (`cancel`), best effort.
+    /// No event follows for the task; whatever the agent still says about it is ignored.
+    pub fn cancel(&self, task: &str) {
+        let sh = &self.shared;
+        let mut inner = sh.lock();
+        let Some(i) = inner.tasks.iter().position(|t| t.task == task) else {
+            return;
+        };
+        let t = inner.tasks.remove(i);
+        if let (Some(generation), Some(p)) = (t.sent_to, inner.proc.as_ref()) {
+            if p.generation == generation {
+                if let Some(input) = &p.input {
+                    let line = line_of(&serde_json::json!({"type": "cancel", "task": task}));
+                    if input.try_send(line).is_err() {
+                        tracing::warn!(agent = %sh.spec.name, task,
+                            "could not tell the agent of a cancel: its input is full or closed");
+                    }
+                }
+            }
+        }
+        sh.wake.notify_all();
+    }
+
+    /// Kills the running process and its process group: `Exited` with
+    /// `killed by <by>: <reason>`, then a `Fail` for each in-flight task saying so. Returns
+    /// whether a process was running. The next turn starts a new one.
+    pub fn kill(&self, by: &str, reason: &str) -> bool {
+        let sh = &self.shared;
+        let mut inner = sh.lock();
+        if inner.proc.is_none() {
+            return false;
+        }
+        sh.kill_current(
+            &mut inner,
+            format!("killed by {by}: {reason}"),
+            AgentState::Killed,
+            false,
+        );
+        true
+    }
+
+    pub fn status(&self) -> AgentStatus {
+        let sh = &self.shared;
+        let inner = sh.lock();
+        AgentStatus {
+            name: sh.spec.name.clone(),
+            state: inner.state,
+            pid: inner.proc.as_ref().map(|p| p.pid),
+            restarts: inner.spawns.saturating_sub(1),
+            last_error: inner.last_error.clone(),
+            last_stderr: inner.last_stderr.clone(),
+            in_flight: inner.tasks.iter().map(|t| t.task.clone()).collect(),
+            started_ms: inner.proc.as_ref().map(|p| p.started_ms),
+        }
+    }
+
+    /// Stops the agent for good: writes `shutdown`, closes its stdin and waits up to `grace`
+    /// for it to exit (turns in flight may still be answered meanwhile), then kills it. Turns
+    /// still in flight at the exit fail; later turns are refused with
+    /// [`AgentError::Stopped`].
+    pub fn shutdown(&self, grace: Duration) {
+        self.shared.begin_shutdown();
+        self.shared.finish_shutdown(Instant::now() + grace, grace);
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        {
+            let sh = &self.shared;
+            let mut inner = sh.lock();
+            inner.closing = true;
+            inner.stopping = true;
+            sh.fail_waiting(&mut inner, "agentd stopped supervising it");
+            if inner.proc.is_some() {
+                sh.kill_current(
+                    &mut inner,
+                    "killed by agentd: its supervisor was dropped".into(),
+                    AgentState::Stopped,
+                    false,
+                );
+            }
+            inner.state = AgentState::Stopped;
+            sh.wake.notify_all();
+        }
+        if let Some(m) = self.monitor.take() {
+            let _ = m.join();
+        }
+    }
+}
+
+/// Named agents (the conversation agent, subagents) sharing one event channel.
+pub struct Agents {
+    procs: BTreeMap<String, AgentProcess>,
+}
+
+impl Agents {
+    /// Supervises every spec; two with the same name are refused.
+    pub fn new(
+        specs: impl IntoIterator<Item = AgentSpec>,
+        events: Sender<AgentEvent>,
+    ) -> Result<Self, AgentError> {
+        let mut procs = BTreeMap::new();
+        for spec in specs {
+            if procs.contains_key(&spec.name) {
+                return Err(AgentError::InvalidSpec(format!(
+                    "two agents are named {}",
+                    spec.name
+                )));
+            }
+            let name = spec.name.clone();
+            procs.insert(name, AgentProcess::new(spec, events.clone())?);
+        }
+        Ok(Agents { procs })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&AgentProcess> {
+        self.procs.get(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.procs.keys().map(String::as_str)
+    }
+
+    pub fn statuses(&self) -> Vec<AgentStatus> {
+        self.procs.values().map(AgentProcess::status).collect()
+    }
+
+    /// Shuts every agent down at once, all within the same `grace`.
+    pub fn shutdown(&self, grace: Duration) {
+        let deadline = Instant::now() + grace;
+        for p in self.procs.values() {
+            p.shared.begin_shutdown();
+        }
+        for p in self.procs.values() {
+            p.shared.finish_shutdown(deadline, grace);
+        }
+    }
+}
+
+/// The core's completions for an event: what the runtime hands to
+/// `Instance::handle_completion`, in order. Process events (`Started`, `Exited`,
+/// `StartFailed`) map to none: their tasks get their own `Fail` events.
+pub fn to_completions(event: &AgentEvent) -> Vec<Completion> {
+    let Some(task_id) = event.task.clone() else {
+        return Vec::new();
+    };
+    let status = |task_id, state, message| Completion::Status {
+        task_id,
+        state,
+        message,
+    };
+    match &event.kind {
+        AgentEventKind::Status { text } => vec![status(
+            task_id,
+            TaskState::Working,
+            text.as_ref().map(|t| vec![Part::text(t.clone())]),
+        )],
+        AgentEventKind::Artifact {
+            id,
+            name,
+            parts,
+            append,
+            last,
+        } => vec![Completion::Artifact {
+            task_id,
+            artifact: Artifact {
+                artifact_id: id.clone(),
+                description: String::new(),
+                extensions: Vec::new(),
+                metadata: None,
+                name: name.clone(),
+                parts: parts.clone(),
+            },
+            append: *append,
+            last_chunk: *last,
+        }],
+        AgentEventKind::Reply { parts } => {
+            vec![status(task_id, TaskState::Completed, Some(parts.clone()))]
+        }
+        AgentEventKind::Ask {
+            text,
+            schema,
+            channel,
+        } => vec![
+            // The gate's facts first, so the input-required status carries them.
+            Completion::Ask {
+                task_id: task_id.clone(),
+                schema: schema.clone(),
+                channel: channel.clone(),
+            },
+            status(
+                task_id,
+                TaskState::InputRequired,
+                Some(vec![Part::text(text.clone())]),
+            ),
+        ],
+        AgentEventKind::Fail { error } => vec![status(
+            task_id,
+            TaskState::Failed,
+            Some(vec![Part::text(error.clone())]),
+        )],
+        AgentEventKind::Started { .. }
+        | AgentEventKind::StartFailed { .. }
+        | AgentEventKind::Exited { .. } => Vec::new(),
+    }
+}
+
+// ---- the supervisor ----
+
+/// How long after a child's exit its stdout and stderr may still be drained before the exit
+/// is settled: lines it wrote before dying are delivered first. (A pipe held open by
+/// something that escaped its process group would otherwise delay the exit forever.)
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+/// Exit polling while a child's stdout is closed (it is probably exiting).
+const EXIT_POLL: Duration = Duration::from_millis(20);
+/// The monitor's slowest tick: a safety net for exits that close no pipe.
+const IDLE_TICK: Duration = Duration::from_millis(500);
+/// A stderr line is cut here.
+const STDERR_LINE_MAX: usize = 4096;
+/// Stderr lines logged per second per process; the rest are counted, then summarized.
+const STDERR_LINES_PER_SEC: u32 = 50;
+
+struct Shared {
+    spec: AgentSpec,
+    events: Sender<AgentEvent>,
+    inner: Mutex<Inner>,
+    /// Wakes the monitor (a new turn, a closed stdout, an exit) and shutdown waiters.
+    wake: Condvar,
+}
+
+struct Inner {
+    state: AgentState,
+    proc: Option<Proc>,
+    /// Bumped per spawn: threads of an old process recognize themselves as stale.
+    generation: u64,
+    /// Turns in flight, oldest first.
+    tasks: Vec<InFlight>,
+    /// No restart before this (the crash backoff).
+    restart_at: Option<Instant>,
+    /// Crashes since a process last ended a turn: drives the backoff.
+    crashes: u32,
+    spawns: u32,
+    last_error: Option<String>,
+    last_stderr: Option<String>,
+    /// Shut down (or dropped): no more turns.
+    stopping: bool,
+    /// Dropped: the monitor ends.
+    closing: bool,
+}
+
+struct InFlight {
+    task: String,
+    deadline: Instant,
+    /// The generation of the process it was written to; `None` while it waits for one.
+    sent_to: Option<u64>,
+    /// Its `turn` line, while it waits for a process.
+    line: Option<Vec<u8>>,
+}
+
+struct Proc {
+    child: Child,
+    pid: u32,
+    generation: u64,
+    /// The writer's queue; `None` once stdin is being closed for a shutdown.
+    input: Option<SyncSender<Vec<u8>>>,
+    started_ms: u64,
+    stdout_done: bool,
+    stderr_done: bool,
+    /// How it exited and when that was seen, while its stdout drains.
+    exited: Option<(ExitStatus, Instant)>,
+    /// A shutdown asked it to exit.
+    stop_requested: bool,
+    bad_lines: u32,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sent under the lock, so events from the reader and the monitor keep their order. A
+    /// gone receiver is not an error: the runtime stopped listening.
+    fn emit(&self, task: Option<String>, kind: AgentEventKind) {
+        let _ = self.events.send(AgentEvent {
+            agent: self.spec.name.clone(),
+            task,
+            kind,
+        });
+    }
+
+    fn monitor(self: Arc<Self>) {
+        let mut inner = self.lock();
+        loop {
+            if inner.closing {
+                return;
+            }
+            self.poll_exit(&mut inner);
+            self.check_deadlines(&mut inner);
+            self.ensure_started(&mut inner);
+
+            let now = Instant::now();
+            let mut wait = IDLE_TICK;
+            if let Some(p) = &inner.proc {
+                if p.stdout_done || p.exited.is_some() {
+                    wait = wait.min(EXIT_POLL);
+                }
+            }
+            if let Some(d) = inner.tasks.iter().map(|t| t.deadline).min() {
+                wait = wait.min(d.saturating_duration_since(now));
+            }
+            if let Some(at) = inner.restart_at {
+                if inner.tasks.iter().any(|t| t.sent_to.is_none()) {
+                    wait = wait.min(at.saturating_duration_since(now));
+                }
+            }
+            let wait = wait.max(Duration::from_millis(1));
+            inner = self
+                .wake
+                .wait_timeout(inner, wait)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Starts a process for the turns waiting for one, unless the backoff says not yet.
+    fn ensure_started(self: &Arc<Self>, inner: &mut Inner) {
+        if inner.proc.is_some() || inner.stopping {
+            return;
+        }
+        if !inner.tasks.iter().any(|t| t.sent_to.is_none()) {
+            return;
+        }
+        if inner.restart_at.is_some_and(|at| Instant::now() < at) {
+            return;
+        }
+        inner.restart_at = None;
+        match self.spawn(inner) {
+            Ok(proc) => {
+                let restarts = inner.spawns;
+                inner.spawns += 1;
+                inner.state = AgentState::Running;
+                if restarts > 0 {
+                    tracing::info!(agent = %self.spec.name, pid = proc.pid, restarts, "agent restarted");
+                } else {
+                    tracing::info!(agent = %self.spec.name, pid = proc.pid, "agent started");
+                }
+                self.emit(
+                    None,
+                    AgentEventKind::Started {
+                        pid: proc.pid,
+                        restarts,
+                    },
+                );
+                for t in inner.tasks.iter_mut().filter(|t| t.sent_to.is_none()) {
+                    t.sent_to = Some(proc.generation);
+                    if let (Some(line), Some(input)) = (t.line.take(), &proc.input) {
+                        // Cannot be full: the waiting turns are bounded by the queue size.
+                        let _ = input.try_send(line);
+                    }
+                }
+                inner.proc = Some(proc);
+            }
+            Err(e) => {
+                let error = format!("agent process {} could not start: {e}", self.spec.name);
+                tracing::warn!(agent = %self.spec.name, "{error}");
+                let mut failed = Vec::new();
+                inner.tasks.retain(|t| {
+                    let waiting = t.sent_to.is_none();
+                    if waiting {
+                        failed.push(t.task.clone());
+                    }
+                    !waiting
+                });
+                inner.state = AgentState::Crashed;
+                inner.last_error = Some(error.clone());
+                inner.crashes += 1;
+                inner.restart_at = Some(Instant::now() + backoff(inner.crashes));
+                self.emit(
+                    None,
+                    AgentEventKind::StartFailed {
+                        error: error.clone(),
+                        in_flight: failed.clone(),
+                    },
+                );
+                for task in failed {
+                    self.emit(
+                        Some(task),
+                        AgentEventKind::Fail {
+                            error: error.clone(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn spawn(self: &Arc<Self>, inner: &mut Inner) -> io::Result<Proc> {
+        let (program, args) = self
+            .spec
+            .command
+            .split_first()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?;
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .envs(self.spec.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own group: a kill reaches what it started, and a terminal's ^C to agentd
+            // does not reach it behind agentd's back.
+            .process_group(0);
+        if let Some(dir) = &self.spec.cwd {
+            cmd.current_dir(dir);
+        }
+        let mut child = cmd.spawn()?;
+        let pid = child.id();
+        let (stdin, stdout, stderr) =
+            match (child.stdin.take(), child.stdout.take(), child.stderr.take()) {
+                (Some(i), Some(o), Some(e)) => (i, o, e),
+                _ => unreachable!("all three pipes were asked for"),
+            };
+        inner.generation += 1;
+        let generation = inner.generation;
+        let (tx, rx) = mpsc::sync_channel(self.spec.queue.max(1));
+        let name = &self.spec.name;
+        let threads = (|| {
+            thread::Builder::new()
+                .name(format!("agent-{name}-in"))
+                .spawn(move || write_lines(stdin, rx))?;
+            let sh = self.clone();
+            thread::Builder::new()
+                .name(format!("agent-{name}-out"))
+                .spawn(move || sh.read_stdout(generation, stdout))?;
+            let sh = self.clone();
+            thread::Builder::new()
+                .name(format!("agent-{name}-err"))
+                .spawn(move || sh.read_stderr(generation, pid, stderr))?;
+            io::Result::Ok(())
+        })();
+        if let Err(e) = threads {
+            kill_group(pid);
+            let _ = child.wait();
+            return Err(e);
+        }
+        Ok(Proc {
+            child,
+            pid,
+            generation,
+            input: Some(tx),
+            started_ms: epoch_ms(),
+            stdout_done: false,
+            stderr_done: false,
+            exited: None,
+            stop_requested: false,
+            bad_lines: 0,
+        })
+    }
+
+    /// Notices a child that exited on its own. Its process group is killed before it is
+    /// reaped (its pid, hence the group id, cannot be reused until then), then the exit is
+    /// settled once its stdout and stderr are drained: what it said before dying comes
+    /// first, and `last_stderr` holds its last words.
+    fn poll_exit(&self, inner: &mut Inner) {
+        let Some(p) = inner.proc.as_mut() else {
+            return;
+        };
+        if p.exited.is_none() {
+            let pid = Pid::from_raw(p.pid as i32).expect("a child's pid is positive");
+            let opts = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+            match rustix::process::waitid(WaitId::Pid(pid), opts) {
+                Ok(None) => return,
+                Ok(Some(_)) => kill_group(p.pid),
+                // Unexpected; std's own wait below decides.
+                Err(e) => tracing::debug!(agent = %self.spec.name, error = %e, "waitid"),
+            }
+            match p.child.try_wait() {
+                Ok(Some(status)) => p.exited = Some((status, Instant::now())),
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(agent = %self.spec.name, error = %e, "cannot wait for the agent");
+                    return;
+                }
+            }
+        }
+        let Some((status, at)) = p.exited else {
+            return;
+        };
+        if !(p.stdout_done && p.stderr_done) && at.elapsed() < DRAIN_GRACE {
+            return;
+        }
+        let description = describe(status);
+        let generation = p.generation;
+        if p.stop_requested {
+            let reason = format!(
+                "agent process {} stopped for shutdown while working on this task",
+                self.spec.name
+            );
+            self.finish_exit(inner, description, reason, AgentState::Stopped, false);
+            return;
+        }
+        let busy = inner.tasks.iter().any(|t| t.sent_to == Some(generation));
+        let crash = busy || !status.success();
+        let reason = format!(
+            "agent process {} {description} while working on this task",
+            self.spec.name
+        );
+        let state = if crash {
+            AgentState::Crashed
+        } else {
+            AgentState::Idle
+        };
+        self.finish_exit(inner, description, reason, state, crash);
+    }
+
+    /// Kills the current process group, reaps the child and settles its exit now. `reason`
+    /// reads `killed by <who>: <why>`; whatever the process still wrote is ignored.
+    fn kill_current(&self, inner: &mut Inner, reason: String, state: AgentState, crash: bool) {
+        let Some(p) = inner.proc.as_mut() else {
+            return;
+        };
+        // Once reaped (`exited`), its pid may belong to someone else: no signal then.
+        if p.exited.is_none() {
+            kill_group(p.pid);
+            if let Err(e) = p.child.wait() {
+                tracing::warn!(agent = %self.spec.name, error = %e, "cannot reap the agent");
+            }
+        }
+        let task_reason = format!("agent process {} was {reason}", self.spec.name);
+        self.finish_exit(inner, reason, task_reason, state, crash);
+    }
+
+    /// Forgets the process: `Exited`, then a `Fail` for each of its in-flight tasks.
+    fn finish_exit(
+        &self,
+        inner: &mut Inner,
+        description: String,
+        task_reason: String,
+        state: AgentState,
+        crash: bool,
+    ) {
+        let Some(p) = inner.proc.take() else {
+            return;
+        };
+        let mut failed = Vec::new();
+        inner.tasks.retain(|t| {
+            let lost = t.sent_to == Some(p.generation);
+            if lost {
+                failed.push(t.task.clone());
+            }
+            !lost
+        });
+        if crash || state == AgentState::Killed {
+            tracing::warn!(agent = %self.spec.name, pid = p.pid, in_flight = failed.len(), "agent process {description}");
+        } else {
+            tracing::info!(agent = %self.spec.name, pid = p.pid, "agent process {description}");
+        }
+        inner.state = if inner.stopping {
+            AgentState::Stopped
+        } else {
+            state
+        };
+        if crash || state == AgentState::Killed {
+            inner.last_error = Some(description.clone());
+        }
+        if crash {
+            inner.crashes += 1;
+            inner.restart_at = Some(Instant::now() + backoff(inner.crashes));
+        } else {
+            inner.restart_at = None;
+        }
+        self.emit(
+            None,
+            AgentEventKind::Exited {
+                description,
+                in_flight: failed.clone(),
+            },
+        );
+        for task in failed {
+            self.emit(
+                Some(task),
+                AgentEventKind::Fail {
+                    error: task_reason.clone(),
+                },
+            );
+        }
+        self.wake.notify_all();
+    }
+
+    /// Fails the turns past their deadline; a process that missed one is killed.
+    fn check_deadlines(&self, inner: &mut Inner) {
+        let now = Instant::now();
+        while let Some(i) = inner.tasks.iter().position(|t| t.deadline <= now) {
+            let t = inner.tasks.remove(i);
+            let after = fmt_duration(self.spec.turn_timeout);
+            tracing::warn!(agent = %self.spec.name, task = %t.task, "turn timed out after {after}");
+            self.emit(
+                Some(t.task.clone()),
+                AgentEventKind::Fail {
+                    error: format!(
+                        "timed out after {after} waiting for agent process {} to answer this turn",
+                        self.spec.name
+                    ),
+                },
+            );
+            let current = inner.proc.as_ref().map(|p| p.generation);
+            if t.sent_to.is_some() && t.sent_to == current {
+                self.kill_current(
+                    inner,
+                    format!(
+                        "killed by agentd: the turn of task {} timed out after {after}",
+                        t.task
+                    ),
+                    AgentState::Crashed,
+                    true,
+                );
+            }
+        }
+    }
+
+    fn fail_waiting(&self, inner: &mut Inner, why: &str) {
+        let mut failed = Vec::new();
+        inner.tasks.retain(|t| {
+            let waiting = t.sent_to.is_none();
+            if waiting {
+                failed.push(t.task.clone());
+            }
+            !waiting
+        });
+        for task in failed {
+            self.emit(
+                Some(task),
+                AgentEventKind::Fail {
+                    error: format!(
+                        "agent process {} did not take this turn: {why}",
+                        self.spec.name
+                    ),
+                },
+            );
+        }
+    }
+
+    fn begin_shutdown(&self) {
+        let mut inner = self.lock();
+        inner.stopping = true;
+        self.fail_waiting(&mut inner, "agentd is shutting it down");
+        match inner.proc.as_mut() {
+            Some(p) => {
+                p.stop_requested = true;
+                if let Some(input) = p.input.take() {
+                    let _ = input.try_send(line_of(&serde_json::json!({"type": "shutdown"})));
+                    // Dropping the queue's sender ends the writer once it has written
+                    // everything queued, which closes the agent's stdin.
+                }
+            }
+            None => inner.state = AgentState::Stopped,
+        }
+        self.wake.notify_all();
+    }
+
+    fn finish_shutdown(&self, deadline: Instant, grace: Duration) {
+        let mut inner = self.lock();
+        while inner.proc.is_some() {
+            let now = Instant::now();
+            if now >= deadline {
+                self.kill_current(
+                    &mut inner,
+                    format!(
+                        "killed by agentd: it did not stop within {} of the shutdown request",
+                        fmt_duration(grace)
+                    ),
+                    AgentState::Stopped,
+                    false,
+                );
+                break;
+            }
+            inner = self
+                .wake
+                .wait_timeout(inner, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        inner.state = AgentState::Stopped;
+    }
+
+    fn read_stdout(self: Arc<Self>, generation: u64, out: impl Read) {
+        let max = self.spec.max_line_bytes;
+        let mut r = BufReader::new(out);
+        let mut line = Vec::new();
+        loop {
+            match read_line(&mut r, &mut line, max) {
+                Ok(Line::Eof) => break,
+                Ok(Line::Full) => self.on_line(generation, &line),
+                Ok(Line::TooLong) => {
+                    let mut inner = self.lock();
+                    if inner
+                        .proc
+                        .as_ref()
+                        .is_some_and(|p| p.generation == generation)
+                    {
+                        self.kill_current(
+                            &mut inner,
+                            format!("killed by agentd: it wrote a line longer than {max} bytes on stdout"),
+                            AgentState::Crashed,
+                            true,
+                        );
+                    }
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(agent = %self.spec.name, error = %e, "cannot read the agent's stdout");
+                    break;
+                }
+            }
+        }
+        let mut inner = self.lock();
+        if let Some(p) = inner.proc.as_mut().filter(|p| p.generation == generation) {
+            p.stdout_done = true;
+            self.wake.notify_all();
+        }
+    }
+
+    fn on_line(&self, generation: u64, line: &[u8]) {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return;
+        }
+        match parse_line(line) {
+            Ok(Said::Log { level, message }) => self.log(&level, &message),
+            Ok(Said::Task {
+                task,
+                kind,
+                ends_turn,
+            }) => {
+                let mut inner = self.lock();
+                if inner
+                    .proc
+                    .as_ref()
+                    .is_none_or(|p| p.generation != generation)
+                {
+                    // A process already settled (killed): its tasks were failed then.
+                    return;
+                }
+                let given = inner
+                    .tasks
+                    .iter()
+                    .position(|t| t.task == task && t.sent_to == Some(generation));
+                let Some(i) = given else {
+                    tracing::warn!(agent = %self.spec.name, task = %task,
+                        "ignored a line about a task with no turn in flight on this agent");
+                    return;
+                };
+                if ends_turn {
+                    inner.tasks.remove(i);
+                    // It answered: whatever crashed before is behind it.
+                    inner.crashes = 0;
+                }
+                self.emit(Some(task), kind);
+            }
+            Err(why) => {
+                let mut inner = self.lock();
+                let Some(p) = inner.proc.as_mut().filter(|p| p.generation == generation) else {
+                    return;
+                };
+                p.bad_lines += 1;
+                let n = p.bad_lines;
+                tracing::warn!(agent = %self.spec.name, line = %excerpt(line), "ignored a stdout line that is not agent protocol: {why}");
+                if self.spec.max_bad_lines > 0 && n >= self.spec.max_bad_lines {
+                    self.kill_current(
+                        &mut inner,
+                        format!("killed by agentd: it wrote {n} lines on stdout that are not agent protocol (the last: {why})"),
+                        AgentState::Crashed,
+                        true,
+                    );
+                }
+            }
+        }
+    }
+
+    fn log(&self, level: &str, message: &str) {
+        let agent = &self.spec.name;
+        match level {
+            "error" => tracing::error!(agent = %agent, "{message}"),
+            "warn" | "warning" => tracing::warn!(agent = %agent, "{message}"),
+            "debug" => tracing::debug!(agent = %agent, "{message}"),
+            "trace" => tracing::trace!(agent = %agent, "{message}"),
+            _ => tracing::info!(agent = %agent, "{message}"),
+        }
+    }
+
+    /// Logs stderr line by line, each cut at [`STDERR_LINE_MAX`], at most
+    /// [`STDERR_LINES_PER_SEC`] a second; it is always drained, so the agent never blocks
+    /// on it.
+    fn read_stderr(self: Arc<Self>, generation: u64, pid: u32, err: impl Read) {
+        let agent = &self.spec.name;
+        let mut r = BufReader::new(err);
+        let mut line = Vec::new();
+        let mut window = Instant::now();
+        let (mut logged, mut dropped) = (0u32, 0u64);
+        loop {
+            let cut = match read_line(&mut r, &mut line, STDERR_LINE_MAX) {
+                Ok(Line::Eof) | Err(_) => break,
+                Ok(Line::Full) => false,
+                Ok(Line::TooLong) => {
+                    if skip_line(&mut r).is_err() {
+                        break;
+                    }
+                    true
+                }
+            };
+            let text = String::from_utf8_lossy(&line);
+            let text = text.trim_end();
+            {
+                let mut inner = self.lock();
+                if inner.generation == generation {
+                    inner.last_stderr = Some(excerpt(text.as_bytes()));
+                }
+            }
+            if window.elapsed() >= Duration::from_secs(1) {
+                if dropped > 0 {
+                    tracing::warn!(agent = %agent, pid, "{dropped} stderr lines not logged (too many)");
+                }
+                (window, logged, dropped) = (Instant::now(), 0, 0);
+            }
+            if logged < STDERR_LINES_PER_SEC {
+                logged += 1;
+                let cut = if cut { " [cut]" } else { "" };
+                tracing::info!(agent = %agent, pid, "stderr: {text}{cut}");
+            } else {
+                dropped += 1;
+            }
+        }
+        if dropped > 0 {
+            tracing::warn!(agent = %agent, pid, "{dropped} stderr lines not logged (too many)");
+        }
+        let mut inner = self.lock();
+        if let Some(p) = inner.proc.as_mut().filter(|p| p.generation == generation) {
+            p.stderr_done = true;
+            self.wake.notify_all();
+        }
+    }
+}
+
+/// What one stdout line said.
+enum Said {
+    Log {
+        level: String,
+        message: String,
+    },
+    Task {
+        task: String,
+        kind: AgentEventKind,
+        /// A reply, ask or fail: the turn is over.
+        ends_turn: bool,
+    },
+}
+
+/// The lines an agent writes, as JSON.
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum Wire {
+    Status {
+        task: String,
+        #[serde(default)]
+        text: Option<String>,
+    },
+    Artifact {
+        task: String,
+        name: String,
+        #[serde(default)]
+        id: Option<String>,
+        #[serde(flatten)]
+        content: Content,
+        #[serde(default)]
+        append: bool,
+        #[serde(default)]
+        last: bool,
+    },
+    Reply {
+        task: String,
+        #[serde(flatten)]
+        content: Content,
+    },
+    Ask {
+        task: String,
+        text: String,
+        #[serde(default)]
+        schema: Option<Value>,
+        #[serde(default)]
+        channel: Option<String>,
+    },
+    Fail {
+        task: String,
+        error: String,
+    },
+    Log {
+        #[serde(default)]
+        level: Option<String>,
+        message: String,
+    },
+}
+
+/// What a reply or artifact holds: exactly one of `text`, `data` or `parts`.
+#[derive(Deserialize)]
+struct Content {
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    data: Option<Value>,
+    #[serde(default)]
+    parts: Option<Vec<Part>>,
+}
+
+impl Content {
+    fn parts(self) -> Result<Vec<Part>, String> {
+        match (self.text, self.data, self.parts) {
+            (Some(t), None, None) => Ok(vec![Part::text(t)]),
+            (None, Some(d), None) => Ok(vec![Part::data(d)]),
+            (None, None, Some(p)) if !p.is_empty() => Ok(p),
+            (None, None, Some(_)) => Err("parts is empty".into()),
+            _ => Err("it needs exactly one of text, data, parts".into()),
+        }
+    }
+}
+
+fn parse_line(line: &[u8]) -> Result<Said, String> {
+    let wire: Wire = serde_json::from_slice(line).map_err(|e| e.to_string())?;
+    let task = |task: String, kind, ends_turn| Said::Task {
+        task,
+        kind,
+        ends_turn,
+    };
+    Ok(match wire {
+        Wire::Status { task: t, text } => task(t, AgentEventKind::Status { text }, false),
+        Wire::Artifact {
+            task: t,
+            name,
+            id,
+            content,
+            append,
+            last,
+        } => {
+            if name.is_empty() {
+                return Err("an artifact needs a name".into());
+            }
+            let kind = AgentEventKind::Artifact {
+                id: id.filter(|i| !i.is_empty()).unwrap_or_else(|| name.clone()),
+                name,
+                parts: content.parts()?,
+                append,
+                last,
+            };
+            task(t, kind, false)
+        }
+        Wire::Reply { task: t, content } => task(
+            t,
+            AgentEventKind::Reply {
+                parts: content.parts()?,
+            },
+            true,
+        ),
+        Wire::Ask {
+            task: t,
+            text,
+            schema,
+            channel,
+        } => {
+            if schema.as_ref().is_some_and(|s| !s.is_object()) {
+                return Err("an ask's schema must be a JSON object".into());
+            }
+            let kind = AgentEventKind::Ask {
+                text,
+                schema,
+                channel,
+            };
+            task(t, kind, true)
+        }
+        Wire::Fail { task: t, error } => task(t, AgentEventKind::Fail { error }, true),
+        Wire::Log { level, message } => Said::Log {
+            level: level.unwrap_or_default(),
+            message,
+        },
+    })
+}
+
+enum Line {
+    Eof,
+    Full,
+    /// Longer than allowed; the buffer holds its first bytes, the rest is unread.
+    TooLong,
+}
+
+/// Reads one line into `line` (newline and a trailing `\r` dropped), never buffering more
+/// than `max` bytes of it. A last line without a newline counts.
+fn read_line(r: &mut impl BufRead, line: &mut Vec<u8>, max: usize) -> io::Result<Line> {
+    line.clear();
+    loop {
+        let buf = match r.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if buf.is_empty() {
+            return Ok(if line.is_empty() {
+                Line::Eof
+            } else {
+                Line::Full
+            });
+        }
+        let (take, found) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (buf.len(), false),
+        };
+        if line.len() + take > max {
+            let room = max - line.len();
+            line.extend_from_slice(&buf[..room]);
+            r.consume(room);
+            return Ok(Line::TooLong);
+        }
+        line.extend_from_slice(&buf[..take]);
+        r.consume(take + usize::from(found));
+        if found {
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            return Ok(Line::Full);
+        }
+    }
+}
+
+/// Discards input up to and including the next newline.
+fn skip_line(r: &mut impl BufRead) -> io::Result<()> {
+    loop {
+        let buf = r.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                r.consume(i + 1);
+                return Ok(());
+            }
+            None => {
+                let n = buf.len();
+                r.consume(n);
+            }
+        }
+    }
+}
+
+fn write_lines(mut stdin: ChildStdin, rx: Receiver<Vec<u8>>) {
+    for line in rx {
+        if stdin.write_all(&line).and_then(|()| stdin.flush()).is_err() {
+            // The agent closed its stdin or died: the supervisor notices the exit.
+            return;
+        }
+    }
+}
+
+/// SIGKILL to the child's process group, and to the child itself in case it left the group.
+/// Only called while the child is unreaped, so neither id can name a stranger.
+fn kill_group(pid: u32) {
+    if let Some(pid) = Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process_group(pid, Signal::KILL);
+        let _ = rustix::process::kill_process(pid, Signal::KILL);
+    }
+}
+
+fn describe(status: ExitStatus) -> String {
+    if let Some(code) = status.code() {
+        return format!("exited with status {code}");
+    }
+    match status.signal() {
+        Some(sig) => {
+            let name = match sig {
+                1 => " (SIGHUP)",
+                2 => " (SIGINT)",
+                6 => " (SIGABRT)",
+                9 => " (SIGKILL)",
+                11 => " (SIGSEGV)",
+                13 => " (SIGPIPE)",
+                15 => " (SIGTERM)",
+                _ => "",
+            };
+            format!("was killed by signal {sig}{name}")
+        }
+        None => format!("ended ({status})"),
+    }
+}
+
+/// 100ms after the first crash, doubling per consecutive crash, at most 5s.
+fn backoff(crashes: u32) -> Duration {
+    let ms = 100u64.saturating_mul(1 << crashes.saturating_sub(1).min(6));
+    Duration::from_millis(ms.min(5_000))
+}
+
+fn fmt_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+fn line_of(v: &Value) -> Vec<u8> {
+    let mut line = serde_json::to_vec(v).expect("a JSON value serializes");
+    line.push(b'\n');
+    line
+}
+
+/// A line for a log: lossy UTF-8, at most 200 characters.
+fn excerpt(line: &[u8]) -> String {
+    let text = String::from_utf8_lossy(line);
+    match text.char_indices().nth(200) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.into_owned(),
+    }
+}
+
+fn epoch_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn said(line: &str) -> Result<AgentEventKind, String> {
+        match parse_line(line.as_bytes())? {
+            Said::Task { kind, .. } => Ok(kind),
+            Said::Log { .. } => Err("log".into()),
+        }
+    }
+
+    #[test]
+    fn lines_parse_into_events() {
+        assert_eq!(
+            said(r#"{"type":"reply","task":"t","data":{"a":1}}"#),
+            Ok(AgentEventKind::Reply {
+                parts: vec![Part::data(json!({"a":1}))]
+            })
+        );
+        assert_eq!(
+            said(r#"{"type":"artifact","task":"t","name":"n","text":"x","last":true}"#),
+            Ok(AgentEventKind::Artifact {
+                id: "n".into(),
+                name: "n".into(),
+                parts: vec![Part::text("x")],
+                append: false,
+                last: true
+            })
+        );
+        for bad in [
+            r#"{"type":"reply","task":"t"}"#,
+            r#"{"type":"reply","task":"t","text":"a","data":1}"#,
+            r#"{"type":"reply","task":"t","parts":[]}"#,
+            r#"{"type":"artifact","task":"t","name":"","text":"x"}"#,
+            r#"{"type":"ask","task":"t","text":"?","schema":3}"#,
+            r#"{"type":"nope","task":"t"}"#,
+            r#"{"task":"t"}"#,
+            "not json",
+        ] {
+            assert!(said(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn lines_are_bounded() {
+        let mut r = io::Cursor::new(b"ab\r\n0123456789\nlast".to_vec());
+        let mut line = Vec::new();
+        assert!(matches!(read_line(&mut r, &mut line, 4), Ok(Line::Full)));
+        assert_eq!(line, b"ab");
+        assert!(matches!(read_line(&mut r, &mut line, 4), Ok(Line::TooLong)));
+        assert_eq!(line, b"0123");
+        skip_line(&mut r).unwrap();
+        assert!(matches!(read_line(&mut r, &mut line, 4), Ok(Line::Full)));
+        assert_eq!(line, b"last");
+        assert!(matches!(read_line(&mut r, &mut line, 4), Ok(Line::Eof)));
+    }
+
+    #[test]
+    fn completions_follow_the_event() {
+        let ev = |kind| AgentEvent {
+            agent: "a".into(),
+            task: Some("t".into()),
+            kind,
+        };
+        let ask = to_completions(&ev(AgentEventKind::Ask {
+            text: "sure?".into(),
+            schema: Some(json!({"type":"object"})),
+            channel: None,
+        }));
+        assert!(matches!(
+            &ask[0],
+            Completion::Ask {
+                schema: Some(_),
+                ..
+            }
+        ));
+        assert!(matches!(
+            &ask[1],
+            Completion::Status {
+                state: TaskState::InputRequired,
+                ..
+            }
+        ));
+        let fail = to_completions(&ev(AgentEventKind::Fail { error: "x".into() }));
+        assert_eq!(
+            fail,
+            vec![Completion::Status {
+                task_id: "t".into(),
+                state: TaskState::Failed,
+                message: Some(vec![Part::text("x")])
+            }]
+        );
+        assert!(to_completions(&ev(AgentEventKind::Exited {
+            description: "exited with status 1".into(),
+            in_flight: vec![]
+        }))
+        .is_empty());
+    }
+
+    #[test]
+    fn the_runtime_can_share_agents_across_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<AgentProcess>();
+        shared::<Agents>();
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        assert_eq!(backoff(1), Duration::from_millis(100));
+        assert_eq!(backoff(2), Duration::from_millis(200));
+        assert_eq!(backoff(50), Duration::from_secs(5));
+    }
+}
