@@ -30,6 +30,9 @@ pub struct Config {
     pub a2a: A2aSection,
     #[serde(default)]
     pub limits: LimitsSection,
+    /// `[[subagents]]`: the kinds of subagents.
+    #[serde(default)]
+    pub subagents: Vec<SubagentSection>,
     /// `[[workflows]]`: named step graphs, checked by [`Config::workflows`].
     #[serde(default)]
     pub workflows: Vec<toml::Spanned<crate::runtime::workflow::WorkflowDef>>,
@@ -48,6 +51,25 @@ pub struct AgentSection {
     /// `agent.approval`: `auto` (exec steps run), `ask` (each waits for an operator's
     /// approval) or `deny`. Settable at run time with `admin.set`.
     pub approval: Option<String>,
+    /// The conversation agent: a program (and its arguments) that answers turns over the
+    /// JSON-lines protocol of `docs/agent-protocol.md`. Without one, turns are rejected.
+    pub command: Option<Vec<String>>,
+    /// How long one turn may take (default 300000).
+    pub turn_timeout_ms: Option<u64>,
+    /// Environment variables set for the agent on top of agentd's own.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+/// `[[subagents]]`: a kind of named agent process `subagent.send` starts.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubagentSection {
+    pub name: String,
+    pub command: Vec<String>,
+    pub turn_timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -207,9 +229,65 @@ impl Config {
             Some(a) => crate::runtime::Approval::parse(a)
                 .ok_or_else(|| format!("agent.approval: {a:?} is not auto, ask or deny"))?,
         };
+        let spec = |key: &str,
+                    name: &str,
+                    command: &[String],
+                    timeout: Option<u64>,
+                    env: &std::collections::BTreeMap<String, String>|
+         -> Result<crate::runtime::agent::AgentSpec, String> {
+            if command.first().is_none_or(|p| p.is_empty()) {
+                return Err(format!(
+                    "{key}.command: names the program to run, then its arguments"
+                ));
+            }
+            let mut spec = crate::runtime::agent::AgentSpec::new(name, command.to_vec());
+            if let Some(ms) = timeout {
+                if ms == 0 {
+                    return Err(format!("{key}.turn_timeout_ms: must be greater than 0"));
+                }
+                spec.turn_timeout = std::time::Duration::from_millis(ms);
+            }
+            spec.env = env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            Ok(spec)
+        };
+        let agent = match &self.agent.command {
+            Some(cmd) => Some(spec(
+                "agent",
+                crate::runtime::CONVERSATION_AGENT,
+                cmd,
+                self.agent.turn_timeout_ms,
+                &self.agent.env,
+            )?),
+            None => None,
+        };
+        let mut subagents = Vec::new();
+        for (i, s) in self.subagents.iter().enumerate() {
+            let key = format!("subagents[{i}]");
+            let ok_name = !s.name.is_empty()
+                && s.name.len() <= 64
+                && s.name
+                    .bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'));
+            if !ok_name || s.name == crate::runtime::CONVERSATION_AGENT {
+                return Err(format!(
+                    "{key}.name: {:?} must be 1-64 of [a-zA-Z0-9._-] and not \"{}\"",
+                    s.name,
+                    crate::runtime::CONVERSATION_AGENT
+                ));
+            }
+            if subagents
+                .iter()
+                .any(|x: &crate::runtime::agent::AgentSpec| x.name == s.name)
+            {
+                return Err(format!("{key}.name: {:?} is defined twice", s.name));
+            }
+            subagents.push(spec(&key, &s.name, &s.command, s.turn_timeout_ms, &s.env)?);
+        }
         Ok(crate::runtime::Settings {
             workflows: self.workflows()?,
             approval,
+            agent,
+            subagents,
         })
     }
 

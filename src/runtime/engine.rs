@@ -18,6 +18,7 @@ use agentd_core::{CallId, CommandAnswer, Completion, CompletionError, Effect, In
 use agentd_io_std::Clock;
 use serde_json::{json, Map, Value};
 
+use super::agent::{self, AgentEvent, AgentEventKind, AgentProcess, AgentSpec, TurnIn};
 use super::exec::{self, ExecJob};
 use super::logring;
 use super::workflow::{self, StepKind, Workflow};
@@ -38,7 +39,14 @@ pub struct Settings {
     /// `agent.approval`: whether exec steps run (`auto`), wait for an operator (`ask`) or
     /// are refused (`deny`).
     pub approval: Approval,
+    /// The conversation agent (`[agent] command`): answers turns that are not commands.
+    pub agent: Option<AgentSpec>,
+    /// `[[subagents]]`: the kinds of named agent processes `subagent.send` starts.
+    pub subagents: Vec<AgentSpec>,
 }
+
+/// The name of the conversation agent's process, in events and failure reasons.
+pub const CONVERSATION_AGENT: &str = "conversation";
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Approval {
@@ -115,6 +123,8 @@ pub(crate) enum Msg {
         result: Result<Value, String>,
     },
     Drain(String),
+    /// An agent process spoke, or its process changed.
+    Agent(AgentEvent),
 }
 
 /// Starts the runtime on its own thread.
@@ -138,8 +148,43 @@ pub fn spawn(
             .collect();
         logring::set_recording(inst.config().introspection_enabled);
     }
+    let (agent_tx, agent_rx) = channel::<AgentEvent>();
+    {
+        // Agent events join the runtime's one queue.
+        let tx = tx.clone();
+        thread::Builder::new()
+            .name("agentd-agent-events".into())
+            .spawn(move || {
+                for ev in agent_rx {
+                    if tx.send(Msg::Agent(ev)).is_err() {
+                        break;
+                    }
+                }
+            })?;
+    }
+    let conversation = match settings.agent {
+        Some(spec) => Some(
+            AgentProcess::new(spec, agent_tx.clone())
+                .map_err(|e| std::io::Error::other(e.to_string()))?,
+        ),
+        None => None,
+    };
+    if let Some(a) = &conversation {
+        let mut inst = instance.lock().unwrap_or_else(|p| p.into_inner());
+        inst.view.model = a.spec().command.first().cloned().unwrap_or_default();
+    }
     let mut rt = Runtime {
         inst: instance,
+        conversation,
+        subagent_kinds: settings
+            .subagents
+            .into_iter()
+            .map(|s| (s.name.clone(), s))
+            .collect(),
+        subagents: BTreeMap::new(),
+        agent_tx,
+        agent_tasks: HashMap::new(),
+        held_turns: Vec::new(),
         clock,
         workflows: settings
             .workflows
@@ -341,8 +386,47 @@ struct Conversation {
 
 const CONVERSATION_MESSAGES_KEPT: usize = 1000;
 
+/// Who answers an agent task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum AgentTask {
+    Conversation,
+    /// A `subagent.send` task of this handle.
+    Subagent(String),
+}
+
+/// A named agent process a principal started with `subagent.send`.
+struct Subagent {
+    handle: String,
+    owner: Principal,
+    process: AgentProcess,
+    status: &'static str,
+    attempt: u64,
+    instruction: Value,
+    result: Value,
+    error: Option<String>,
+    requested_by: String,
+    created: u64,
+    updated: u64,
+}
+
+impl Subagent {
+    fn feed_doc(&self) -> Value {
+        json!({"handle": self.handle, "mode": "process", "status": self.status, "tokens": 0,
+               "error": self.error, "updated": self.updated})
+    }
+}
+
 struct Runtime {
     inst: Arc<Mutex<Instance>>,
+    conversation: Option<AgentProcess>,
+    subagent_kinds: HashMap<String, AgentSpec>,
+    /// Handle → the subagent.
+    subagents: BTreeMap<String, Subagent>,
+    agent_tx: Sender<AgentEvent>,
+    /// Task id → what answers it: the conversation agent or a subagent's handle.
+    agent_tasks: HashMap<String, AgentTask>,
+    /// Turns that arrived while the instance was paused.
+    held_turns: Vec<Effect>,
     clock: Clock,
     workflows: HashMap<String, Arc<Workflow>>,
     approval: Approval,
@@ -403,6 +487,7 @@ impl Runtime {
                     result,
                 } => self.on_step_done(&mut inst, &run, step, attempt, result, now),
                 Msg::Drain(reason) => self.start_drain(&mut inst, &reason, now),
+                Msg::Agent(ev) => self.on_agent_event(&mut inst, ev, now),
             }
         }
     }
@@ -436,22 +521,81 @@ impl Runtime {
                 message,
                 owner,
             } => {
-                self.record_turn(inst, &owner, &context_id, &task_id, &message, now);
                 if let Some(run_id) = self.gates.remove(&task_id) {
                     self.answer_gate(inst, &run_id, &message, now);
                     return;
                 }
-                complete(
-                    inst,
-                    Completion::Status {
+                // The answer to a subagent's question goes back to that subagent.
+                if let Some(AgentTask::Subagent(handle)) = self.agent_tasks.get(&task_id).cloned() {
+                    let turn = TurnIn {
+                        task: task_id.clone(),
+                        context: context_id,
+                        principal: owner.id.clone(),
+                        parts: message.parts.clone(),
+                    };
+                    let sent = match self.subagents.get(&handle) {
+                        Some(s) => s.process.turn(turn).map_err(|e| e.to_string()),
+                        None => Err(format!("subagent {handle} is gone")),
+                    };
+                    if let Err(e) = sent {
+                        status(inst, &task_id, TaskState::Failed, e, now);
+                    }
+                    return;
+                }
+                if self.conversation.is_none() {
+                    complete(
+                        inst,
+                        Completion::Status {
+                            task_id,
+                            state: TaskState::Rejected,
+                            message: Some(vec![Part::text(NO_AGENT)]),
+                        },
+                        now,
+                    );
+                    return;
+                }
+                if inst.paused {
+                    self.held_turns.push(Effect::Turn {
                         task_id,
-                        state: TaskState::Rejected,
-                        message: Some(vec![Part::text(NO_AGENT)]),
-                    },
-                    now,
-                );
+                        context_id,
+                        message,
+                        owner,
+                    });
+                    return;
+                }
+                self.record_turn(inst, &owner, &context_id, &task_id, &message, now);
+                let turn = TurnIn {
+                    task: task_id.clone(),
+                    context: context_id,
+                    principal: owner.id.clone(),
+                    parts: message.parts.clone(),
+                };
+                let sent = self
+                    .conversation
+                    .as_ref()
+                    .map(|a| a.turn(turn).map_err(|e| e.to_string()))
+                    .unwrap_or(Ok(()));
+                match sent {
+                    Ok(()) => {
+                        self.agent_tasks.insert(task_id, AgentTask::Conversation);
+                    }
+                    Err(e) => status(inst, &task_id, TaskState::Failed, e, now),
+                }
             }
             Effect::Cancel { task_id } => {
+                match self.agent_tasks.remove(&task_id) {
+                    Some(AgentTask::Conversation) => {
+                        if let Some(a) = &self.conversation {
+                            a.cancel(&task_id);
+                        }
+                    }
+                    Some(AgentTask::Subagent(h)) => {
+                        if let Some(s) = self.subagents.get(&h) {
+                            s.process.cancel(&task_id);
+                        }
+                    }
+                    None => {}
+                }
                 if let Some(run_id) = self.task_runs.get(&task_id).cloned() {
                     // The core already moved the task to canceled.
                     self.cancel_run(inst, &run_id, "the task was canceled", false, now);
@@ -911,6 +1055,9 @@ impl Runtime {
                     for id in held {
                         self.advance(inst, &id, now);
                     }
+                    for turn in std::mem::take(&mut self.held_turns) {
+                        self.on_effect(inst, turn, now);
+                    }
                     done(
                         inst,
                         call.task_id,
@@ -1013,6 +1160,79 @@ impl Runtime {
                 );
                 Ok(())
             }
+            "subagent.send" => {
+                let handle = str_arg(call.args, "handle").unwrap_or("").to_owned();
+                let text = str_arg(call.args, "message").unwrap_or("").to_owned();
+                self.ensure_subagent(&handle, call.principal, &text, now)?;
+                self.started(inst, &call, LinkKind::Subagent, &handle, now)?;
+                let task_id = call.task_id.unwrap_or_default().to_owned();
+                let turn = TurnIn {
+                    task: task_id.clone(),
+                    context: call.context_id.to_owned(),
+                    principal: call.principal.id.clone(),
+                    parts: vec![Part::text(text.clone())],
+                };
+                let sub = self.subagents.get_mut(&handle).expect("ensured above");
+                sub.attempt += 1;
+                sub.instruction = json!(text);
+                sub.status = "working";
+                sub.updated = now.epoch_ms;
+                match sub.process.turn(turn) {
+                    Ok(()) => {
+                        self.agent_tasks
+                            .insert(task_id, AgentTask::Subagent(handle.clone()));
+                    }
+                    Err(e) => status(inst, &task_id, TaskState::Failed, e.to_string(), now),
+                }
+                self.subagent_changed(inst, &handle, now);
+                Ok(())
+            }
+            "subagent.kill" => {
+                let handle = self
+                    .visible_subagent(str_arg(call.args, "handle").unwrap_or(""), call.principal)?;
+                let reason = str_arg(call.args, "reason")
+                    .unwrap_or("subagent.kill")
+                    .to_owned();
+                self.started(inst, &call, LinkKind::Subagent, &handle, now)?;
+                let sub = self.subagents.get_mut(&handle).expect("visible above");
+                sub.process.kill(&call.principal.id, &reason);
+                sub.status = "killed";
+                sub.error = Some(format!("killed by {}: {reason}", call.principal.id));
+                sub.updated = now.epoch_ms;
+                self.subagent_changed(inst, &handle, now);
+                done(
+                    inst,
+                    call.task_id,
+                    Some(json!({"ok": true, "handle": handle})),
+                    None,
+                    now,
+                );
+                Ok(())
+            }
+            "subagent.status" => {
+                let handle = self
+                    .visible_subagent(str_arg(call.args, "handle").unwrap_or(""), call.principal)?;
+                let s = &self.subagents[&handle];
+                let mut doc = json!({"handle": s.handle, "status": s.status, "mode": "process", "result": s.result});
+                if let Some(e) = &s.error {
+                    doc["error"] = json!(e);
+                }
+                answer(inst, call.id, doc, now);
+                Ok(())
+            }
+            "subagent.get" => {
+                let handle = self
+                    .visible_subagent(str_arg(call.args, "handle").unwrap_or(""), call.principal)?;
+                let s = &self.subagents[&handle];
+                let doc = json!({"subagent": {
+                    "handle": s.handle, "mode": "process", "status": s.status, "attempt": s.attempt,
+                    "tokens": 0, "instruction": s.instruction, "result": s.result, "error": s.error,
+                    "requested_by": s.requested_by, "created": s.created, "updated": s.updated,
+                    "node": null,
+                }});
+                answer(inst, call.id, doc, now);
+                Ok(())
+            }
             other => Err(RpcError::new(
                 ErrorKind::OpNotServed,
                 format!("command {other:?} is not served by this instance's runtime"),
@@ -1073,6 +1293,214 @@ impl Runtime {
             .with_meta("run", id));
         }
         Ok(())
+    }
+
+    /// The subagent a handle names for this caller, starting its process on first use.
+    /// A handle is `<kind>` or `<kind>:<label>`, where the kind is a `[[subagents]]` name;
+    /// a handle another principal holds is "no such subagent" to everyone else.
+    fn ensure_subagent(
+        &mut self,
+        handle: &str,
+        p: &Principal,
+        text: &str,
+        now: Now,
+    ) -> Result<(), RpcError> {
+        if let Some(s) = self.subagents.get(handle) {
+            return if p.may_see(&s.owner) {
+                Ok(())
+            } else {
+                Err(not_found("subagent"))
+            };
+        }
+        let kind = handle.split(':').next().unwrap_or("");
+        let Some(spec) = self.subagent_kinds.get(kind) else {
+            let kinds: Vec<&str> = self.subagent_kinds.keys().map(String::as_str).collect();
+            return Err(invalid_args(
+                "subagent.send",
+                "handle",
+                if kinds.is_empty() {
+                    "no subagents are configured on this instance ([[subagents]])".to_owned()
+                } else {
+                    format!("{kind:?} is not a subagent kind; a handle is <kind> or <kind>:<label>, and the kinds are {}", kinds.join(", "))
+                },
+            ));
+        };
+        if handle.len() > 128 || handle.chars().any(|c| c.is_control() || c == '/') {
+            return Err(invalid_args(
+                "subagent.send",
+                "handle",
+                "at most 128 characters, no control characters or slashes",
+            ));
+        }
+        let mut spec = spec.clone();
+        spec.name = handle.to_owned();
+        let process = AgentProcess::new(spec, self.agent_tx.clone()).map_err(|e| {
+            RpcError::new(
+                ErrorKind::Internal,
+                format!("subagent {handle} cannot start: {e}"),
+            )
+        })?;
+        tracing::info!(%handle, owner = %p.id, "subagent created");
+        self.subagents.insert(
+            handle.to_owned(),
+            Subagent {
+                handle: handle.to_owned(),
+                owner: p.clone(),
+                process,
+                status: "idle",
+                attempt: 0,
+                instruction: json!(text),
+                result: Value::Null,
+                error: None,
+                requested_by: p.id.clone(),
+                created: now.epoch_ms,
+                updated: now.epoch_ms,
+            },
+        );
+        Ok(())
+    }
+
+    fn visible_subagent(&self, handle: &str, p: &Principal) -> Result<String, RpcError> {
+        match self.subagents.get(handle) {
+            Some(s) if p.may_see(&s.owner) => Ok(s.handle.clone()),
+            _ => Err(not_found("subagent")),
+        }
+    }
+
+    fn subagent_changed(&self, inst: &mut Inst<'_>, handle: &str, now: Now) {
+        if let Some(s) = self.subagents.get(handle) {
+            push(inst, "subagent", s.feed_doc(), None, now);
+        }
+    }
+
+    /// What an agent process said, applied to its task (and to its subagent's state).
+    fn on_agent_event(&mut self, inst: &mut Inst<'_>, ev: AgentEvent, now: Now) {
+        let subagent = (ev.agent != CONVERSATION_AGENT && self.subagents.contains_key(&ev.agent))
+            .then(|| ev.agent.clone());
+        match &ev.kind {
+            AgentEventKind::Started { pid, restarts } => {
+                tracing::info!(agent = %ev.agent, pid, restarts, "agent process started");
+            }
+            AgentEventKind::StartFailed { error, .. } => {
+                tracing::warn!(agent = %ev.agent, %error, "agent process could not start");
+                if let Some(h) = &subagent {
+                    self.set_subagent(inst, h, "crashed", Some(error.clone()), None, now);
+                }
+            }
+            AgentEventKind::Exited {
+                description,
+                in_flight,
+            } => {
+                tracing::warn!(agent = %ev.agent, %description, in_flight = in_flight.len(), "agent process ended");
+                if let Some(h) = &subagent {
+                    let killed = self.subagents.get(h).is_some_and(|s| s.status == "killed");
+                    if !killed {
+                        self.set_subagent(
+                            inst,
+                            h,
+                            "crashed",
+                            Some(format!("agent process {h} {description}")),
+                            None,
+                            now,
+                        );
+                    }
+                }
+            }
+            _ => {}
+        }
+        let Some(task_id) = ev.task.clone() else {
+            return;
+        };
+        let is_sub_task = matches!(self.agent_tasks.get(&task_id), Some(AgentTask::Subagent(_)));
+        match &ev.kind {
+            AgentEventKind::Reply { parts } if is_sub_task => {
+                // A subagent's answer completes its subagent.send task with the op's result.
+                let text = parts_text(parts);
+                let handle = subagent.clone().unwrap_or_default();
+                self.agent_tasks.remove(&task_id);
+                done(
+                    inst,
+                    Some(&task_id),
+                    Some(json!({"ok": true, "handle": handle, "reply": text})),
+                    Some(text.clone()),
+                    now,
+                );
+                self.set_subagent(inst, &handle, "idle", None, Some(json!(text)), now);
+                return;
+            }
+            AgentEventKind::Reply { parts } => {
+                self.record_reply(inst, &task_id, parts, now);
+                self.agent_tasks.remove(&task_id);
+            }
+            AgentEventKind::Fail { error } => {
+                self.agent_tasks.remove(&task_id);
+                if let Some(h) = &subagent {
+                    // A process that ended keeps saying so; only a turn that failed on its
+                    // own leaves the subagent merely "failed".
+                    let state = match self.subagents.get(h).map(|s| s.status) {
+                        Some(st @ ("killed" | "crashed")) => st,
+                        _ => "failed",
+                    };
+                    self.set_subagent(inst, h, state, Some(error.clone()), None, now);
+                }
+            }
+            _ => {}
+        }
+        for c in agent::to_completions(&ev) {
+            complete(inst, c, now);
+        }
+    }
+
+    fn set_subagent(
+        &mut self,
+        inst: &mut Inst<'_>,
+        handle: &str,
+        state: &'static str,
+        error: Option<String>,
+        result: Option<Value>,
+        now: Now,
+    ) {
+        if let Some(s) = self.subagents.get_mut(handle) {
+            s.status = state;
+            if error.is_some() {
+                s.error = error;
+            }
+            if let Some(r) = result {
+                s.result = r;
+                s.error = None;
+            }
+            s.updated = now.epoch_ms;
+        }
+        self.subagent_changed(inst, handle, now);
+    }
+
+    /// The conversation agent's answer, kept in its conversation.
+    fn record_reply(&mut self, inst: &mut Inst<'_>, task_id: &str, parts: &[Part], now: Now) {
+        let Some(c) = self
+            .conversations
+            .values_mut()
+            .find(|c| c.task.as_deref() == Some(task_id))
+        else {
+            return;
+        };
+        if c.messages.len() == CONVERSATION_MESSAGES_KEPT {
+            c.messages.pop_front();
+        }
+        c.messages.push_back(json!({"role": "agent", "task": task_id, "text": parts_text(parts), "ts": now.epoch_ms}));
+        c.total_messages += 1;
+        c.version += 1;
+        c.updated = now.epoch_ms;
+        let doc = conversation_doc(c);
+        let owner = c.owner.id.clone();
+        let id = conversation_key(&c.owner, &c.context_id);
+        inst.view.conversations.insert(
+            id,
+            ViewItem {
+                owner: Some(owner.clone()),
+                doc: doc.clone(),
+            },
+        );
+        push(inst, "conversation", doc, Some(owner), now);
     }
 
     // -----------------------------------------------------------------------------------
@@ -1840,4 +2268,16 @@ fn base36(mut n: u64) -> String {
     }
     out.reverse();
     String::from_utf8(out).unwrap_or_default()
+}
+
+fn parts_text(parts: &[Part]) -> String {
+    parts
+        .iter()
+        .map(|p| match &p.content {
+            agentd_core::a2a::types::PartContent::Text(t) => t.clone(),
+            agentd_core::a2a::types::PartContent::Data(d) => d.to_string(),
+            _ => String::new(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }

@@ -20,7 +20,7 @@ pub mod workflow;
 
 mod engine;
 
-pub use engine::{spawn, Approval, DrainHandle, Exit, RuntimeHandle, Settings};
+pub use engine::{spawn, Approval, DrainHandle, Exit, RuntimeHandle, Settings, CONVERSATION_AGENT};
 
 /// The status message of a turn no agent can answer.
 pub const NO_AGENT: &str =

@@ -1,0 +1,293 @@
+//! Agent processes on the real binary: conversation turns answered by the example agent
+//! (`examples/agents/echo_agent.py`), its question and the answer, a crashing agent and a
+//! hanging one reported as failed tasks with the reason, and subagents sent to, asked
+//! about and killed through the command extension.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{post, Daemon, Setup, RPC_HEADERS};
+use serde_json::{json, Value};
+
+const COMMAND_URI: &str = "https://agentd.dev/a2a/ext/command";
+const ANNOTATIONS_URI: &str = "https://agentd.dev/a2a/ext/task-annotations";
+
+fn script(path: &str) -> String {
+    format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn start(driver: &str, agent: &str, timeout_ms: u64) -> Daemon {
+    let sections = format!(
+        "[agent]\ncommand = [\"python3\", \"{}\"]\nturn_timeout_ms = {timeout_ms}\n\n\
+         [a2a.introspection]\nenabled = true\n\n\
+         [[subagents]]\nname = \"echo\"\ncommand = [\"python3\", \"{}\"]\n\n\
+         [[subagents]]\nname = \"hang\"\ncommand = [\"python3\", \"{}\"]\n\n\
+         [[subagents]]\nname = \"crashy\"\ncommand = [\"python3\", \"{}\"]\n",
+        script(agent),
+        script("examples/agents/echo_agent.py"),
+        script("tests/agents/hang.py"),
+        script("tests/agents/crashy.py"),
+    );
+    Daemon::start_setup(
+        driver,
+        &Setup {
+            sections,
+            ..Setup::default()
+        },
+    )
+}
+
+fn send(d: &Daemon, task: Option<&str>, part: Value, now: bool) -> Value {
+    let mut message =
+        json!({"role": "ROLE_USER", "messageId": format!("m-{}", next()), "parts": [part]});
+    if let Some(t) = task {
+        message["taskId"] = json!(t);
+    }
+    let mut params = json!({ "message": message });
+    if now {
+        params["configuration"] = json!({"returnImmediately": true});
+    }
+    let ext = format!("A2A-Extensions: {ANNOTATIONS_URI}");
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": params});
+    d.connect_tcp()
+        .request(&post(
+            &[RPC_HEADERS[0], RPC_HEADERS[1], &ext],
+            body.to_string().as_bytes(),
+        ))
+        .json()
+}
+
+fn command(d: &Daemon, envelope: Value, now: bool) -> Value {
+    let mut params = json!({"message": {"role": "ROLE_USER", "messageId": format!("c-{}", next()),
+        "extensions": [COMMAND_URI], "parts": [{"data": {"agentd": envelope}}]}});
+    if now {
+        params["configuration"] = json!({"returnImmediately": true});
+    }
+    let ext = format!("A2A-Extensions: {COMMAND_URI}");
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": params});
+    d.connect_tcp()
+        .request(&post(
+            &[RPC_HEADERS[0], RPC_HEADERS[1], &ext],
+            body.to_string().as_bytes(),
+        ))
+        .json()
+}
+
+fn next() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(1);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+fn state(t: &Value) -> &str {
+    t["status"]["state"].as_str().unwrap_or("")
+}
+
+fn status_text(t: &Value) -> String {
+    t["status"]["message"]["parts"][0]["text"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned()
+}
+
+fn wait_state(d: &Daemon, id: &str, want: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let t = d.connect_tcp().rpc_ok("GetTask", json!({"id": id}));
+        if state(&t) == want {
+            return t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "task {id} never reached {want}: {t}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn turns_are_answered(driver: &str) {
+    let mut d = start(driver, "examples/agents/echo_agent.py", 20_000);
+    let r = send(&d, None, json!({"text": "hello there"}), false);
+    let t = &r["result"]["task"];
+    assert_eq!(state(t), "TASK_STATE_COMPLETED", "{r}");
+    assert_eq!(status_text(t), "echo: hello there");
+    assert_eq!(t["artifacts"][0]["name"], "echo");
+    assert_eq!(t["artifacts"][0]["parts"][0]["text"], "hello there");
+
+    // The agent asks; the answer is held to its schema, then continues the task.
+    let r = send(&d, None, json!({"text": "confirm the deploy"}), false);
+    let t = &r["result"]["task"];
+    assert_eq!(state(t), "TASK_STATE_INPUT_REQUIRED", "{r}");
+    assert_eq!(
+        t["metadata"][ANNOTATIONS_URI]["askSchema"]["required"],
+        json!(["approve"])
+    );
+    let id = t["id"].as_str().unwrap().to_owned();
+    let bad = send(&d, Some(&id), json!({"data": {"approve": "yes"}}), false);
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
+    let ok = send(&d, Some(&id), json!({"data": {"approve": true}}), false);
+    assert_eq!(
+        status_text(&ok["result"]["task"]),
+        "confirmed: confirm the deploy",
+        "{ok}"
+    );
+
+    // The conversation keeps both turns and the agent's answers.
+    let ctx = t["contextId"].as_str().unwrap();
+    let c = command(&d, json!({"op": "conversation.get", "id": ctx}), false);
+    let conv = &c["result"]["message"]["parts"][0]["data"]["conversation"];
+    assert_eq!(conv["turns"], 2, "{c}");
+    let texts: Vec<&str> = conv["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        texts.last(),
+        Some(&"confirmed: confirm the deploy"),
+        "{texts:?}"
+    );
+    let s = command(&d, json!({"op": "status"}), false);
+    assert!(s["result"]["message"]["parts"][0]["data"]["model"]
+        .as_str()
+        .unwrap()
+        .contains("python3"));
+    d.assert_alive();
+}
+
+#[test]
+fn the_example_agent_answers_turns_on_smol() {
+    turns_are_answered("smol");
+}
+
+#[test]
+fn the_example_agent_answers_turns_on_std() {
+    turns_are_answered("std");
+}
+
+#[test]
+fn a_crashing_agent_fails_its_task_with_the_reason_and_restarts() {
+    let mut d = start("smol", "tests/agents/crashy.py", 20_000);
+    let r = send(&d, None, json!({"text": "crash"}), false);
+    let t = &r["result"]["task"];
+    assert_eq!(state(t), "TASK_STATE_FAILED", "{r}");
+    assert!(status_text(t).contains("exited with status 3"), "{r}");
+    let r = send(&d, None, json!({"text": "again"}), false);
+    assert_eq!(
+        status_text(&r["result"]["task"]),
+        "fine",
+        "the next turn restarts it: {r}"
+    );
+    assert!(d.stderr().contains("agent process ended"));
+    d.assert_alive();
+}
+
+#[test]
+fn a_hanging_agent_times_out() {
+    let mut d = start("std", "tests/agents/hang.py", 600);
+    let started = Instant::now();
+    let r = send(&d, None, json!({"text": "anything"}), false);
+    let t = &r["result"]["task"];
+    assert_eq!(state(t), "TASK_STATE_FAILED", "{r}");
+    assert!(status_text(t).contains("timed out"), "{r}");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    d.assert_alive();
+}
+
+#[test]
+fn subagents_are_sent_to_asked_about_and_killed() {
+    let d = start("smol", "examples/agents/echo_agent.py", 20_000);
+    let r = command(
+        &d,
+        json!({"op": "subagent.send", "handle": "echo:a", "message": "ping"}),
+        false,
+    );
+    let t = &r["result"]["task"];
+    assert_eq!(state(t), "TASK_STATE_COMPLETED", "{r}");
+    let id = t["id"].as_str().unwrap();
+    let result = t["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["artifactId"] == format!("{id}.result"))
+        .unwrap();
+    assert_eq!(
+        result["parts"][0]["data"],
+        json!({"ok": true, "handle": "echo:a", "reply": "echo: ping"})
+    );
+    let s = command(
+        &d,
+        json!({"op": "subagent.status", "handle": "echo:a"}),
+        false,
+    );
+    let doc = &s["result"]["message"]["parts"][0]["data"];
+    assert_eq!(doc["status"], "idle", "{s}");
+    assert_eq!(doc["result"], "echo: ping");
+    let g = command(&d, json!({"op": "subagent.get", "handle": "echo:a"}), false);
+    assert_eq!(
+        g["result"]["message"]["parts"][0]["data"]["subagent"]["attempt"], 1,
+        "{g}"
+    );
+
+    // Killing a subagent mid-turn fails its task with the reason.
+    let r = command(
+        &d,
+        json!({"op": "subagent.send", "handle": "hang", "message": "work"}),
+        true,
+    );
+    let hung = r["result"]["task"]["id"].as_str().unwrap().to_owned();
+    std::thread::sleep(Duration::from_millis(300));
+    let k = command(
+        &d,
+        json!({"op": "subagent.kill", "handle": "hang", "reason": "runaway"}),
+        false,
+    );
+    assert_eq!(state(&k["result"]["task"]), "TASK_STATE_COMPLETED", "{k}");
+    let t = wait_state(&d, &hung, "TASK_STATE_FAILED");
+    assert!(status_text(&t).contains("runaway"), "{t}");
+    let s = command(
+        &d,
+        json!({"op": "subagent.status", "handle": "hang"}),
+        false,
+    );
+    assert_eq!(
+        s["result"]["message"]["parts"][0]["data"]["status"], "killed",
+        "{s}"
+    );
+
+    // A crash is reported, not hidden.
+    let r = command(
+        &d,
+        json!({"op": "subagent.send", "handle": "crashy", "message": "crash"}),
+        false,
+    );
+    let t = &r["result"]["task"];
+    assert_eq!(state(t), "TASK_STATE_FAILED", "{r}");
+    assert!(status_text(t).contains("exited with status 3"), "{r}");
+    let s = command(
+        &d,
+        json!({"op": "subagent.status", "handle": "crashy"}),
+        false,
+    );
+    let doc = &s["result"]["message"]["parts"][0]["data"];
+    assert_eq!(doc["status"], "crashed", "{s}");
+    assert!(doc["error"]
+        .as_str()
+        .unwrap()
+        .contains("exited with status 3"));
+
+    let unknown = command(
+        &d,
+        json!({"op": "subagent.send", "handle": "nope", "message": "x"}),
+        false,
+    );
+    assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
+    let missing = command(
+        &d,
+        json!({"op": "subagent.status", "handle": "echo:zzz"}),
+        false,
+    );
+    assert_eq!(missing["error"]["message"], "no such subagent");
+}
