@@ -86,26 +86,42 @@ fn seed_status_example_std_unix() {
 }
 
 #[test]
-fn runtime_ops_are_refused_honestly_and_nothing_runs() {
+fn refused_ops_run_nothing() {
     for driver in ["smol", "std"] {
         let d = Daemon::start(driver);
         let mut c = d.connect(Via::Tcp);
-        let body = json!({"jsonrpc":"2.0","id":2,"method":"SendMessage","params":{"message":{
-            "role":"ROLE_USER","messageId":"m-2","extensions":[COMMAND],
-            "parts":[{"data":{"agentd":{"op":"workflow.run","workflow":"triage"}}}]}}})
-        .to_string();
-        let req = format!(
-            "POST / HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\nA2A-Version: 1.0\r\nA2A-Extensions: {COMMAND}\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        let r = c.request(req.as_bytes());
-        let j = r.json();
-        assert_eq!(j["error"]["code"], -32004, "{driver}: {j}");
-        assert_eq!(j["error"]["data"][0]["reason"], "OP_NOT_SERVED");
-        assert!(
-            r.header("a2a-extensions").is_none(),
-            "a refusal echoes nothing"
-        );
+        // An unknown workflow, and the instance-tier subagent report this runtime does not
+        // serve: each a typed refusal, no echo, no task.
+        let cases = [
+            (
+                json!({"op":"workflow.run","workflow":"triage"}),
+                -32602,
+                "INVALID_COMMAND_ARGS",
+            ),
+            (
+                json!({"op":"_instance.result","handle":"h"}),
+                -32004,
+                "OP_NOT_SERVED",
+            ),
+        ];
+        for (envelope, code, reason) in cases {
+            let body = json!({"jsonrpc":"2.0","id":2,"method":"SendMessage","params":{"message":{
+                "role":"ROLE_USER","messageId":"m-2","extensions":[COMMAND],
+                "parts":[{"data":{"agentd": envelope}}]}}})
+            .to_string();
+            let req = format!(
+                "POST / HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\nA2A-Version: 1.0\r\nA2A-Extensions: {COMMAND}\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let r = c.request(req.as_bytes());
+            let j = r.json();
+            assert_eq!(j["error"]["code"], code, "{driver}: {j}");
+            assert_eq!(j["error"]["data"][0]["reason"], reason, "{driver}: {j}");
+            assert!(
+                r.header("a2a-extensions").is_none(),
+                "a refusal echoes nothing"
+            );
+        }
         let list = r#"{"jsonrpc":"2.0","id":3,"method":"ListTasks","params":{}}"#;
         let req = format!("POST / HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\nA2A-Version: 1.0\r\nContent-Length: {}\r\n\r\n{list}", list.len());
         assert_eq!(

@@ -1437,9 +1437,11 @@ impl Runtime {
                 if let Some(h) = &subagent {
                     // A process that ended keeps saying so; only a turn that failed on its
                     // own leaves the subagent merely "failed".
-                    let state = match self.subagents.get(h).map(|s| s.status) {
-                        Some(st @ ("killed" | "crashed")) => st,
-                        _ => "failed",
+                    let now_status = self.subagents.get(h).map_or("failed", |s| s.status);
+                    let state = if matches!(now_status, "killed" | "crashed") {
+                        now_status
+                    } else {
+                        "failed"
                     };
                     self.set_subagent(inst, h, state, Some(error.clone()), None, now);
                 }
