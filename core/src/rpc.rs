@@ -973,7 +973,10 @@ fn draining(inst: &Instance) -> RpcError {
 pub fn gate_answer(message: &Message) -> serde_json::Value {
     for part in &message.parts {
         if let PartContent::Data(d) = &part.content {
-            return d.clone();
+            // Protobuf-Struct clients send `1` as `1.0`; the answer keeps integers whole.
+            let mut d = d.clone();
+            crate::ext::command::integral_doubles_to_integers(&mut d);
+            return d;
         }
     }
     let text: String = message

@@ -98,8 +98,33 @@ port="$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); 
 url="http://127.0.0.1:$port/"
 # The listener lives in the [a2a] section (src/config.rs; unknown top-level
 # keys are refused). No [agent] section: the suite expects the agentless
-# behaviour (every task REJECTED).
+# behaviour (every turn REJECTED). One workflow, whose start declares the
+# `interop.start` command and whose human step gates its task.
 printf '[a2a]\nlisten = ["tcp://127.0.0.1:%s"]\n' "$port" >"$work/agentd.toml"
+cat >>"$work/agentd.toml" <<'TOML'
+
+[[workflows]]
+name = "interop"
+
+[[workflows.steps]]
+id = "start"
+kind = "a2a"
+command = "interop.start"
+roles = ["operator", "user"]
+schema = { type = "object", properties = { ticket = { type = "integer" } }, required = ["ticket"], additionalProperties = false }
+
+[[workflows.steps]]
+id = "ask"
+kind = "human"
+prompt = "Approve ticket {{inputs.ticket}}?"
+schema = { type = "object", properties = { approve = { type = "boolean" } }, required = ["approve"] }
+
+[[workflows.steps]]
+id = "report"
+kind = "exec"
+program = "/bin/echo"
+args = ['{"ticket": {{inputs.ticket}}, "approved": {{steps.ask.output.approve}}}']
+TOML
 
 cmd=("$bin")
 [[ -z "$driver" ]] || cmd+=(--driver "$driver")

@@ -55,6 +55,7 @@ from google.protobuf.message import Message as ProtoMessage
 from google.rpc import error_details_pb2  # noqa: F401 -- registers ErrorInfo/BadRequest for Any
 
 from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
+from a2a.client.client import ClientCallContext
 from a2a.client.transports.jsonrpc import JsonRpcTransport
 from a2a.types import (
     AgentCard,
@@ -1024,3 +1025,57 @@ async def test_id_is_echoed_exactly(raw: httpx.AsyncClient, request_id: Any) -> 
     assert response.status_code == 200
     assert 'result' in body, body
     assert json_id(body['id']) == json_id(request_id)
+
+
+# ---------------------------------------------------------------------------
+# A workflow task through the command extension, with its input-required turn
+# ---------------------------------------------------------------------------
+
+COMMAND_URI = 'https://agentd.dev/a2a/ext/command'
+
+
+def data_part(value: Any) -> Part:
+    return json_format.ParseDict({'data': value, 'mediaType': 'application/json'}, Part())
+
+
+async def test_workflow_task_with_an_input_required_turn(client: Client, wire: Recorder) -> None:
+    # The command: one DataPart under `agentd`, marked in message.extensions and
+    # activated by the A2A-Extensions header the SDK sends from the call context.
+    command = Message(message_id=str(uuid.uuid4()), role=Role.ROLE_USER)
+    command.extensions.append(COMMAND_URI)
+    command.parts.append(data_part({'agentd': {'op': 'interop.start', 'ticket': 42}}))
+    context = ClientCallContext(service_parameters={'A2A-Extensions': COMMAND_URI})
+    with anyio.fail_after(STREAM_TIMEOUT):
+        events = [
+            ev async for ev in client.send_message(SendMessageRequest(message=command), context=context)
+        ]
+    assert events[0].WhichOneof('payload') == 'task', events
+    task = events[0].task
+    sent = wire.posts()[-1]
+    assert sent.request_json['method'] == 'SendMessage'
+
+    # The blocking send returns at the gate: input-required, the question in the status.
+    assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED, task
+    question = ' '.join(p.text for p in task.status.message.parts if p.HasField('text'))
+    assert question == 'Approve ticket 42?', question
+
+    # An answer the gate's schema does not admit is refused; the gate stays open.
+    with pytest.raises(A2AError) as excinfo:
+        await send_unary(client, user_message('maybe', task_id=task.id, context_id=task.context_id))
+    assert_typed(excinfo, InvalidParamsError, -32602, wire)
+    still = await client.get_task(GetTaskRequest(id=task.id))
+    assert still.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+
+    # The answer continues the same task to its end; the result artifact is the last
+    # step's output.
+    answer = Message(
+        message_id=str(uuid.uuid4()), role=Role.ROLE_USER, task_id=task.id, context_id=task.context_id
+    )
+    answer.parts.append(data_part({'approve': True}))
+    done = await send_unary(client, answer)
+    assert done.id == task.id
+    assert done.status.state == TaskState.TASK_STATE_COMPLETED, done
+    results = [a for a in done.artifacts if a.artifact_id == f'{task.id}.result']
+    assert len(results) == 1, [a.artifact_id for a in done.artifacts]
+    assert json_format.MessageToDict(results[0].parts[0])['data'] == {'ticket': 42, 'approved': True}
+    assert answer.message_id in [m.message_id for m in done.history]

@@ -202,6 +202,11 @@ pub fn check(
     };
     let mut args = envelope_map.clone();
     args.remove("op");
+    // Clients built on protobuf's Struct send every number as a double (`42.0`). The schema
+    // accepts an integral double as an integer; the host gets it as the integer it is.
+    for v in args.values_mut() {
+        integral_doubles_to_integers(v);
+    }
 
     let (reply, builtin, workflow) = if let Some(spec) = table::find(&op) {
         validate(builtin_validators().get(spec.op), envelope, &op, &at)?;
@@ -428,5 +433,42 @@ pub fn reply_message(message_id: String, context_id: String, result: Value) -> M
         parts: vec![part],
         role: crate::a2a::types::Role::Agent,
         ..Message::default()
+    }
+}
+
+/// Rewrites every integral floating-point number (`42.0`) as an integer (`42`), in place.
+pub fn integral_doubles_to_integers(v: &mut Value) {
+    match v {
+        Value::Number(n) if !n.is_i64() && !n.is_u64() => {
+            if let Some(f) = n.as_f64() {
+                if f.fract() == 0.0 && f.abs() < 9.007_199_254_740_992e15 {
+                    *v = if f < 0.0 {
+                        Value::from(f as i64)
+                    } else {
+                        Value::from(f as u64)
+                    };
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(integral_doubles_to_integers),
+        Value::Object(o) => o.values_mut().for_each(integral_doubles_to_integers),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod integral_tests {
+    use super::*;
+
+    #[test]
+    fn integral_doubles_become_integers_and_others_stay() {
+        let mut v: Value =
+            serde_json::from_str(r#"{"a": 42.0, "b": [-3.0, 2.5], "c": {"d": 1e3}, "e": "7.0"}"#)
+                .unwrap();
+        integral_doubles_to_integers(&mut v);
+        assert_eq!(
+            v.to_string(),
+            r#"{"a":42,"b":[-3,2.5],"c":{"d":1000},"e":"7.0"}"#
+        );
     }
 }
