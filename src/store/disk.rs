@@ -38,7 +38,10 @@ fn parse_journal_name(name: &str) -> Option<u64> {
 pub(crate) fn io_err(what: impl Into<String>, path: &Path) -> impl FnOnce(io::Error) -> Error {
     let what = what.into();
     let path = path.to_path_buf();
-    move |source| Error::Io { what: format!("{what} {}", path.display()), source }
+    move |source| Error::Io {
+        what: format!("{what} {}", path.display()),
+        source,
+    }
 }
 
 /// Data files hold credentials (push configs, sessions): owner-only.
@@ -51,7 +54,9 @@ pub(crate) fn create_opts() -> OpenOptions {
 /// Makes a directory entry change (create, rename, unlink) durable: fsync of a file covers
 /// its data, not the name that points at it.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), Error> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("fsync directory", dir))
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("fsync directory", dir))
 }
 
 /// Creates the directory if needed and takes an exclusive `flock` on `LOCK` for the life of
@@ -77,12 +82,17 @@ pub(crate) fn lock(dir: &Path) -> Result<File, Error> {
         Err(rustix::io::Errno::WOULDBLOCK) => {
             let mut holder = String::new();
             let _ = file.read_to_string(&mut holder);
-            return Err(Error::Locked { dir: dir.to_path_buf(), holder: holder.trim().to_string() });
+            return Err(Error::Locked {
+                dir: dir.to_path_buf(),
+                holder: holder.trim().to_string(),
+            });
         }
         Err(e) => return Err(io_err("flock", &path)(e.into())),
     }
     // Who holds it, for the other daemon's error message; informative only.
-    let _ = file.set_len(0).and_then(|()| writeln!(file, "pid {}", std::process::id()));
+    let _ = file
+        .set_len(0)
+        .and_then(|()| writeln!(file, "pid {}", std::process::id()));
     Ok(file)
 }
 
@@ -112,7 +122,11 @@ impl State {
         let mut v: Vec<_> = self.map.into_iter().collect();
         v.sort_unstable_by_key(|(_, (order, _))| *order);
         v.into_iter()
-            .map(|((kind, key), (_, body))| Record { kind, key, op: Op::Put(body) })
+            .map(|((kind, key), (_, body))| Record {
+                kind,
+                key,
+                op: Op::Put(body),
+            })
             .collect()
     }
 }
@@ -204,7 +218,11 @@ pub(crate) fn replay(dir: &Path, mode: Mode) -> Result<Replay, Error> {
     let last = live.len().checked_sub(1);
     for (i, gen) in live.iter().copied().enumerate() {
         let path = dir.join(journal_name(gen));
-        let (len, n, damage) = read_segment(&path, &mut state)?;
+        let SegmentRead {
+            len,
+            frames: n,
+            damage,
+        } = read_segment(&path, &mut state)?;
         frames += n;
         let mut kept = len;
         if let Some((offset, damage)) = damage {
@@ -213,11 +231,25 @@ pub(crate) fn replay(dir: &Path, mode: Mode) -> Result<Replay, Error> {
             // acknowledged (see the module docs), so truncate and report. Anything else is
             // damage to acknowledged data: refuse and let the operator decide.
             if mode != Mode::Open || Some(i) != last {
-                return Err(Error::Corrupt { file: path, offset, damage });
+                return Err(Error::Corrupt {
+                    file: path,
+                    offset,
+                    damage,
+                });
             }
-            let f = OpenOptions::new().write(true).open(&path).map_err(io_err("open", &path))?;
-            f.set_len(offset).and_then(|()| f.sync_data()).map_err(io_err("truncate", &path))?;
-            truncated = Some(Truncation { file: path, at_offset: offset, dropped_bytes: len - offset, damage });
+            let f = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(io_err("open", &path))?;
+            f.set_len(offset)
+                .and_then(|()| f.sync_data())
+                .map_err(io_err("truncate", &path))?;
+            truncated = Some(Truncation {
+                file: path,
+                at_offset: offset,
+                dropped_bytes: len - offset,
+                damage,
+            });
             kept = offset;
         }
         segments.push((gen, kept));
@@ -225,30 +257,62 @@ pub(crate) fn replay(dir: &Path, mode: Mode) -> Result<Replay, Error> {
     if tidied {
         sync_dir(dir)?;
     }
-    Ok(Replay { state, snapshot_gen, snapshot_bytes, segments, frames, truncated })
+    Ok(Replay {
+        state,
+        snapshot_gen,
+        snapshot_bytes,
+        segments,
+        frames,
+        truncated,
+    })
 }
 
 fn decode_records(payload: &[u8]) -> Result<Vec<Record>, Damage> {
     serde_json::from_slice(payload).map_err(|e| Damage::BadPayload(e.to_string()))
 }
 
-/// Replays one segment into `state`. Returns its length, the good frames and the first
-/// damage (frames after it are not read: see the module docs on damage mid-file).
-fn read_segment(path: &Path, state: &mut State) -> Result<(u64, u64, Option<(u64, Damage)>), Error> {
+/// One segment read: its length, the good frames, and the first damage (frames after it
+/// are not read: see the module docs on damage mid-file).
+struct SegmentRead {
+    len: u64,
+    frames: u64,
+    damage: Option<(u64, Damage)>,
+}
+
+/// Replays one segment into `state`.
+fn read_segment(path: &Path, state: &mut State) -> Result<SegmentRead, Error> {
     let file = File::open(path).map_err(io_err("open", path))?;
     let len = file.metadata().map_err(io_err("stat", path))?.len();
     let mut r = FrameReader::new(BufReader::with_capacity(1 << 16, file), len);
     let mut n = 0;
     loop {
         match r.next().map_err(io_err("read", path))? {
-            Next::End => return Ok((len, n, None)),
-            Next::Bad { offset, damage } => return Ok((len, n, Some((offset, damage)))),
+            Next::End => {
+                return Ok(SegmentRead {
+                    len,
+                    frames: n,
+                    damage: None,
+                })
+            }
+            Next::Bad { offset, damage } => {
+                return Ok(SegmentRead {
+                    len,
+                    frames: n,
+                    damage: Some((offset, damage)),
+                })
+            }
             Next::Frame { offset, payload } => match decode_records(&payload) {
                 Ok(records) => {
                     records.into_iter().for_each(|r| state.apply(r));
                     n += 1;
                 }
-                Err(damage) => return Ok((len, n, Some((offset, damage)))),
+                Err(damage) => {
+                    return Ok(SegmentRead {
+                        len,
+                        frames: n,
+                        damage: Some((offset, damage)),
+                    })
+                }
             },
         }
     }
@@ -265,7 +329,11 @@ fn read_snapshot(dir: &Path, state: &mut State) -> Result<(u64, u64), Error> {
     };
     let len = file.metadata().map_err(io_err("stat", &path))?.len();
     let mut r = FrameReader::new(BufReader::with_capacity(1 << 16, file), len);
-    let corrupt = |offset, damage| Error::Corrupt { file: path.clone(), offset, damage };
+    let corrupt = |offset, damage| Error::Corrupt {
+        file: path.clone(),
+        offset,
+        damage,
+    };
     let mut next = || match r.next().map_err(io_err("read", &path))? {
         Next::Bad { offset, damage } => Err(corrupt(offset, damage)),
         Next::End => Ok(None),
@@ -277,7 +345,12 @@ fn read_snapshot(dir: &Path, state: &mut State) -> Result<(u64, u64), Error> {
     let header: SnapshotHeader = serde_json::from_slice(&head)
         .ok()
         .filter(|h: &SnapshotHeader| h.format == SNAPSHOT_FORMAT && h.version == SNAPSHOT_VERSION)
-        .ok_or_else(|| corrupt(0, Damage::BadPayload("not an agentd store snapshot v1 header".into())))?;
+        .ok_or_else(|| {
+            corrupt(
+                0,
+                Damage::BadPayload("not an agentd store snapshot v1 header".into()),
+            )
+        })?;
     let mut count = 0u64;
     while let Some((offset, payload)) = next()? {
         let records = decode_records(&payload).map_err(|d| corrupt(offset, d))?;
@@ -285,7 +358,13 @@ fn read_snapshot(dir: &Path, state: &mut State) -> Result<(u64, u64), Error> {
         records.into_iter().for_each(|r| state.apply(r));
     }
     if count != header.records {
-        return Err(corrupt(len, Damage::BadPayload(format!("snapshot holds {count} records, header says {}", header.records))));
+        return Err(corrupt(
+            len,
+            Damage::BadPayload(format!(
+                "snapshot holds {count} records, header says {}",
+                header.records
+            )),
+        ));
     }
     Ok((header.gen, len))
 }
@@ -330,7 +409,10 @@ pub(crate) fn compact(dir: &Path, upto: u64, stop: Option<Step>) -> Result<Compa
         gen: upto,
         records: count as u64,
     };
-    frame::push_frame(&mut frame, &serde_json::to_vec(&header).expect("header serialises"));
+    frame::push_frame(
+        &mut frame,
+        &serde_json::to_vec(&header).expect("header serialises"),
+    );
     let mut size = frame.len() as u64;
     w.write_all(&frame).map_err(io_err("write", &tmp))?;
     // Chunks of whole records, each a JSON array like a journal frame.
@@ -354,11 +436,16 @@ pub(crate) fn compact(dir: &Path, upto: u64, stop: Option<Step>) -> Result<Compa
         }
     }
     flush(&mut chunk, &mut w)?;
-    let file = w.into_inner().map_err(|e| io_err("write", &tmp)(e.into_error()))?;
+    let file = w
+        .into_inner()
+        .map_err(|e| io_err("write", &tmp)(e.into_error()))?;
     file.sync_all().map_err(io_err("fsync", &tmp))?;
     drop(file);
     if stop == Some(Step::TmpWritten) {
-        return Ok(Compacted { snapshot_bytes: size, removed_bytes: 0 });
+        return Ok(Compacted {
+            snapshot_bytes: size,
+            removed_bytes: 0,
+        });
     }
 
     let snap = dir.join(SNAPSHOT);
@@ -366,7 +453,10 @@ pub(crate) fn compact(dir: &Path, upto: u64, stop: Option<Step>) -> Result<Compa
     // The commit point: once this returns, the new snapshot survives a crash.
     sync_dir(dir)?;
     if stop == Some(Step::Renamed) {
-        return Ok(Compacted { snapshot_bytes: size, removed_bytes: 0 });
+        return Ok(Compacted {
+            snapshot_bytes: size,
+            removed_bytes: 0,
+        });
     }
 
     let mut removed = 0;
@@ -378,5 +468,8 @@ pub(crate) fn compact(dir: &Path, upto: u64, stop: Option<Step>) -> Result<Compa
     // Not needed for correctness (replay removes segments below the snapshot), only so the
     // space is surely reclaimed; an error here is still reported.
     sync_dir(dir)?;
-    Ok(Compacted { snapshot_bytes: size, removed_bytes: removed })
+    Ok(Compacted {
+        snapshot_bytes: size,
+        removed_bytes: removed,
+    })
 }

@@ -33,7 +33,11 @@ const TABLE: [u32; 256] = {
         let mut c = i as u32;
         let mut k = 0;
         while k < 8 {
-            c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
+            c = if c & 1 != 0 {
+                0xEDB8_8320 ^ (c >> 1)
+            } else {
+                c >> 1
+            };
             k += 1;
         }
         t[i] = c;
@@ -78,10 +82,16 @@ impl fmt::Display for Damage {
                 write!(f, "absurd frame length {len} (format limit {MAX_FRAME})")
             }
             Damage::PastEof { len, have } => {
-                write!(f, "frame length {len} runs past end of file ({have} bytes left)")
+                write!(
+                    f,
+                    "frame length {len} runs past end of file ({have} bytes left)"
+                )
             }
             Damage::BadCrc { stored, computed } => {
-                write!(f, "crc mismatch (stored {stored:08x}, computed {computed:08x})")
+                write!(
+                    f,
+                    "crc mismatch (stored {stored:08x}, computed {computed:08x})"
+                )
             }
             Damage::BadPayload(why) => write!(f, "bad payload: {why}"),
         }
@@ -173,7 +183,10 @@ mod tests {
         let mut buf = Vec::new();
         push_frame(&mut buf, b"one");
         push_frame(&mut buf, b"two!");
-        assert_eq!(read_all(&buf), (vec![b"one".to_vec(), b"two!".to_vec()], None));
+        assert_eq!(
+            read_all(&buf),
+            (vec![b"one".to_vec(), b"two!".to_vec()], None)
+        );
 
         let first = (HEADER + 3) as u64;
         let (_, d) = read_all(&buf[..buf.len() - 1]);
@@ -193,6 +206,9 @@ mod tests {
 
         let mut huge = buf.clone();
         huge[first as usize + 3] = 0xff;
-        assert!(matches!(read_all(&huge).1, Some((_, Damage::AbsurdLength { .. }))));
+        assert!(matches!(
+            read_all(&huge).1,
+            Some((_, Damage::AbsurdLength { .. }))
+        ));
     }
 }

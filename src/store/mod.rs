@@ -126,11 +126,19 @@ pub enum Op {
 
 impl Record {
     pub fn put(kind: impl Into<String>, key: impl Into<String>, body: serde_json::Value) -> Self {
-        Record { kind: kind.into(), key: key.into(), op: Op::Put(body) }
+        Record {
+            kind: kind.into(),
+            key: key.into(),
+            op: Op::Put(body),
+        }
     }
 
     pub fn remove(kind: impl Into<String>, key: impl Into<String>) -> Self {
-        Record { kind: kind.into(), key: key.into(), op: Op::Remove }
+        Record {
+            kind: kind.into(),
+            key: key.into(),
+            op: Op::Remove,
+        }
     }
 }
 
@@ -194,15 +202,28 @@ impl fmt::Display for Truncation {
 
 #[derive(Debug)]
 pub enum Error {
-    Io { what: String, source: io::Error },
+    Io {
+        what: String,
+        source: io::Error,
+    },
     /// Another store (this process or another) has the directory open.
-    Locked { dir: PathBuf, holder: String },
+    Locked {
+        dir: PathBuf,
+        holder: String,
+    },
     /// Damage where no crash can cause it: a snapshot or a closed segment.
-    Corrupt { file: PathBuf, offset: u64, damage: Damage },
+    Corrupt {
+        file: PathBuf,
+        offset: u64,
+        damage: Damage,
+    },
     /// Files that cannot come from this store's own sequence of steps (a missing segment).
     Layout(String),
     /// One append encodes to more than `max_append_bytes`.
-    TooLarge { bytes: usize, max: usize },
+    TooLarge {
+        bytes: usize,
+        max: usize,
+    },
     /// The store failed earlier (a write or fsync error) and is read-only for good.
     Failed(Arc<str>),
     /// `wait_durable` timed out; the ticket may still become durable.
@@ -213,14 +234,24 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Io { what, source } => write!(f, "{what}: {source}"),
-            Error::Locked { dir, holder } => write!(
+            Error::Locked { dir, holder } => {
+                write!(
                 f,
                 "data directory {} is in use by another agentd ({}); two daemons must not share it",
                 dir.display(),
                 if holder.is_empty() { "holder unknown" } else { holder }
-            ),
-            Error::Corrupt { file, offset, damage } => {
-                write!(f, "{} is corrupt at offset {offset}: {damage}", file.display())
+            )
+            }
+            Error::Corrupt {
+                file,
+                offset,
+                damage,
+            } => {
+                write!(
+                    f,
+                    "{} is corrupt at offset {offset}: {damage}",
+                    file.display()
+                )
             }
             Error::Layout(why) => write!(f, "data directory layout: {why}"),
             Error::TooLarge { bytes, max } => {
@@ -337,7 +368,10 @@ impl Store {
     /// [`Error::Locked`] if another store has it open.
     pub fn open(dir: impl AsRef<Path>, opts: Options) -> Result<(Store, Recovered), Error> {
         let dir = dir.as_ref().to_path_buf();
-        assert!(opts.max_append_bytes <= MAX_FRAME as usize, "max_append_bytes above MAX_FRAME");
+        assert!(
+            opts.max_append_bytes <= MAX_FRAME as usize,
+            "max_append_bytes above MAX_FRAME"
+        );
         let lock = disk::lock(&dir)?;
         let replay = disk::replay(&dir, disk::Mode::Open)?;
 
@@ -345,7 +379,13 @@ impl Store {
             Some(&last) => last,
             None => (replay.snapshot_gen, 0),
         };
-        let closed_bytes: u64 = replay.segments.iter().rev().skip(1).map(|(_, len)| len).sum();
+        let closed_bytes: u64 = replay
+            .segments
+            .iter()
+            .rev()
+            .skip(1)
+            .map(|(_, len)| len)
+            .sum();
         let path = dir.join(disk::journal_name(live_gen));
         let file = disk::create_opts()
             .append(true)
@@ -391,13 +431,29 @@ impl Store {
         let compactor = thread::Builder::new()
             .name("agentd-store-compact".into())
             .spawn(move || compactor_loop(&s, rx))
-            .map_err(|e| Error::Io { what: "spawn compactor thread".into(), source: e })?;
+            .map_err(|e| Error::Io {
+                what: "spawn compactor thread".into(),
+                source: e,
+            })?;
         let s = shared.clone();
         let jobs = tx.clone();
         let writer = thread::Builder::new()
             .name("agentd-store-writer".into())
-            .spawn(move || writer_loop(&s, Segment { file, gen: live_gen, path }, &jobs))
-            .map_err(|e| Error::Io { what: "spawn writer thread".into(), source: e })?;
+            .spawn(move || {
+                writer_loop(
+                    &s,
+                    Segment {
+                        file,
+                        gen: live_gen,
+                        path,
+                    },
+                    &jobs,
+                )
+            })
+            .map_err(|e| Error::Io {
+                what: "spawn writer thread".into(),
+                source: e,
+            })?;
 
         let recovered = Recovered {
             records: replay.state.into_records(),
@@ -424,7 +480,10 @@ impl Store {
             let payload = serde_json::to_vec(records).expect("a record serialises");
             let max = self.shared.opts.max_append_bytes;
             if payload.len() > max {
-                return Err(Error::TooLarge { bytes: payload.len(), max });
+                return Err(Error::TooLarge {
+                    bytes: payload.len(),
+                    max,
+                });
             }
             frame.reserve_exact(frame::HEADER + payload.len());
             frame::push_frame(&mut frame, &payload);
@@ -438,10 +497,16 @@ impl Store {
                 return Ok(g.appended);
             }
             // An empty queue always takes the frame, however large, so nothing waits forever.
-            if g.pending.is_empty() || g.pending.len() + frame.len() <= self.shared.opts.max_pending_bytes {
+            if g.pending.is_empty()
+                || g.pending.len() + frame.len() <= self.shared.opts.max_pending_bytes
+            {
                 break;
             }
-            g = self.shared.progress.wait(g).unwrap_or_else(|e| e.into_inner());
+            g = self
+                .shared
+                .progress
+                .wait(g)
+                .unwrap_or_else(|e| e.into_inner());
         }
         g.pending.extend_from_slice(&frame);
         g.appended += 1;
@@ -471,7 +536,12 @@ impl Store {
             if now >= deadline {
                 return Err(Error::Timeout);
             }
-            g = self.shared.progress.wait_timeout(g, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            g = self
+                .shared
+                .progress
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 
@@ -485,7 +555,11 @@ impl Store {
         if let Some(why) = &g.failed {
             return Poll::Ready(Err(Error::Failed(why.clone())));
         }
-        match g.wakers.iter_mut().find(|(t, w)| *t == ticket && w.will_wake(cx.waker())) {
+        match g
+            .wakers
+            .iter_mut()
+            .find(|(t, w)| *t == ticket && w.will_wake(cx.waker()))
+        {
             Some(_) => {}
             None => g.wakers.push((ticket, cx.waker().clone())),
         }
@@ -512,11 +586,18 @@ impl Store {
             }
             if g.force_done >= mine {
                 return match &g.last_compaction_error {
-                    Some(e) => Err(Error::Io { what: "compaction".into(), source: io::Error::other(e.clone()) }),
+                    Some(e) => Err(Error::Io {
+                        what: "compaction".into(),
+                        source: io::Error::other(e.clone()),
+                    }),
                     None => Ok(()),
                 };
             }
-            g = self.shared.progress.wait(g).unwrap_or_else(|e| e.into_inner());
+            g = self
+                .shared
+                .progress
+                .wait(g)
+                .unwrap_or_else(|e| e.into_inner());
         }
     }
 
@@ -595,9 +676,16 @@ fn writer_loop(shared: &Shared, mut seg: Segment, jobs: &mpsc::Sender<Job>) {
         shared.progress.notify_all();
 
         if !batch.is_empty() {
-            let res = seg.file.write_all(&batch).and_then(|()| injected_fault(shared)).and_then(|()| seg.file.sync_data());
+            let res = seg
+                .file
+                .write_all(&batch)
+                .and_then(|()| injected_fault(shared))
+                .and_then(|()| seg.file.sync_data());
             if let Err(e) = res {
-                fail(shared, format!("write+fdatasync {}: {e}", seg.path.display()));
+                fail(
+                    shared,
+                    format!("write+fdatasync {}: {e}", seg.path.display()),
+                );
                 return;
             }
             let wakers;
@@ -607,7 +695,9 @@ fn writer_loop(shared: &Shared, mut seg: Segment, jobs: &mpsc::Sender<Job>) {
                 g.durable = last;
                 g.live_bytes += batch.len() as u64;
                 g.batches += 1;
-                let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut g.wakers).into_iter().partition(|(t, _)| *t <= last);
+                let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut g.wakers)
+                    .into_iter()
+                    .partition(|(t, _)| *t <= last);
                 g.wakers = waiting;
                 wakers = ready;
                 callbacks = g.callbacks.clone();
@@ -644,7 +734,10 @@ fn rotate_due(shared: &Shared) -> Option<Job> {
     }
     g.compacting = true;
     g.force_taken = g.force_requested;
-    Some(Job { upto: g.live_gen + 1, force: g.force_taken })
+    Some(Job {
+        upto: g.live_gen + 1,
+        force: g.force_taken,
+    })
 }
 
 /// Starts segment `gen` and makes its name durable before anything in it can be
@@ -672,7 +765,10 @@ fn injected_fault(_: &Shared) -> io::Result<()> {
 
 #[cfg(test)]
 fn injected_fault(shared: &Shared) -> io::Result<()> {
-    match shared.fail_next_sync.swap(false, std::sync::atomic::Ordering::SeqCst) {
+    match shared
+        .fail_next_sync
+        .swap(false, std::sync::atomic::Ordering::SeqCst)
+    {
         true => Err(io::Error::from_raw_os_error(5)), // EIO
         false => Ok(()),
     }

@@ -44,7 +44,10 @@ impl Drop for TempDir {
 }
 
 fn opts() -> Options {
-    Options { compact_after_bytes: u64::MAX, ..Options::default() }
+    Options {
+        compact_after_bytes: u64::MAX,
+        ..Options::default()
+    }
 }
 
 fn open(dir: &Path) -> (Store, Recovered) {
@@ -69,7 +72,11 @@ fn write_batches(dir: &Path, batches: &[Vec<Record>]) {
 /// The state a reference model expects after the first `n` batches.
 fn model(batches: &[Vec<Record>], n: usize) -> Vec<Record> {
     let mut s = disk::State::default();
-    batches[..n].iter().flatten().cloned().for_each(|r| s.apply(r));
+    batches[..n]
+        .iter()
+        .flatten()
+        .cloned()
+        .for_each(|r| s.apply(r));
     s.into_records()
 }
 
@@ -79,7 +86,10 @@ fn batches() -> Vec<Vec<Record>> {
         vec![Record::put("push", "a", json!([1, 2, 3]))],
         vec![put("a", json!({"n": 2, "s": "ü ✓ \" \\"}))],
         vec![Record::remove("task", "b"), put("c", json!(null))],
-        vec![put("d", json!({"big": "x".repeat(300)})), Record::remove("push", "nope")],
+        vec![
+            put("d", json!({"big": "x".repeat(300)})),
+            Record::remove("push", "nope"),
+        ],
     ]
 }
 
@@ -87,7 +97,13 @@ fn only_segment(dir: &Path) -> PathBuf {
     let segs: Vec<_> = fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("journal."))
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("journal.")
+        })
         .collect();
     assert_eq!(segs.len(), 1, "{segs:?}");
     segs.into_iter().next().unwrap()
@@ -141,7 +157,14 @@ fn round_trip_and_last_write_wins() {
     store.wait_durable(1, T).unwrap();
     drop(store);
     let (_, rec) = open(d.path());
-    assert_eq!(rec.records.iter().find(|r| r.key == "a" && r.kind == "task").unwrap().op, Op::Put(json!(3)));
+    assert_eq!(
+        rec.records
+            .iter()
+            .find(|r| r.key == "a" && r.kind == "task")
+            .unwrap()
+            .op,
+        Op::Put(json!(3))
+    );
 }
 
 #[test]
@@ -151,7 +174,9 @@ fn removals_and_overwrites_survive_compaction_and_restart() {
     write_batches(d.path(), &b);
     let (store, _) = open(d.path());
     store.compact().unwrap();
-    let t = store.append(&[Record::remove("task", "a"), put("e", json!(5))]).unwrap();
+    let t = store
+        .append(&[Record::remove("task", "a"), put("e", json!(5))])
+        .unwrap();
     store.wait_durable(t, T).unwrap();
     assert_eq!(store.stats().compactions, 1);
     store.close().unwrap();
@@ -160,7 +185,10 @@ fn removals_and_overwrites_survive_compaction_and_restart() {
     all.push(vec![Record::remove("task", "a"), put("e", json!(5))]);
     let (store, rec) = open(d.path());
     assert_eq!(rec.records, model(&all, all.len()));
-    assert_eq!(rec.frames, 1, "only the append after the compaction is in the journal");
+    assert_eq!(
+        rec.frames, 1,
+        "only the append after the compaction is in the journal"
+    );
     // A second compaction over a snapshot plus journal, then a reopen from the snapshot alone.
     store.compact().unwrap();
     drop(store);
@@ -190,10 +218,19 @@ fn truncation_at_every_offset_of_the_last_frame() {
         let (store, rec) = open(d.path());
         assert_eq!(rec.records, model(&b, b.len() - 1), "cut at {cut}");
         if cut == last {
-            assert_eq!(rec.truncated, None, "a cut on a frame boundary is a clean end");
+            assert_eq!(
+                rec.truncated, None,
+                "a cut on a frame boundary is a clean end"
+            );
         } else {
-            let t = rec.truncated.unwrap_or_else(|| panic!("cut at {cut} not reported"));
-            assert_eq!((t.at_offset, t.dropped_bytes), (last, cut - last), "cut at {cut}");
+            let t = rec
+                .truncated
+                .unwrap_or_else(|| panic!("cut at {cut} not reported"));
+            assert_eq!(
+                (t.at_offset, t.dropped_bytes),
+                (last, cut - last),
+                "cut at {cut}"
+            );
         }
         assert_eq!(fs::metadata(&seg).unwrap().len(), last);
         // The store goes on appending after the cut, and that survives.
@@ -226,7 +263,11 @@ fn bit_flips_in_the_journal_recover_a_prefix() {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            let span = if i % 2 == 0 { full.len() as u64 - starts[starts.len() - 1] } else { full.len() as u64 };
+            let span = if i % 2 == 0 {
+                full.len() as u64 - starts[starts.len() - 1]
+            } else {
+                full.len() as u64
+            };
             (full.len() as u64 - 1 - x % span) * 8 + (x >> 32) % 8
         })
         .collect();
@@ -291,7 +332,9 @@ fn compaction_interrupted_at_each_step() {
 
     type Setup = fn(&Path, u64);
     let cases: [(&str, Setup); 7] = [
-        ("tmp half written", |d, _| fs::write(d.join("snapshot.tmp"), b"\x10\0\0\0garbage").unwrap()),
+        ("tmp half written", |d, _| {
+            fs::write(d.join("snapshot.tmp"), b"\x10\0\0\0garbage").unwrap()
+        }),
         ("tmp complete, not renamed", |d, upto| {
             disk::compact(d, upto, Some(Step::TmpWritten)).unwrap();
         }),
@@ -299,11 +342,14 @@ fn compaction_interrupted_at_each_step() {
             disk::compact(d, upto, Some(Step::TmpWritten)).unwrap();
             fs::write(d.join(disk::journal_name(upto)), b"").unwrap();
         }),
-        ("rotated: new segment with records, old snapshot", |d, upto| {
-            let mut f = Vec::new();
-            frame::push_frame(&mut f, br#"[{"kind":"task","key":"rot","op":"remove"}]"#);
-            fs::write(d.join(disk::journal_name(upto)), f).unwrap();
-        }),
+        (
+            "rotated: new segment with records, old snapshot",
+            |d, upto| {
+                let mut f = Vec::new();
+                frame::push_frame(&mut f, br#"[{"kind":"task","key":"rot","op":"remove"}]"#);
+                fs::write(d.join(disk::journal_name(upto)), f).unwrap();
+            },
+        ),
         ("renamed, old segments not deleted", |d, upto| {
             disk::compact(d, upto, Some(Step::Renamed)).unwrap();
         }),
@@ -333,7 +379,12 @@ fn compaction_interrupted_at_each_step() {
         more.push(put("next", json!(name)));
         assert_eq!(rec.records, more, "{name} after reopen");
         let segs = fs::read_dir(d.path()).unwrap().filter(|e| {
-            e.as_ref().unwrap().file_name().to_str().unwrap().starts_with("journal.")
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_str()
+                .unwrap()
+                .starts_with("journal.")
         });
         assert_eq!(segs.count(), 1, "{name}: old segments removed");
     }
@@ -359,7 +410,10 @@ fn damage_outside_the_live_tail_is_refused() {
     bytes[at] ^= 0x40;
     fs::write(&snap, bytes).unwrap();
     let err = Store::open(d.path(), opts()).err().unwrap();
-    assert!(matches!(err, Error::Corrupt { ref file, .. } if *file == snap), "{err}");
+    assert!(
+        matches!(err, Error::Corrupt { ref file, .. } if *file == snap),
+        "{err}"
+    );
 
     // A gap: the segment the snapshot points at is gone but a later one exists.
     let d = TempDir::new("refuse-gap");
@@ -379,7 +433,10 @@ fn damage_outside_the_live_tail_is_refused() {
     fs::write(&seg, bytes).unwrap();
     fs::write(d.path().join(disk::journal_name(gen + 1)), b"").unwrap();
     let err = Store::open(d.path(), opts()).err().unwrap();
-    assert!(matches!(err, Error::Corrupt { ref file, .. } if *file == seg), "{err}");
+    assert!(
+        matches!(err, Error::Corrupt { ref file, .. } if *file == seg),
+        "{err}"
+    );
 }
 
 struct Flag(Mutex<u32>);
@@ -402,7 +459,10 @@ fn waker_and_callback_hear_each_fsync() {
 
     // Poll a ticket not handed out yet: certainly pending, and the waker is kept.
     assert!(store.poll_durable(1, &mut cx).is_pending());
-    assert!(store.poll_durable(1, &mut cx).is_pending(), "the same waker is kept once");
+    assert!(
+        store.poll_durable(1, &mut cx).is_pending(),
+        "the same waker is kept once"
+    );
     let t = store.append(&[put("w", json!(1))]).unwrap();
     assert_eq!(t, 1);
     store.wait_durable(t, T).unwrap();
@@ -414,7 +474,10 @@ fn waker_and_callback_hear_each_fsync() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(*flag.0.lock().unwrap(), 1);
-    assert!(matches!(store.poll_durable(t, &mut cx), Poll::Ready(Ok(()))));
+    assert!(matches!(
+        store.poll_durable(t, &mut cx),
+        Poll::Ready(Ok(()))
+    ));
     store.close().unwrap();
     assert_eq!(*heard.lock().unwrap(), vec![Notice::Durable(t)]);
 }
@@ -433,10 +496,16 @@ fn a_failed_fsync_is_fatal_and_never_claims_durability() {
     let t2 = store.append(&[put("lost", json!(2))]).unwrap();
     assert!(matches!(store.wait_durable(t2, T), Err(Error::Failed(_))));
     assert_eq!(store.durable(), t1, "the failed batch is never durable");
-    assert!(matches!(store.append(&[put("x", json!(3))]), Err(Error::Failed(_))));
+    assert!(matches!(
+        store.append(&[put("x", json!(3))]),
+        Err(Error::Failed(_))
+    ));
     let flag = Arc::new(Flag(Mutex::new(0)));
     let waker = Waker::from(flag);
-    assert!(matches!(store.poll_durable(t2, &mut Context::from_waker(&waker)), Poll::Ready(Err(_))));
+    assert!(matches!(
+        store.poll_durable(t2, &mut Context::from_waker(&waker)),
+        Poll::Ready(Err(_))
+    ));
     assert!(matches!(store.compact(), Err(Error::Failed(_))));
     assert!(store.stats().failed.unwrap().contains("Input/output error"));
     assert!(matches!(store.close(), Err(Error::Failed(_))));
@@ -449,8 +518,17 @@ fn a_failed_fsync_is_fatal_and_never_claims_durability() {
 #[test]
 fn oversized_append_is_refused() {
     let d = TempDir::new("large");
-    let (store, _) = Store::open(d.path(), Options { max_append_bytes: 100, ..opts() }).unwrap();
-    let err = store.append(&[put("k", json!("x".repeat(200)))]).unwrap_err();
+    let (store, _) = Store::open(
+        d.path(),
+        Options {
+            max_append_bytes: 100,
+            ..opts()
+        },
+    )
+    .unwrap();
+    let err = store
+        .append(&[put("k", json!("x".repeat(200)))])
+        .unwrap_err();
     assert!(matches!(err, Error::TooLarge { max: 100, .. }), "{err}");
     assert_eq!(store.append(&[put("k", json!(1))]).unwrap(), 1);
 }
@@ -462,9 +540,17 @@ fn zero_filled_tail_is_cut() {
     write_batches(d.path(), &b);
     let seg = only_segment(d.path());
     let len = fs::metadata(&seg).unwrap().len();
-    fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(len + 4096).unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .unwrap()
+        .set_len(len + 4096)
+        .unwrap();
     let (_, rec) = open(d.path());
     assert_eq!(rec.records, model(&b, b.len()));
     let t = rec.truncated.unwrap();
-    assert_eq!((t.at_offset, t.dropped_bytes, t.damage), (len, 4096, Damage::ZeroLength));
+    assert_eq!(
+        (t.at_offset, t.dropped_bytes, t.damage),
+        (len, 4096, Damage::ZeroLength)
+    );
 }
