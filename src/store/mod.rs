@@ -148,7 +148,8 @@ pub struct Options {
     /// Compact when the segments since the snapshot exceed this (or the snapshot's own size,
     /// whichever is larger).
     pub compact_after_bytes: u64,
-    /// The largest encoded append (one call's records); larger ones are refused.
+    /// The largest encoded append (one call's records); larger ones are refused. At most
+    /// [`MAX_FRAME`] (`open` panics otherwise: a configuration bug, not a runtime state).
     pub max_append_bytes: usize,
     /// Appends block while this much is queued and not yet written: back-pressure instead of
     /// a queue without end when the disk is slower than the callers.
@@ -567,7 +568,8 @@ impl Store {
     }
 
     /// Calls `f` on the writer thread after every fsync (with the new durable ticket) and
-    /// once on failure. Keep it short: it delays the next batch. It is not called for what
+    /// once on failure. Keep it short (it delays the next batch) and never panic (it runs on
+    /// the writer thread, and a panic there stops durability for good). It is not called for what
     /// was durable before it was registered; read [`Store::durable`] after registering.
     pub fn on_durable(&self, f: impl Fn(&Notice) + Send + Sync + 'static) {
         self.shared.lock().callbacks.push(Arc::new(f));
