@@ -4,3 +4,4 @@
 
 pub mod config;
 pub mod runtime;
+pub mod store;

@@ -1,0 +1,475 @@
+//! The files of a data directory: names, the lock, replay (snapshot + segments) and the
+//! compaction steps. Everything here runs either at open (before any thread starts) or on
+//! the compactor thread, which only touches closed segments and the snapshot.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::frame::{self, Damage, FrameReader, Next};
+use super::{Error, Op, Record, Truncation};
+
+pub(crate) const LOCK: &str = "LOCK";
+pub(crate) const SNAPSHOT: &str = "snapshot";
+pub(crate) const SNAPSHOT_TMP: &str = "snapshot.tmp";
+const JOURNAL_PREFIX: &str = "journal.";
+const SNAPSHOT_FORMAT: &str = "agentd-store-snapshot";
+const SNAPSHOT_VERSION: u32 = 1;
+/// Records are grouped into snapshot frames of about this many payload bytes: large enough
+/// to amortise the frame overhead, small enough to keep the reader's buffers modest.
+const SNAPSHOT_CHUNK: usize = 1 << 20;
+
+pub(crate) fn journal_name(gen: u64) -> String {
+    format!("{JOURNAL_PREFIX}{gen:020}")
+}
+
+fn parse_journal_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix(JOURNAL_PREFIX)?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+pub(crate) fn io_err(what: impl Into<String>, path: &Path) -> impl FnOnce(io::Error) -> Error {
+    let what = what.into();
+    let path = path.to_path_buf();
+    move |source| Error::Io {
+        what: format!("{what} {}", path.display()),
+        source,
+    }
+}
+
+/// Data files hold credentials (push configs, sessions): owner-only.
+pub(crate) fn create_opts() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.mode(0o600);
+    o
+}
+
+/// Makes a directory entry change (create, rename, unlink) durable: fsync of a file covers
+/// its data, not the name that points at it.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), Error> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("fsync directory", dir))
+}
+
+/// Creates the directory if needed and takes an exclusive `flock` on `LOCK` for the life of
+/// the returned file. flock (not a pid file) because the kernel drops it when the holder
+/// dies, so a crash never leaves a stale lock. rustix rather than `File::try_lock` because
+/// the latter needs Rust 1.89 and the workspace promises 1.85.
+pub(crate) fn lock(dir: &Path) -> Result<File, Error> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io_err("create data directory", dir))?;
+    let path = dir.join(LOCK);
+    let mut file = create_opts()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io_err("open lock file", &path))?;
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            return Err(Error::Locked {
+                dir: dir.to_path_buf(),
+                holder: holder.trim().to_string(),
+            });
+        }
+        Err(e) => return Err(io_err("flock", &path)(e.into())),
+    }
+    // Who holds it, for the other daemon's error message; informative only.
+    let _ = file
+        .set_len(0)
+        .and_then(|()| writeln!(file, "pid {}", std::process::id()));
+    Ok(file)
+}
+
+/// The live state while replaying: the last write per (kind, key), with the order of that
+/// write so recovery hands records back in the order they were last written.
+#[derive(Default)]
+pub(crate) struct State {
+    map: HashMap<(String, String), (u64, serde_json::Value)>,
+    next: u64,
+}
+
+impl State {
+    pub(crate) fn apply(&mut self, rec: Record) {
+        let key = (rec.kind, rec.key);
+        match rec.op {
+            Op::Put(body) => {
+                self.map.insert(key, (self.next, body));
+                self.next += 1;
+            }
+            Op::Remove => {
+                self.map.remove(&key);
+            }
+        }
+    }
+
+    pub(crate) fn into_records(self) -> Vec<Record> {
+        let mut v: Vec<_> = self.map.into_iter().collect();
+        v.sort_unstable_by_key(|(_, (order, _))| *order);
+        v.into_iter()
+            .map(|((kind, key), (_, body))| Record {
+                kind,
+                key,
+                op: Op::Put(body),
+            })
+            .collect()
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct SnapshotHeader {
+    format: String,
+    version: u32,
+    /// The snapshot holds everything in segments below this generation.
+    gen: u64,
+    records: u64,
+}
+
+/// What replay found on disk.
+pub(crate) struct Replay {
+    pub state: State,
+    /// Segments below this are covered by the snapshot (0: no snapshot).
+    pub snapshot_gen: u64,
+    pub snapshot_bytes: u64,
+    /// Replayed segments, oldest first: (generation, length after any truncation).
+    pub segments: Vec<(u64, u64)>,
+    pub frames: u64,
+    pub truncated: Option<Truncation>,
+}
+
+/// How replay treats the files.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Opening the store: tidy up leftovers and truncate a damaged tail of the last segment.
+    Open,
+    /// Building a snapshot for segments below `upto`: read-only, and every byte must be
+    /// good, because those segments were closed after their last fsync.
+    Compact { upto: u64 },
+}
+
+pub(crate) fn replay(dir: &Path, mode: Mode) -> Result<Replay, Error> {
+    let mut tidied = false;
+    if mode == Mode::Open {
+        // A leftover temp snapshot is an interrupted compaction that never committed.
+        let tmp = dir.join(SNAPSHOT_TMP);
+        match fs::remove_file(&tmp) {
+            Ok(()) => tidied = true,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("remove", &tmp)(e)),
+        }
+    }
+
+    let mut state = State::default();
+    let (snapshot_gen, snapshot_bytes) = read_snapshot(dir, &mut state)?;
+
+    let mut gens = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_err("list", dir))? {
+        let entry = entry.map_err(io_err("list", dir))?;
+        if let Some(gen) = entry.file_name().to_str().and_then(parse_journal_name) {
+            gens.push(gen);
+        }
+    }
+    gens.sort_unstable();
+
+    // Segments below the snapshot's generation are already in it: a compaction committed
+    // its snapshot and died (or failed) before deleting them.
+    let (stale, mut live): (Vec<u64>, Vec<u64>) = gens.into_iter().partition(|g| *g < snapshot_gen);
+    if mode == Mode::Open {
+        for gen in stale {
+            let p = dir.join(journal_name(gen));
+            fs::remove_file(&p).map_err(io_err("remove stale segment", &p))?;
+            tidied = true;
+        }
+    }
+    if let Mode::Compact { upto } = mode {
+        live.retain(|g| *g < upto);
+    }
+    // Segments are created one after another and only deleted below a committed snapshot,
+    // so the rest must run on from the snapshot without a gap. A gap means lost data; refuse
+    // rather than silently replay around it.
+    for (i, gen) in live.iter().enumerate() {
+        if *gen != snapshot_gen + i as u64 {
+            return Err(Error::Layout(format!(
+                "journal segment {} is missing (found {}, snapshot covers below {snapshot_gen})",
+                snapshot_gen + i as u64,
+                journal_name(*gen)
+            )));
+        }
+    }
+
+    let mut segments = Vec::new();
+    let mut frames = 0;
+    let mut truncated = None;
+    let last = live.len().checked_sub(1);
+    for (i, gen) in live.iter().copied().enumerate() {
+        let path = dir.join(journal_name(gen));
+        let SegmentRead {
+            len,
+            frames: n,
+            damage,
+        } = read_segment(&path, &mut state)?;
+        frames += n;
+        let mut kept = len;
+        if let Some((offset, damage)) = damage {
+            // Only the tail of the newest segment can be torn by a crash: it is the only
+            // file written after its last fsync. Its bytes after the damage were never
+            // acknowledged (see the module docs), so truncate and report. Anything else is
+            // damage to acknowledged data: refuse and let the operator decide.
+            if mode != Mode::Open || Some(i) != last {
+                return Err(Error::Corrupt {
+                    file: path,
+                    offset,
+                    damage,
+                });
+            }
+            let f = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(io_err("open", &path))?;
+            f.set_len(offset)
+                .and_then(|()| f.sync_data())
+                .map_err(io_err("truncate", &path))?;
+            truncated = Some(Truncation {
+                file: path,
+                at_offset: offset,
+                dropped_bytes: len - offset,
+                damage,
+            });
+            kept = offset;
+        }
+        segments.push((gen, kept));
+    }
+    if tidied {
+        sync_dir(dir)?;
+    }
+    Ok(Replay {
+        state,
+        snapshot_gen,
+        snapshot_bytes,
+        segments,
+        frames,
+        truncated,
+    })
+}
+
+fn decode_records(payload: &[u8]) -> Result<Vec<Record>, Damage> {
+    serde_json::from_slice(payload).map_err(|e| Damage::BadPayload(e.to_string()))
+}
+
+/// One segment read: its length, the good frames, and the first damage (frames after it
+/// are not read: see the module docs on damage mid-file).
+struct SegmentRead {
+    len: u64,
+    frames: u64,
+    damage: Option<(u64, Damage)>,
+}
+
+/// Replays one segment into `state`.
+fn read_segment(path: &Path, state: &mut State) -> Result<SegmentRead, Error> {
+    let file = File::open(path).map_err(io_err("open", path))?;
+    let len = file.metadata().map_err(io_err("stat", path))?.len();
+    let mut r = FrameReader::new(BufReader::with_capacity(1 << 16, file), len);
+    let mut n = 0;
+    loop {
+        match r.next().map_err(io_err("read", path))? {
+            Next::End => {
+                return Ok(SegmentRead {
+                    len,
+                    frames: n,
+                    damage: None,
+                })
+            }
+            Next::Bad { offset, damage } => {
+                return Ok(SegmentRead {
+                    len,
+                    frames: n,
+                    damage: Some((offset, damage)),
+                })
+            }
+            Next::Frame { offset, payload } => match decode_records(&payload) {
+                Ok(records) => {
+                    records.into_iter().for_each(|r| state.apply(r));
+                    n += 1;
+                }
+                Err(damage) => {
+                    return Ok(SegmentRead {
+                        len,
+                        frames: n,
+                        damage: Some((offset, damage)),
+                    })
+                }
+            },
+        }
+    }
+}
+
+/// Loads the snapshot into `state`; returns its generation (0 if there is none) and size.
+/// A snapshot is only ever renamed into place after its fsync, so any damage is refused.
+fn read_snapshot(dir: &Path, state: &mut State) -> Result<(u64, u64), Error> {
+    let path = dir.join(SNAPSHOT);
+    let file = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, 0)),
+        Err(e) => return Err(io_err("open", &path)(e)),
+    };
+    let len = file.metadata().map_err(io_err("stat", &path))?.len();
+    let mut r = FrameReader::new(BufReader::with_capacity(1 << 16, file), len);
+    let corrupt = |offset, damage| Error::Corrupt {
+        file: path.clone(),
+        offset,
+        damage,
+    };
+    let mut next = || match r.next().map_err(io_err("read", &path))? {
+        Next::Bad { offset, damage } => Err(corrupt(offset, damage)),
+        Next::End => Ok(None),
+        Next::Frame { offset, payload } => Ok(Some((offset, payload))),
+    };
+    let Some((_, head)) = next()? else {
+        return Err(corrupt(0, Damage::BadPayload("empty snapshot".into())));
+    };
+    let header: SnapshotHeader = serde_json::from_slice(&head)
+        .ok()
+        .filter(|h: &SnapshotHeader| h.format == SNAPSHOT_FORMAT && h.version == SNAPSHOT_VERSION)
+        .ok_or_else(|| {
+            corrupt(
+                0,
+                Damage::BadPayload("not an agentd store snapshot v1 header".into()),
+            )
+        })?;
+    let mut count = 0u64;
+    while let Some((offset, payload)) = next()? {
+        let records = decode_records(&payload).map_err(|d| corrupt(offset, d))?;
+        count += records.len() as u64;
+        records.into_iter().for_each(|r| state.apply(r));
+    }
+    if count != header.records {
+        return Err(corrupt(
+            len,
+            Damage::BadPayload(format!(
+                "snapshot holds {count} records, header says {}",
+                header.records
+            )),
+        ));
+    }
+    Ok((header.gen, len))
+}
+
+/// Where a compaction stops early: tests use it to leave the directory exactly as a crash
+/// at that point would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// `snapshot.tmp` written and synced, not renamed.
+    TmpWritten,
+    /// Renamed into place (and the directory synced), old segments still present.
+    Renamed,
+}
+
+pub(crate) struct Compacted {
+    pub snapshot_bytes: u64,
+    pub removed_bytes: u64,
+}
+
+/// Folds the snapshot and every segment below `upto` into a new snapshot, then deletes
+/// those segments. Crash-safe at each step: until the rename the old snapshot and all
+/// segments are untouched (a stray tmp is deleted at open); after it the new snapshot says
+/// "segments below `upto` are in me" and replay ignores (and removes) them.
+pub(crate) fn compact(dir: &Path, upto: u64, stop: Option<Step>) -> Result<Compacted, Error> {
+    let replay = replay(dir, Mode::Compact { upto })?;
+    let covered = replay.segments;
+    let records = replay.state.into_records();
+    let count = records.len();
+
+    let tmp = dir.join(SNAPSHOT_TMP);
+    let file = create_opts()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(io_err("create", &tmp))?;
+    let mut w = BufWriter::with_capacity(1 << 16, file);
+    let mut frame = Vec::new();
+    let header = SnapshotHeader {
+        format: SNAPSHOT_FORMAT.into(),
+        version: SNAPSHOT_VERSION,
+        gen: upto,
+        records: count as u64,
+    };
+    frame::push_frame(
+        &mut frame,
+        &serde_json::to_vec(&header).expect("header serialises"),
+    );
+    let mut size = frame.len() as u64;
+    w.write_all(&frame).map_err(io_err("write", &tmp))?;
+    // Chunks of whole records, each a JSON array like a journal frame.
+    let mut chunk = Vec::with_capacity(SNAPSHOT_CHUNK + 4096);
+    let mut flush = |chunk: &mut Vec<u8>, w: &mut BufWriter<File>| -> Result<(), Error> {
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        chunk.push(b']');
+        frame.clear();
+        frame::push_frame(&mut frame, chunk);
+        size += frame.len() as u64;
+        chunk.clear();
+        w.write_all(&frame).map_err(io_err("write", &tmp))
+    };
+    for rec in &records {
+        chunk.push(if chunk.is_empty() { b'[' } else { b',' });
+        serde_json::to_writer(&mut chunk, rec).expect("a record serialises");
+        if chunk.len() >= SNAPSHOT_CHUNK {
+            flush(&mut chunk, &mut w)?;
+        }
+    }
+    flush(&mut chunk, &mut w)?;
+    let file = w
+        .into_inner()
+        .map_err(|e| io_err("write", &tmp)(e.into_error()))?;
+    file.sync_all().map_err(io_err("fsync", &tmp))?;
+    drop(file);
+    if stop == Some(Step::TmpWritten) {
+        return Ok(Compacted {
+            snapshot_bytes: size,
+            removed_bytes: 0,
+        });
+    }
+
+    let snap = dir.join(SNAPSHOT);
+    fs::rename(&tmp, &snap).map_err(io_err("rename snapshot.tmp to", &snap))?;
+    // The commit point: once this returns, the new snapshot survives a crash.
+    sync_dir(dir)?;
+    if stop == Some(Step::Renamed) {
+        return Ok(Compacted {
+            snapshot_bytes: size,
+            removed_bytes: 0,
+        });
+    }
+
+    let mut removed = 0;
+    for (gen, len) in covered {
+        let p = dir.join(journal_name(gen));
+        fs::remove_file(&p).map_err(io_err("remove compacted segment", &p))?;
+        removed += len;
+    }
+    // Not needed for correctness (replay removes segments below the snapshot), only so the
+    // space is surely reclaimed; an error here is still reported.
+    sync_dir(dir)?;
+    Ok(Compacted {
+        snapshot_bytes: size,
+        removed_bytes: removed,
+    })
+}

@@ -1,0 +1,817 @@
+//! The durable file store: an append-only journal with group commit, periodic snapshots,
+//! and recovery that survives a crash at any instant. Nothing acknowledged is lost: a
+//! caller learns that its [`Ticket`] is durable only after the `fdatasync` covering it
+//! returned success.
+//!
+//! The store is opaque: it keeps [`Record`]s, each a put or a removal of one
+//! `(kind, key)`. It does not know what a task or a session is; it only knows that the last
+//! write per `(kind, key)` is the state, and that a removal makes the key disappear.
+//!
+//! # Files in the data directory
+//!
+//! ```text
+//! LOCK                          flock(LOCK_EX) while a store has the directory open;
+//!                               holds "pid N" of the holder, for the error message
+//! snapshot                      the state as of some generation G (absent: G = 0)
+//! snapshot.tmp                  a snapshot being written; never read, deleted at open
+//! journal.00000000000000000007  a journal segment, generation in 20 decimal digits
+//! ```
+//!
+//! Every file is a sequence of frames, `[u32 LE length][u32 LE crc32][payload]`, where the
+//! crc (IEEE, the zlib one) covers the payload and the payload is never empty.
+//!
+//! - A journal frame is one [`Store::append`] call: a JSON array of records,
+//!   `[{"kind":"task","key":"t1","op":{"put":{..}}}, {"kind":"push","key":"c9","op":"remove"}]`.
+//!   One frame per call makes a call atomic: after a crash it is replayed whole or not at
+//!   all, so a caller can put a task and its push config together without a half state.
+//! - A snapshot is a header frame
+//!   `{"format":"agentd-store-snapshot","version":1,"gen":G,"records":N}` followed by frames
+//!   of the same record arrays (puts only, in the order they were last written). It holds
+//!   everything in the segments below G, which are then garbage.
+//!
+//! JSON rather than a binary encoding: the bodies are JSON already (A2A wire types), the
+//! core already links serde_json, a journal can be inspected with a ten-line script, and
+//! the cost is invisible next to an fsync. The crc, not the parser, detects damage; the
+//! parser only catches a bug that wrote a good crc over a bad payload.
+//!
+//! # Writing: group commit
+//!
+//! [`Store::append`] encodes on the caller's thread, queues the frame and returns a ticket
+//! (1, 2, 3, ... per open; 0 is always durable). One writer thread takes everything queued,
+//! writes it with one `write`, calls `fdatasync` once, and then publishes the highest
+//! ticket in that batch as durable: [`Store::durable`], [`Store::wait_durable`],
+//! [`Store::poll_durable`] (a `Waker`, for drivers holding answers in an event loop) and
+//! [`Store::on_durable`] (a callback after each fsync).
+//!
+//! A failed write or fsync is fatal: the store keeps the durable mark where it was, refuses
+//! further appends, fails every waiter, and never claims durability again. (After a failed
+//! fsync Linux may drop the dirty pages and report success on the next one, so "retry" would
+//! be a lie.) The daemon restarts and recovery tells it what survived.
+//!
+//! # Compaction
+//!
+//! When the segments since the snapshot exceed `max(compact_after_bytes, snapshot size)`
+//! (the second term bounds write amplification when the state itself is large), the writer
+//! rotates: it creates `journal.<G'>`, syncs the directory (so the new name survives before
+//! anything in it is acknowledged) and appends there from then on. The compactor thread then
+//! replays the snapshot and the closed segments below G', writes `snapshot.tmp` with
+//! `gen: G'`, fsyncs it, renames it to `snapshot`, fsyncs the directory (the commit point),
+//! and deletes the segments below G'. A crash anywhere leaves either the old snapshot with
+//! all its segments, or the new snapshot with (possibly) stale segments that replay ignores
+//! and removes; appends continue during compaction.
+//!
+//! # Recovery
+//!
+//! [`Store::open`] takes the lock, deletes `snapshot.tmp`, loads `snapshot`, removes
+//! segments below its generation, and replays the rest in order. The segments must run on
+//! from the snapshot's generation without a gap, or open refuses (`Error::Layout`).
+//!
+//! Only the newest segment can be torn by a crash, because it is the only file written
+//! after its last fsync. Damage there (short header, zero length, absurd length, length past
+//! end of file, bad crc, bad payload) ends replay: the file is truncated to the last good
+//! frame and the cut is reported in [`Recovered::truncated`] for the daemon to log.
+//!
+//! Damage in the *middle* of that segment (a bad frame followed by frames that look good)
+//! is treated the same way: truncated there, the rest dropped. Within one unsynced batch the
+//! kernel may write later pages before earlier ones, so a crash can legitimately leave good
+//! frames after a hole, and none of them was acknowledged. Media damage under already
+//! acknowledged frames cannot be told apart from that without more metadata; the prefix
+//! stays consistent, and the report (`dropped_bytes`) makes the loss loud. Damage in a
+//! snapshot or in an older (closed, fully synced) segment is never a torn write: open
+//! refuses with [`Error::Corrupt`] naming the file and offset, for an operator to decide.
+
+mod disk;
+mod frame;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+pub use frame::{crc32, Damage, MAX_FRAME};
+
+/// A position in the append order of one open store: 1, 2, 3, ... Ticket 0 is durable from
+/// the start. Tickets restart at 1 after a reopen (an answer cannot be held across a
+/// restart, so nothing compares them across one).
+pub type Ticket = u64;
+
+/// One write: a put or a removal of `(kind, key)`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// The family: `"task"`, `"push"`, `"session"`, ...
+    pub kind: String,
+    /// The key within the family.
+    pub key: String,
+    pub op: Op,
+}
+
+/// A put carries the new body, a removal nothing. A separate enum rather than kinds like
+/// `task.remove` so the compaction key `(kind, key)` is the same for both; `"put": null` is
+/// still a put.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    Put(serde_json::Value),
+    Remove,
+}
+
+impl Record {
+    pub fn put(kind: impl Into<String>, key: impl Into<String>, body: serde_json::Value) -> Self {
+        Record {
+            kind: kind.into(),
+            key: key.into(),
+            op: Op::Put(body),
+        }
+    }
+
+    pub fn remove(kind: impl Into<String>, key: impl Into<String>) -> Self {
+        Record {
+            kind: kind.into(),
+            key: key.into(),
+            op: Op::Remove,
+        }
+    }
+}
+
+/// Tuning. The defaults suit a daemon; tests shrink them.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Compact when the segments since the snapshot exceed this (or the snapshot's own size,
+    /// whichever is larger).
+    pub compact_after_bytes: u64,
+    /// The largest encoded append (one call's records); larger ones are refused. At most
+    /// [`MAX_FRAME`] (`open` panics otherwise: a configuration bug, not a runtime state).
+    pub max_append_bytes: usize,
+    /// Appends block while this much is queued and not yet written: back-pressure instead of
+    /// a queue without end when the disk is slower than the callers.
+    pub max_pending_bytes: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            compact_after_bytes: 64 << 20,
+            max_append_bytes: 16 << 20,
+            max_pending_bytes: 64 << 20,
+        }
+    }
+}
+
+/// What open found: the live state and whether a damaged tail was cut off.
+#[derive(Debug)]
+pub struct Recovered {
+    /// The live state: the last put per `(kind, key)` whose key was not removed afterwards,
+    /// in the order of those last writes.
+    pub records: Vec<Record>,
+    /// Journal frames replayed (one per append call) on top of the snapshot.
+    pub frames: u64,
+    /// A damaged tail cut off the newest segment, if any. Log it.
+    pub truncated: Option<Truncation>,
+}
+
+/// A cut made at open.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Truncation {
+    pub file: PathBuf,
+    /// The file now ends here, after the last good frame.
+    pub at_offset: u64,
+    pub dropped_bytes: u64,
+    pub damage: Damage,
+}
+
+impl fmt::Display for Truncation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: dropped {} bytes from offset {}: {}",
+            self.file.display(),
+            self.dropped_bytes,
+            self.at_offset,
+            self.damage
+        )
+    }
+}
+
+#[derive(Debug)]
+pub enum Error {
+    Io {
+        what: String,
+        source: io::Error,
+    },
+    /// Another store (this process or another) has the directory open.
+    Locked {
+        dir: PathBuf,
+        holder: String,
+    },
+    /// Damage where no crash can cause it: a snapshot or a closed segment.
+    Corrupt {
+        file: PathBuf,
+        offset: u64,
+        damage: Damage,
+    },
+    /// Files that cannot come from this store's own sequence of steps (a missing segment).
+    Layout(String),
+    /// One append encodes to more than `max_append_bytes`.
+    TooLarge {
+        bytes: usize,
+        max: usize,
+    },
+    /// The store failed earlier (a write or fsync error) and is read-only for good.
+    Failed(Arc<str>),
+    /// `wait_durable` timed out; the ticket may still become durable.
+    Timeout,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io { what, source } => write!(f, "{what}: {source}"),
+            Error::Locked { dir, holder } => {
+                write!(
+                f,
+                "data directory {} is in use by another agentd ({}); two daemons must not share it",
+                dir.display(),
+                if holder.is_empty() { "holder unknown" } else { holder }
+            )
+            }
+            Error::Corrupt {
+                file,
+                offset,
+                damage,
+            } => {
+                write!(
+                    f,
+                    "{} is corrupt at offset {offset}: {damage}",
+                    file.display()
+                )
+            }
+            Error::Layout(why) => write!(f, "data directory layout: {why}"),
+            Error::TooLarge { bytes, max } => {
+                write!(f, "append of {bytes} bytes exceeds the limit of {max}")
+            }
+            Error::Failed(why) => write!(f, "store failed and is read-only: {why}"),
+            Error::Timeout => f.write_str("timed out waiting for durability"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// What an [`Store::on_durable`] callback hears.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// Every ticket up to this one is durable.
+    Durable(Ticket),
+    /// The store failed; nothing more will become durable.
+    Failed(Arc<str>),
+}
+
+/// A snapshot of the store's counters.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub durable: Ticket,
+    pub appended: Ticket,
+    pub live_gen: u64,
+    /// Bytes in segments not yet folded into the snapshot.
+    pub journal_bytes: u64,
+    pub snapshot_bytes: u64,
+    pub batches: u64,
+    pub compactions: u64,
+    pub last_compaction_error: Option<String>,
+    pub failed: Option<Arc<str>>,
+}
+
+type Callback = Arc<dyn Fn(&Notice) + Send + Sync>;
+
+struct Inner {
+    /// Frames queued for the writer, in ticket order.
+    pending: Vec<u8>,
+    /// The last ticket handed out.
+    appended: Ticket,
+    durable: Ticket,
+    failed: Option<Arc<str>>,
+    shutdown: bool,
+    wakers: Vec<(Ticket, Waker)>,
+    callbacks: Vec<Callback>,
+    batches: u64,
+    live_gen: u64,
+    live_bytes: u64,
+    /// Bytes in closed segments not yet compacted away.
+    closed_bytes: u64,
+    snapshot_bytes: u64,
+    compacting: bool,
+    /// After a failed compaction, wait for this much new journal before trying again, so a
+    /// persistent error (a full disk) does not rotate a segment per batch.
+    retry_after_live_bytes: u64,
+    compactions: u64,
+    last_compaction_error: Option<String>,
+    /// `compact()` requests handed out, taken by a rotation, and finished.
+    force_requested: u64,
+    force_taken: u64,
+    force_done: u64,
+}
+
+struct Shared {
+    dir: PathBuf,
+    opts: Options,
+    inner: Mutex<Inner>,
+    /// The writer waits here for work.
+    work: Condvar,
+    /// Appenders wait here for queue space, waiters for durability, `compact()` for its
+    /// compaction.
+    progress: Condvar,
+    /// Tests make the next write+fsync fail, to exercise the fatal path.
+    #[cfg(test)]
+    fail_next_sync: std::sync::atomic::AtomicBool,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave Inner half-updated in a way that
+        // breaks durability accounting worse than the panic itself; keep serving.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The open store. Dropping it (or [`Store::close`]) writes out what is queued, waits for a
+/// running compaction, and releases the lock.
+pub struct Store {
+    shared: Arc<Shared>,
+    writer: Option<JoinHandle<()>>,
+    compactor: Option<JoinHandle<()>>,
+    jobs: Option<mpsc::Sender<Job>>,
+    _lock: File,
+}
+
+struct Job {
+    upto: u64,
+    force: u64,
+}
+
+impl Store {
+    /// Opens (or creates) the store in `dir`, recovering its state. Fails with
+    /// [`Error::Locked`] if another store has it open.
+    pub fn open(dir: impl AsRef<Path>, opts: Options) -> Result<(Store, Recovered), Error> {
+        let dir = dir.as_ref().to_path_buf();
+        assert!(
+            opts.max_append_bytes <= MAX_FRAME as usize,
+            "max_append_bytes above MAX_FRAME"
+        );
+        let lock = disk::lock(&dir)?;
+        let replay = disk::replay(&dir, disk::Mode::Open)?;
+
+        let (live_gen, live_bytes) = match replay.segments.last() {
+            Some(&last) => last,
+            None => (replay.snapshot_gen, 0),
+        };
+        let closed_bytes: u64 = replay
+            .segments
+            .iter()
+            .rev()
+            .skip(1)
+            .map(|(_, len)| len)
+            .sum();
+        let path = dir.join(disk::journal_name(live_gen));
+        let file = disk::create_opts()
+            .append(true)
+            .create(true)
+            .open(&path)
+            .map_err(disk::io_err("open", &path))?;
+        if replay.segments.is_empty() {
+            disk::sync_dir(&dir)?;
+        }
+
+        let shared = Arc::new(Shared {
+            dir: dir.clone(),
+            opts,
+            inner: Mutex::new(Inner {
+                pending: Vec::new(),
+                appended: 0,
+                durable: 0,
+                failed: None,
+                shutdown: false,
+                wakers: Vec::new(),
+                callbacks: Vec::new(),
+                batches: 0,
+                live_gen,
+                live_bytes,
+                closed_bytes,
+                snapshot_bytes: replay.snapshot_bytes,
+                compacting: false,
+                retry_after_live_bytes: 0,
+                compactions: 0,
+                last_compaction_error: None,
+                force_requested: 0,
+                force_taken: 0,
+                force_done: 0,
+            }),
+            work: Condvar::new(),
+            progress: Condvar::new(),
+            #[cfg(test)]
+            fail_next_sync: Default::default(),
+        });
+
+        let (tx, rx) = mpsc::channel::<Job>();
+        let s = shared.clone();
+        let compactor = thread::Builder::new()
+            .name("agentd-store-compact".into())
+            .spawn(move || compactor_loop(&s, rx))
+            .map_err(|e| Error::Io {
+                what: "spawn compactor thread".into(),
+                source: e,
+            })?;
+        let s = shared.clone();
+        let jobs = tx.clone();
+        let writer = thread::Builder::new()
+            .name("agentd-store-writer".into())
+            .spawn(move || {
+                writer_loop(
+                    &s,
+                    Segment {
+                        file,
+                        gen: live_gen,
+                        path,
+                    },
+                    &jobs,
+                )
+            })
+            .map_err(|e| Error::Io {
+                what: "spawn writer thread".into(),
+                source: e,
+            })?;
+
+        let recovered = Recovered {
+            records: replay.state.into_records(),
+            frames: replay.frames,
+            truncated: replay.truncated,
+        };
+        let store = Store {
+            shared,
+            writer: Some(writer),
+            compactor: Some(compactor),
+            jobs: Some(tx),
+            _lock: lock,
+        };
+        Ok((store, recovered))
+    }
+
+    /// Queues `records` as one atomic frame and returns its ticket. Encoding happens here,
+    /// on the caller's thread; the write and fsync happen on the writer thread. Blocks only
+    /// while the queue is full (`max_pending_bytes`). An empty `records` writes nothing and
+    /// returns the last ticket handed out.
+    pub fn append(&self, records: &[Record]) -> Result<Ticket, Error> {
+        let mut frame = Vec::new();
+        if !records.is_empty() {
+            let payload = serde_json::to_vec(records).expect("a record serialises");
+            let max = self.shared.opts.max_append_bytes;
+            if payload.len() > max {
+                return Err(Error::TooLarge {
+                    bytes: payload.len(),
+                    max,
+                });
+            }
+            frame.reserve_exact(frame::HEADER + payload.len());
+            frame::push_frame(&mut frame, &payload);
+        }
+        let mut g = self.shared.lock();
+        loop {
+            if let Some(why) = &g.failed {
+                return Err(Error::Failed(why.clone()));
+            }
+            if frame.is_empty() {
+                return Ok(g.appended);
+            }
+            // An empty queue always takes the frame, however large, so nothing waits forever.
+            if g.pending.is_empty()
+                || g.pending.len() + frame.len() <= self.shared.opts.max_pending_bytes
+            {
+                break;
+            }
+            g = self
+                .shared
+                .progress
+                .wait(g)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        g.pending.extend_from_slice(&frame);
+        g.appended += 1;
+        let ticket = g.appended;
+        drop(g);
+        self.shared.work.notify_one();
+        Ok(ticket)
+    }
+
+    /// The highest durable ticket: every ticket up to it is on disk.
+    pub fn durable(&self) -> Ticket {
+        self.shared.lock().durable
+    }
+
+    /// Blocks until `ticket` is durable, the store fails, or `timeout` passes.
+    pub fn wait_durable(&self, ticket: Ticket, timeout: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + timeout;
+        let mut g = self.shared.lock();
+        loop {
+            if g.durable >= ticket {
+                return Ok(());
+            }
+            if let Some(why) = &g.failed {
+                return Err(Error::Failed(why.clone()));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout);
+            }
+            g = self
+                .shared
+                .progress
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Non-blocking: ready once `ticket` is durable (or the store failed); otherwise keeps
+    /// `cx`'s waker and wakes it after the fsync that covers the ticket.
+    pub fn poll_durable(&self, ticket: Ticket, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        let mut g = self.shared.lock();
+        if g.durable >= ticket {
+            return Poll::Ready(Ok(()));
+        }
+        if let Some(why) = &g.failed {
+            return Poll::Ready(Err(Error::Failed(why.clone())));
+        }
+        match g
+            .wakers
+            .iter_mut()
+            .find(|(t, w)| *t == ticket && w.will_wake(cx.waker()))
+        {
+            Some(_) => {}
+            None => g.wakers.push((ticket, cx.waker().clone())),
+        }
+        Poll::Pending
+    }
+
+    /// Calls `f` on the writer thread after every fsync (with the new durable ticket) and
+    /// once on failure. Keep it short (it delays the next batch) and never panic (it runs on
+    /// the writer thread, and a panic there stops durability for good). It is not called for what
+    /// was durable before it was registered; read [`Store::durable`] after registering.
+    pub fn on_durable(&self, f: impl Fn(&Notice) + Send + Sync + 'static) {
+        self.shared.lock().callbacks.push(Arc::new(f));
+    }
+
+    /// Rotates the journal and folds everything before the rotation into a new snapshot now,
+    /// blocking until that compaction finishes. Normally compaction runs by itself.
+    pub fn compact(&self) -> Result<(), Error> {
+        let mut g = self.shared.lock();
+        g.force_requested += 1;
+        let mine = g.force_requested;
+        self.shared.work.notify_one();
+        loop {
+            if let Some(why) = &g.failed {
+                return Err(Error::Failed(why.clone()));
+            }
+            if g.force_done >= mine {
+                return match &g.last_compaction_error {
+                    Some(e) => Err(Error::Io {
+                        what: "compaction".into(),
+                        source: io::Error::other(e.clone()),
+                    }),
+                    None => Ok(()),
+                };
+            }
+            g = self
+                .shared
+                .progress
+                .wait(g)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        let g = self.shared.lock();
+        Stats {
+            durable: g.durable,
+            appended: g.appended,
+            live_gen: g.live_gen,
+            journal_bytes: g.closed_bytes + g.live_bytes,
+            snapshot_bytes: g.snapshot_bytes,
+            batches: g.batches,
+            compactions: g.compactions,
+            last_compaction_error: g.last_compaction_error.clone(),
+            failed: g.failed.clone(),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// Writes out what is queued, stops the threads and releases the lock. Reports the
+    /// failure if the store had failed.
+    pub fn close(mut self) -> Result<(), Error> {
+        self.shutdown();
+        match self.shared.lock().failed.clone() {
+            Some(why) => Err(Error::Failed(why)),
+            None => Ok(()),
+        }
+    }
+
+    fn shutdown(&mut self) {
+        self.shared.lock().shutdown = true;
+        self.shared.work.notify_all();
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+        // The writer held the other sender; this ends the compactor after its current job.
+        self.jobs.take();
+        if let Some(c) = self.compactor.take() {
+            let _ = c.join();
+        }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+struct Segment {
+    file: File,
+    gen: u64,
+    path: PathBuf,
+}
+
+fn writer_loop(shared: &Shared, mut seg: Segment, jobs: &mpsc::Sender<Job>) {
+    let mut batch = Vec::new();
+    loop {
+        let mut g = shared.lock();
+        let last = loop {
+            let force = g.force_requested > g.force_taken && !g.compacting;
+            if !g.pending.is_empty() || force || g.shutdown {
+                break g.appended;
+            }
+            g = shared.work.wait(g).unwrap_or_else(|e| e.into_inner());
+        };
+        if g.pending.is_empty() && g.shutdown {
+            return;
+        }
+        // Double-buffer: appenders fill the other vector while this batch is written.
+        std::mem::swap(&mut g.pending, &mut batch);
+        drop(g);
+        shared.progress.notify_all();
+
+        if !batch.is_empty() {
+            let res = seg
+                .file
+                .write_all(&batch)
+                .and_then(|()| injected_fault(shared))
+                .and_then(|()| seg.file.sync_data());
+            if let Err(e) = res {
+                fail(
+                    shared,
+                    format!("write+fdatasync {}: {e}", seg.path.display()),
+                );
+                return;
+            }
+            let wakers;
+            let callbacks;
+            {
+                let mut g = shared.lock();
+                g.durable = last;
+                g.live_bytes += batch.len() as u64;
+                g.batches += 1;
+                let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut g.wakers)
+                    .into_iter()
+                    .partition(|(t, _)| *t <= last);
+                g.wakers = waiting;
+                wakers = ready;
+                callbacks = g.callbacks.clone();
+            }
+            batch.clear();
+            shared.progress.notify_all();
+            wakers.into_iter().for_each(|(_, w)| w.wake());
+            let notice = Notice::Durable(last);
+            callbacks.iter().for_each(|f| f(&notice));
+        }
+
+        if let Some(job) = rotate_due(shared) {
+            if let Err(e) = rotate(shared, &mut seg, job.upto) {
+                fail(shared, e.to_string());
+                return;
+            }
+            // The compactor outlives the writer (shutdown joins the writer first).
+            let _ = jobs.send(job);
+        }
+    }
+}
+
+/// Decides, under the lock, whether to rotate now; if so marks a compaction as running.
+fn rotate_due(shared: &Shared) -> Option<Job> {
+    let mut g = shared.lock();
+    if g.compacting || g.shutdown {
+        return None;
+    }
+    let forced = g.force_requested > g.force_taken;
+    let threshold = shared.opts.compact_after_bytes.max(g.snapshot_bytes);
+    let due = g.closed_bytes + g.live_bytes > threshold && g.live_bytes >= g.retry_after_live_bytes;
+    if !(forced || due) {
+        return None;
+    }
+    g.compacting = true;
+    g.force_taken = g.force_requested;
+    Some(Job {
+        upto: g.live_gen + 1,
+        force: g.force_taken,
+    })
+}
+
+/// Starts segment `gen` and makes its name durable before anything in it can be
+/// acknowledged.
+fn rotate(shared: &Shared, seg: &mut Segment, gen: u64) -> Result<(), Error> {
+    let path = shared.dir.join(disk::journal_name(gen));
+    let file = disk::create_opts()
+        .append(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(disk::io_err("create segment", &path))?;
+    disk::sync_dir(&shared.dir)?;
+    *seg = Segment { file, gen, path };
+    let mut g = shared.lock();
+    g.closed_bytes += g.live_bytes;
+    g.live_bytes = 0;
+    g.live_gen = seg.gen;
+    Ok(())
+}
+
+#[cfg(not(test))]
+fn injected_fault(_: &Shared) -> io::Result<()> {
+    Ok(())
+}
+
+#[cfg(test)]
+fn injected_fault(shared: &Shared) -> io::Result<()> {
+    match shared
+        .fail_next_sync
+        .swap(false, std::sync::atomic::Ordering::SeqCst)
+    {
+        true => Err(io::Error::from_raw_os_error(5)), // EIO
+        false => Ok(()),
+    }
+}
+
+fn fail(shared: &Shared, why: String) {
+    let why: Arc<str> = why.into();
+    let (wakers, callbacks) = {
+        let mut g = shared.lock();
+        g.failed = Some(why.clone());
+        g.pending = Vec::new();
+        (std::mem::take(&mut g.wakers), g.callbacks.clone())
+    };
+    shared.progress.notify_all();
+    wakers.into_iter().for_each(|(_, w)| w.wake());
+    let notice = Notice::Failed(why);
+    callbacks.iter().for_each(|f| f(&notice));
+}
+
+fn compactor_loop(shared: &Shared, jobs: mpsc::Receiver<Job>) {
+    while let Ok(job) = jobs.recv() {
+        let res = disk::compact(&shared.dir, job.upto, None);
+        let mut g = shared.lock();
+        g.compacting = false;
+        g.force_done = g.force_done.max(job.force);
+        match res {
+            Ok(done) => {
+                g.compactions += 1;
+                g.snapshot_bytes = done.snapshot_bytes;
+                g.closed_bytes = g.closed_bytes.saturating_sub(done.removed_bytes);
+                g.retry_after_live_bytes = 0;
+                g.last_compaction_error = None;
+            }
+            Err(e) => {
+                // Not fatal: the journal still holds everything. Try again after more writes.
+                g.last_compaction_error = Some(e.to_string());
+                g.retry_after_live_bytes = shared.opts.compact_after_bytes;
+            }
+        }
+        drop(g);
+        shared.progress.notify_all();
+        shared.work.notify_one();
+    }
+}
