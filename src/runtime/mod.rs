@@ -15,6 +15,8 @@ use agentd_core::errors::{ErrorKind, RpcError};
 use agentd_core::{CommandAnswer, Completion, Effect, Instance};
 use agentd_io_std::Clock;
 
+pub mod peer;
+
 /// The status message of a turn no agent can answer.
 pub const NO_AGENT: &str =
     "no conversation agent is configured on this agentd instance, so it cannot answer conversation turns";
