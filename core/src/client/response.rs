@@ -287,10 +287,17 @@ impl ResponseParser {
                     return Ok(Some(ResponseEvent::Data(data)));
                 }
                 State::UntilClose => {
-                    if !self.avail().is_empty() {
-                        let data = self.avail().to_vec();
-                        self.count_body(data.len() as u64)?;
-                        self.pos = self.buf.len();
+                    let avail = self.avail().len();
+                    if avail > 0 {
+                        // Up to the limit first, then the refusal: the same whatever the split.
+                        let allowed = self.limits.max_body_bytes - self.body_total;
+                        let take = usize::try_from(allowed).unwrap_or(usize::MAX).min(avail);
+                        if take == 0 {
+                            return Err(ResponseError::BodyTooLarge);
+                        }
+                        let data = self.avail()[..take].to_vec();
+                        self.body_total += take as u64;
+                        self.pos += take;
                         return Ok(Some(ResponseEvent::Data(data)));
                     }
                     if self.eof {
@@ -324,14 +331,6 @@ impl ResponseParser {
         } else {
             Ok(None)
         }
-    }
-
-    fn count_body(&mut self, n: u64) -> Result<(), ResponseError> {
-        self.body_total = self.body_total.saturating_add(n);
-        if self.body_total > self.limits.max_body_bytes {
-            return Err(ResponseError::BodyTooLarge);
-        }
-        Ok(())
     }
 
     /// A final head, or None: incomplete (state keeps `scan_from`), or an interim 1xx head
@@ -438,6 +437,21 @@ impl ResponseParser {
 
     fn decode_chunked(&mut self) -> Result<Option<ResponseEvent>, ResponseError> {
         let mut out = Vec::new();
+        let r = self.decode_chunks_into(&mut out);
+        // Data decoded before an error is delivered first, so what the caller sees does not
+        // depend on how the bytes were split; the error recurs on the next call (every
+        // error is found before the state moves past its cause).
+        if !out.is_empty() {
+            return Ok(Some(ResponseEvent::Data(out)));
+        }
+        r?;
+        if self.state == State::BodyDone {
+            return self.step();
+        }
+        self.need_more("in the middle of a chunked body")
+    }
+
+    fn decode_chunks_into(&mut self, out: &mut Vec<u8>) -> Result<(), ResponseError> {
         while let State::Chunked(chunk) = self.state {
             let avail = self.avail();
             match chunk {
@@ -446,11 +460,15 @@ impl ResponseParser {
                         break;
                     };
                     let size = parse_chunk_size(&avail[..line.content])?;
-                    self.pos += line.total;
                     if size == 0 {
+                        self.pos += line.total;
                         self.state = State::Chunked(Chunk::Trailer);
                     } else {
-                        self.count_body(size)?;
+                        if self.body_total.saturating_add(size) > self.limits.max_body_bytes {
+                            return Err(ResponseError::BodyTooLarge);
+                        }
+                        self.body_total += size;
+                        self.pos += line.total;
                         self.state = State::Chunked(Chunk::Data(size));
                     }
                 }
@@ -491,21 +509,15 @@ impl ResponseParser {
                         break;
                     }
                     let field = parse_trailer(content)?;
-                    self.pos += line.total;
                     if self.trailers.len() >= self.limits.max_headers {
                         return Err(ResponseError::TooManyHeaders);
                     }
+                    self.pos += line.total;
                     self.trailers.push(field);
                 }
             }
         }
-        if !out.is_empty() {
-            return Ok(Some(ResponseEvent::Data(out)));
-        }
-        if self.state == State::BodyDone {
-            return self.step();
-        }
-        self.need_more("in the middle of a chunked body")
+        Ok(())
     }
 }
 
