@@ -51,9 +51,14 @@ pub struct PeerConfig {
 /// What is sent: a plain message, or a command of the command extension.
 #[derive(Clone, Debug, PartialEq)]
 pub enum OutboundBody {
-    Message { parts: Vec<Part> },
+    Message {
+        parts: Vec<Part>,
+    },
     /// One data part `{"agentd": {"op": op, ...args}}`, marked with the command URI.
-    Command { op: String, args: Map<String, Value> },
+    Command {
+        op: String,
+        args: Map<String, Value>,
+    },
 }
 
 /// How to send: §7.13's rule, or one path forced (diagnostics and tests).
@@ -172,7 +177,12 @@ impl fmt::Display for PeerError {
             }
             PeerError::Card(e) => e.fmt(f),
             PeerError::TaskFailed(t) => {
-                write!(f, "the peer's task {} ended {}", t.id, t.status.state.as_str())?;
+                write!(
+                    f,
+                    "the peer's task {} ended {}",
+                    t.id,
+                    t.status.state.as_str()
+                )?;
                 if let Some(m) = &t.status.message {
                     let text = wire::message_text(m);
                     if !text.is_empty() {
@@ -337,7 +347,10 @@ impl PeerClient {
         let selected = match head.status {
             200 => {
                 let card = wire::parse_card(&body).map_err(PeerError::Card)?;
-                Some(wire::select_interface(&card, &self.config.endpoint).map_err(PeerError::Card)?)
+                Some(
+                    wire::select_interface(&card, &self.config.endpoint)
+                        .map_err(PeerError::Card)?,
+                )
             }
             // No card served: §7.13 says stream, with no tenant.
             404 => None,
@@ -453,8 +466,8 @@ impl PeerClient {
         let mut follow = Follow::default();
         let r = self.exchange(&req, call.deadline, call.cancel, |ev| match ev {
             ResponseEvent::Head(h) => {
-                let is_sse = h.status == 200
-                    && h.media_type().as_deref() == Some("text/event-stream");
+                let is_sse =
+                    h.status == 200 && h.media_type().as_deref() == Some("text/event-stream");
                 head = Some(h);
                 follow.sse = is_sse;
                 Ok(true)
@@ -810,7 +823,11 @@ fn parse_endpoint(endpoint: &str) -> Result<(Dial, String, String), PeerError> {
                 "{endpoint}: a unix peer is unix:///absolute/path"
             )));
         }
-        return Ok((Dial::Unix(PathBuf::from(path)), "localhost".into(), "/".into()));
+        return Ok((
+            Dial::Unix(PathBuf::from(path)),
+            "localhost".into(),
+            "/".into(),
+        ));
     }
     if endpoint.starts_with("https://") {
         return Err(PeerError::Unsupported(format!(
@@ -918,8 +935,14 @@ mod tests {
     #[test]
     fn endpoints() {
         let ok = |e: &str| parse_endpoint(e).map(|(_, h, p)| (h, p)).unwrap();
-        assert_eq!(ok("http://127.0.0.1:8420"), ("127.0.0.1:8420".into(), "/".into()));
-        assert_eq!(ok("http://127.0.0.1:8420/a2a"), ("127.0.0.1:8420".into(), "/a2a".into()));
+        assert_eq!(
+            ok("http://127.0.0.1:8420"),
+            ("127.0.0.1:8420".into(), "/".into())
+        );
+        assert_eq!(
+            ok("http://127.0.0.1:8420/a2a"),
+            ("127.0.0.1:8420".into(), "/a2a".into())
+        );
         assert_eq!(ok("http://[::1]:9/"), ("[::1]:9".into(), "/".into()));
         assert_eq!(ok("http://localhost/"), ("localhost".into(), "/".into()));
         assert_eq!(ok("unix:///run/a.sock"), ("localhost".into(), "/".into()));
@@ -931,7 +954,10 @@ mod tests {
             "ftp://x",
             "http://127.0.0.1/?q",
         ] {
-            assert!(matches!(parse_endpoint(bad), Err(PeerError::Config(_))), "{bad}");
+            assert!(
+                matches!(parse_endpoint(bad), Err(PeerError::Config(_))),
+                "{bad}"
+            );
         }
         assert!(matches!(
             parse_endpoint("https://peer.example/"),

@@ -958,6 +958,39 @@ mod tests {
     }
 
     #[test]
+    fn data_before_an_error_comes_out_first_in_every_split() {
+        // The fuzzer's find: data decoded in the same call as a later framing error.
+        let r = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nxyz\r\n";
+        for split in 0..=r.len() {
+            let mut p = ResponseParser::new(ResponseLimits::DEFAULT);
+            let mut body = Vec::new();
+            let mut err = None;
+            for piece in [&r[..split], &r[split..]] {
+                p.push(piece).unwrap();
+                loop {
+                    match p.next_event() {
+                        Ok(Some(ResponseEvent::Data(d))) => body.extend(d),
+                        Ok(Some(_)) => {}
+                        Ok(None) => break,
+                        Err(e) => {
+                            err = Some(e);
+                            break;
+                        }
+                    }
+                }
+                if err.is_some() {
+                    break;
+                }
+            }
+            assert_eq!(body, b"abcxy", "split {split}");
+            assert_eq!(
+                err,
+                Some(ResponseError::BadChunk("chunk data overran its size"))
+            );
+        }
+    }
+
+    #[test]
     fn limits() {
         let small = ResponseLimits {
             max_head_bytes: 64,
