@@ -40,8 +40,20 @@ struct Server {
     dir: PathBuf,
 }
 
+/// An https listener's certificate, key and optional client CA (mutual TLS).
+struct TlsSetup {
+    cert: String,
+    key: String,
+    client_ca: Option<String>,
+}
+
 impl Server {
     fn start() -> Server {
+        Server::start_with(None)
+    }
+
+    /// The TCP listener is https:// when `tls` is given.
+    fn start_with(tls: Option<TlsSetup>) -> Server {
         let dir = std::env::temp_dir().join(format!(
             "agentd-peer-{}-{}",
             std::process::id(),
@@ -49,22 +61,39 @@ impl Server {
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let unix = dir.join("a.sock");
+        let scheme = if tls.is_some() { "https" } else { "tcp" };
         let endpoints = [
-            "tcp://127.0.0.1:0".parse::<Endpoint>().unwrap(),
+            format!("{scheme}://127.0.0.1:0")
+                .parse::<Endpoint>()
+                .unwrap(),
             Endpoint::Unix(unix.clone()),
         ];
         let listeners: Vec<BoundListener> = endpoints
             .iter()
             .map(|e| BoundListener::bind(e).unwrap())
             .collect();
-        let infos = listeners.iter().map(|l| l.info().unwrap()).collect();
+        let infos = listeners
+            .iter()
+            .zip(&endpoints)
+            .map(|(l, e)| l.info_tls(e.is_tls()).unwrap())
+            .collect();
         let tcp = match &listeners[0] {
             BoundListener::Tcp(l) => l.local_addr().unwrap(),
             _ => unreachable!(),
         };
         let clock = Clock::new();
+        let mut config = InstanceConfig::new(infos);
+        if let Some(t) = &tls {
+            let listener = agentd_core::tls::listener(
+                t.cert.as_bytes(),
+                t.key.as_bytes(),
+                t.client_ca.as_ref().map(|c| c.as_bytes()),
+            )
+            .unwrap();
+            config.tls.insert(0, listener);
+        }
         let instance = Arc::new(Mutex::new(Instance::new(
-            InstanceConfig::new(infos),
+            config,
             Box::new(OsEntropy),
             clock.now(),
         )));
@@ -681,4 +710,99 @@ fn a_failed_send_drops_the_cached_card() {
         .filter(|i| reqs[*i].starts_with("GET "))
         .collect();
     assert_eq!(gets, [0, 4], "{reqs:#?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// https
+
+struct Ca {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    pem: String,
+}
+
+fn ca(name: &str) -> Ca {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    let key = KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    Ca {
+        pem: cert.pem(),
+        issuer: Issuer::new(params, key),
+    }
+}
+
+/// A leaf for 127.0.0.1 and localhost: (certificate PEM, key PEM).
+fn leaf(ca: &Ca, cn: &str) -> (String, String) {
+    use rcgen::{CertificateParams, DnType, KeyPair, SanType};
+    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+    params.distinguished_name.push(DnType::CommonName, cn);
+    params
+        .subject_alt_names
+        .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &ca.issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+#[test]
+fn https_peer_streams_and_polls_with_verified_certificates() {
+    let server_ca = ca("server CA");
+    let (cert, key) = leaf(&server_ca, "agentd");
+    let s = Server::start_with(Some(TlsSetup {
+        cert,
+        key,
+        client_ca: None,
+    }));
+    let never = AtomicBool::new(false);
+    let endpoint = format!("https://127.0.0.1:{}/", s.tcp.port());
+    let c = peer(&endpoint)
+        .with_tls_roots(server_ca.pem.as_bytes())
+        .unwrap();
+    assert!(c.card(in_secs(5), &never).unwrap().unwrap().streaming);
+    completed_echo(c.send(text("hello"), in_secs(10), &never).unwrap());
+    let mut req = text("hello");
+    req.mode = SendMode::Poll;
+    completed_echo(c.send(req, in_secs(10), &never).unwrap());
+
+    // A certificate from a CA we do not trust is refused in the handshake.
+    let other = ca("someone else");
+    let c = peer(&endpoint)
+        .with_tls_roots(other.pem.as_bytes())
+        .unwrap();
+    match c.send(text("hello"), in_secs(5), &never) {
+        Err(e @ PeerError::Io(_)) => {
+            assert!(e.to_string().to_lowercase().contains("certificate"), "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn https_peer_with_mutual_tls() {
+    let server_ca = ca("server CA");
+    let client_ca = ca("client CA");
+    let (cert, key) = leaf(&server_ca, "agentd");
+    let s = Server::start_with(Some(TlsSetup {
+        cert,
+        key,
+        client_ca: Some(client_ca.pem.clone()),
+    }));
+    let never = AtomicBool::new(false);
+    let endpoint = format!("https://localhost:{}/", s.tcp.port());
+    let (ccert, ckey) = leaf(&client_ca, "workflow-runner");
+    let with_cert = peer(&endpoint)
+        .with_tls_roots(server_ca.pem.as_bytes())
+        .unwrap()
+        .with_client_cert(ccert.as_bytes(), ckey.as_bytes())
+        .unwrap();
+    assert!(with_cert.card(in_secs(5), &never).unwrap().is_some());
+    let without = peer(&endpoint)
+        .with_tls_roots(server_ca.pem.as_bytes())
+        .unwrap();
+    assert!(matches!(
+        without.card(in_secs(5), &never),
+        Err(PeerError::Io(_) | PeerError::Protocol(_))
+    ));
 }

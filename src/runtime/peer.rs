@@ -1,5 +1,6 @@
 //! The blocking outbound A2A client behind the `a2a.send` / `a2a.delegate` workflow steps
-//! (surface §7.13). It dials the configured endpoint (loopback `http://` or `unix:///path`),
+//! (surface §7.13). It dials the configured endpoint (`https://`, loopback `http://` or
+//! `unix:///path`),
 //! speaks through the core's sans-io client ([`agentd_core::client`]) and returns the peer's
 //! final task or message.
 //!
@@ -9,11 +10,11 @@
 
 use std::fmt;
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use agentd_core::a2a::types::{Message, Part, StreamResponse, Task, TaskState};
@@ -25,6 +26,8 @@ use agentd_core::client::{
 };
 use agentd_core::ext::COMMAND_URI;
 use agentd_io_std::OsEntropy;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::{Map, Value};
 
 /// How often a blocked read wakes to look at the cancel flag and the deadline.
@@ -40,7 +43,8 @@ const UNSUPPORTED_OPERATION: i64 = -32004;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerConfig {
     pub name: String,
-    /// `http://127.0.0.1:PORT[/path]` (loopback only), or `unix:///absolute/path`.
+    /// `https://host[:port][/path]`, `http://127.0.0.1:PORT[/path]` (loopback only), or
+    /// `unix:///absolute/path`.
     pub endpoint: String,
     /// Sent as `Authorization: Bearer <token>` on JSON-RPC calls (not on the public card).
     pub bearer: Option<String>,
@@ -121,8 +125,6 @@ pub enum PeerOutcome {
 pub enum PeerError {
     /// The peer's configuration cannot be used.
     Config(String),
-    /// Something this client does not do yet (an `https://` peer).
-    Unsupported(String),
     /// The peer could not be reached.
     Connect { endpoint: String, error: io::Error },
     /// The connection failed mid-exchange.
@@ -155,7 +157,6 @@ impl fmt::Display for PeerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             PeerError::Config(why) => write!(f, "peer configuration: {why}"),
-            PeerError::Unsupported(why) => f.write_str(why),
             PeerError::Connect { endpoint, error } => {
                 write!(f, "cannot connect to {endpoint}: {error}")
             }
@@ -229,6 +230,12 @@ impl From<A2aError> for PeerError {
 #[derive(Clone, Debug)]
 enum Dial {
     Tcp(SocketAddr),
+    /// Resolved at each dial; verified against `name`.
+    Https {
+        host: String,
+        port: u16,
+        name: ServerName<'static>,
+    },
     Unix(PathBuf),
 }
 
@@ -253,6 +260,56 @@ pub struct PeerClient {
     first_poll: Duration,
     max_poll: Duration,
     limits: ResponseLimits,
+    tls: TlsSettings,
+}
+
+/// What an https dial trusts and presents.
+#[derive(Debug, Default)]
+struct TlsSettings {
+    /// None: the system's roots.
+    roots: Option<rustls::RootCertStore>,
+    client_cert: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+    config: OnceLock<Arc<rustls::ClientConfig>>,
+}
+
+/// Where the system's CA bundle usually is (Debian/Alpine, Fedora/RHEL, BSD/macOS, SUSE).
+const SYSTEM_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+    "/etc/ssl/ca-bundle.pem",
+];
+
+/// The CA bundle named by `SSL_CERT_FILE`, else the first system bundle found.
+fn system_roots() -> Result<rustls::RootCertStore, PeerError> {
+    let env = std::env::var_os("SSL_CERT_FILE").map(PathBuf::from);
+    let paths: Vec<PathBuf> = match env {
+        Some(p) => vec![p],
+        None => SYSTEM_BUNDLES.iter().map(PathBuf::from).collect(),
+    };
+    for path in &paths {
+        let Ok(pem) = std::fs::read(path) else {
+            continue;
+        };
+        let roots = roots_from_pem(&pem)
+            .map_err(|e| PeerError::Config(format!("{}: {e}", path.display())))?;
+        return Ok(roots);
+    }
+    Err(PeerError::Config(
+        "no CA bundle to verify https peers with (set SSL_CERT_FILE)".into(),
+    ))
+}
+
+fn roots_from_pem(pem: &[u8]) -> Result<rustls::RootCertStore, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        // A bundle may hold a certificate rustls cannot use; skip it, as browsers do.
+        let _ = roots.add(cert.map_err(|e| e.to_string())?);
+    }
+    if roots.is_empty() {
+        return Err("no usable CA certificate".into());
+    }
+    Ok(roots)
 }
 
 /// Client-owned headers a configuration may not set.
@@ -291,6 +348,7 @@ impl PeerClient {
             first_poll: Duration::from_millis(100),
             max_poll: Duration::from_secs(1),
             limits: ResponseLimits::DEFAULT,
+            tls: TlsSettings::default(),
         };
         // Header names and values (no CR/LF) are checked now, not at the first send.
         client
@@ -302,6 +360,31 @@ impl PeerClient {
 
     pub fn config(&self) -> &PeerConfig {
         &self.config
+    }
+
+    /// Trusts the CAs in `ca_pem` (instead of the system's) for an https peer.
+    pub fn with_tls_roots(mut self, ca_pem: &[u8]) -> Result<Self, PeerError> {
+        let roots = roots_from_pem(ca_pem).map_err(|e| PeerError::Config(format!("CA: {e}")))?;
+        self.tls.roots = Some(roots);
+        self.tls.config = OnceLock::new();
+        Ok(self)
+    }
+
+    /// Presents this certificate chain and key to an https peer (mutual TLS).
+    pub fn with_client_cert(mut self, chain_pem: &[u8], key_pem: &[u8]) -> Result<Self, PeerError> {
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain_pem)
+            .collect::<Result<_, _>>()
+            .map_err(|e| PeerError::Config(format!("client certificate: {e}")))?;
+        if chain.is_empty() {
+            return Err(PeerError::Config(
+                "client certificate: none in the PEM".into(),
+            ));
+        }
+        let key = PrivateKeyDer::from_pem_slice(key_pem)
+            .map_err(|e| PeerError::Config(format!("client key: {e}")))?;
+        self.tls.client_cert = Some((chain, key));
+        self.tls.config = OnceLock::new();
+        Ok(self)
     }
 
     /// Sets how often `GetTask` polls: from `first`, growing to `max`.
@@ -591,12 +674,42 @@ impl PeerClient {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Unix sockets and loopback addresses are this host (today, every peer we dial).
+    /// Unix sockets and loopback addresses are this host.
     fn same_host(&self) -> bool {
         match &self.dial {
             Dial::Unix(_) => true,
             Dial::Tcp(a) => a.ip().is_loopback(),
+            Dial::Https { host, .. } => {
+                host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+            }
         }
+    }
+
+    /// The TLS configuration, built at the first https dial (the system roots are read
+    /// then, unless [`PeerClient::with_tls_roots`] gave others).
+    fn tls_config(&self) -> Result<Arc<rustls::ClientConfig>, PeerError> {
+        if let Some(c) = self.tls.config.get() {
+            return Ok(c.clone());
+        }
+        let roots = match &self.tls.roots {
+            Some(r) => r.clone(),
+            None => system_roots()?,
+        };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| PeerError::Config(format!("TLS: {e}")))?
+            .with_root_certificates(roots);
+        let mut config = match &self.tls.client_cert {
+            Some((chain, key)) => builder
+                .with_client_auth_cert(chain.clone(), key.clone_key())
+                .map_err(|e| PeerError::Config(format!("client certificate: {e}")))?,
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let config = Arc::new(config);
+        let _ = self.tls.config.set(config.clone());
+        Ok(config)
     }
 
     fn connect(&self, deadline: Instant) -> Result<Conn, PeerError> {
@@ -615,6 +728,30 @@ impl PeerClient {
                 Ok(Conn::Tcp(s))
             }
             Dial::Unix(path) => Ok(Conn::Unix(UnixStream::connect(path).map_err(connect_err)?)),
+            Dial::Https { host, port, name } => {
+                let config = self.tls_config()?;
+                let addrs: Vec<SocketAddr> = (host.as_str(), *port)
+                    .to_socket_addrs()
+                    .map_err(connect_err)?
+                    .collect();
+                let mut last = io::Error::new(io::ErrorKind::NotFound, "the name has no address");
+                for addr in addrs {
+                    let remaining = deadline.saturating_duration_since(Instant::now());
+                    if remaining.is_zero() {
+                        return Err(PeerError::Timeout { task_id: None });
+                    }
+                    match TcpStream::connect_timeout(&addr, remaining) {
+                        Ok(s) => {
+                            let _ = s.set_nodelay(true);
+                            let tls = rustls::ClientConnection::new(config, name.clone())
+                                .map_err(|e| PeerError::Config(format!("TLS: {e}")))?;
+                            return Ok(Conn::Tls(Box::new(rustls::StreamOwned::new(tls, s))));
+                        }
+                        Err(e) => last = e,
+                    }
+                }
+                Err(connect_err(last))
+            }
         }
     }
 
@@ -636,12 +773,14 @@ impl PeerClient {
                 .max(Duration::from_millis(1)),
         ))
         .map_err(PeerError::Io)?;
-        conn.write_all(&bytes).map_err(|e| match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                PeerError::Timeout { task_id: None }
-            }
-            _ => PeerError::Io(e),
-        })?;
+        conn.write_all(&bytes)
+            .and_then(|_| conn.flush())
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                    PeerError::Timeout { task_id: None }
+                }
+                _ => PeerError::Io(e),
+            })?;
         let mut parser = ResponseParser::new(self.limits);
         let mut buf = vec![0u8; 16 * 1024];
         let mut eof = false;
@@ -814,8 +953,8 @@ fn http_error(head: &ResponseHead, body: &[u8]) -> PeerError {
     }
 }
 
-/// `http://host:port[/path]` (host a loopback IP or `localhost`) or `unix:///path`: the
-/// dial address, the Host header and the JSON-RPC path.
+/// `http://host:port[/path]` (host a loopback IP or `localhost`), `https://host[:port][/path]`
+/// or `unix:///path`: the dial, the Host header and the JSON-RPC path.
 fn parse_endpoint(endpoint: &str) -> Result<(Dial, String, String), PeerError> {
     if let Some(path) = endpoint.strip_prefix("unix://") {
         if !path.starts_with('/') {
@@ -829,23 +968,22 @@ fn parse_endpoint(endpoint: &str) -> Result<(Dial, String, String), PeerError> {
             "/".into(),
         ));
     }
-    if endpoint.starts_with("https://") {
-        return Err(PeerError::Unsupported(format!(
-            "{endpoint}: https:// peers are not supported yet (only loopback http:// and unix:///)"
+    let (rest, tls) = if let Some(r) = endpoint.strip_prefix("https://") {
+        (r, true)
+    } else if let Some(r) = endpoint.strip_prefix("http://") {
+        (r, false)
+    } else {
+        return Err(PeerError::Config(format!(
+            "{endpoint}: a peer endpoint is https://host/, http://127.0.0.1:PORT/ or unix:///path"
         )));
-    }
-    let rest = endpoint.strip_prefix("http://").ok_or_else(|| {
-        PeerError::Config(format!(
-            "{endpoint}: a peer endpoint is http://127.0.0.1:PORT/ or unix:///path"
-        ))
-    })?;
+    };
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    if path.contains(['?', '#']) {
+    if path.contains(['?', '#']) || authority.contains('@') {
         return Err(PeerError::Config(format!(
-            "{endpoint}: a peer endpoint has no query or fragment"
+            "{endpoint}: a peer endpoint has no user info, query or fragment"
         )));
     }
     let (host, port) = match authority.rsplit_once(':') {
@@ -855,35 +993,45 @@ fn parse_endpoint(endpoint: &str) -> Result<(Dial, String, String), PeerError> {
                 .map_err(|_| PeerError::Config(format!("{endpoint}: bad port {p:?}")))?;
             (h, port)
         }
-        _ => (authority, 80),
+        _ => (authority, if tls { 443 } else { 80 }),
     };
-    let ip = match host {
-        "localhost" => IpAddr::V4(Ipv4Addr::LOCALHOST),
-        h => h
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<IpAddr>()
-            .map_err(|_| {
-                PeerError::Config(format!(
-                    "{endpoint}: plain http:// peers must be a loopback address (127.0.0.1, [::1] or localhost)"
-                ))
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let ip = match bare {
+        "localhost" => Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        h => h.parse::<IpAddr>().ok(),
+    };
+    let dial = if tls {
+        let name = match bare.parse::<IpAddr>() {
+            Ok(ip) => ServerName::IpAddress(ip.into()),
+            Err(_) => ServerName::try_from(bare.to_owned()).map_err(|_| {
+                PeerError::Config(format!("{endpoint}: {bare:?} is not a host name"))
             })?,
+        };
+        Dial::Https {
+            host: bare.to_owned(),
+            port,
+            name,
+        }
+    } else {
+        let ip = ip.ok_or_else(|| {
+            PeerError::Config(format!(
+                "{endpoint}: plain http:// peers must be a loopback address (127.0.0.1, [::1] or localhost)"
+            ))
+        })?;
+        if !ip.is_loopback() && ip != IpAddr::V6(Ipv6Addr::LOCALHOST) {
+            return Err(PeerError::Config(format!(
+                "{endpoint}: plain http:// is only for loopback peers; a remote peer needs https://"
+            )));
+        }
+        Dial::Tcp(SocketAddr::new(ip, port))
     };
-    if !ip.is_loopback() && ip != IpAddr::V6(Ipv6Addr::LOCALHOST) {
-        return Err(PeerError::Config(format!(
-            "{endpoint}: plain http:// is only for loopback peers; a remote peer needs https://"
-        )));
-    }
-    Ok((
-        Dial::Tcp(SocketAddr::new(ip, port)),
-        authority.to_owned(),
-        path.to_owned(),
-    ))
+    Ok((dial, authority.to_owned(), path.to_owned()))
 }
 
-/// A connected socket, TCP or unix.
+/// A connected socket: TCP, TLS over TCP, or unix.
 enum Conn {
     Tcp(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
     Unix(UnixStream),
 }
 
@@ -891,6 +1039,7 @@ impl Conn {
     fn set_read_timeout(&self, d: Option<Duration>) -> io::Result<()> {
         match self {
             Conn::Tcp(s) => s.set_read_timeout(d),
+            Conn::Tls(s) => s.sock.set_read_timeout(d),
             Conn::Unix(s) => s.set_read_timeout(d),
         }
     }
@@ -898,6 +1047,7 @@ impl Conn {
     fn set_write_timeout(&self, d: Option<Duration>) -> io::Result<()> {
         match self {
             Conn::Tcp(s) => s.set_write_timeout(d),
+            Conn::Tls(s) => s.sock.set_write_timeout(d),
             Conn::Unix(s) => s.set_write_timeout(d),
         }
     }
@@ -907,6 +1057,12 @@ impl Read for Conn {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Conn::Tcp(s) => s.read(buf),
+            Conn::Tls(s) => match s.read(buf) {
+                // A peer that closes without close_notify: the parser still knows whether
+                // the response was complete (length or chunk framing), so call it EOF.
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(0),
+                r => r,
+            },
             Conn::Unix(s) => s.read(buf),
         }
     }
@@ -916,6 +1072,7 @@ impl Write for Conn {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
             Conn::Tcp(s) => s.write(buf),
+            Conn::Tls(s) => s.write(buf),
             Conn::Unix(s) => s.write(buf),
         }
     }
@@ -923,6 +1080,7 @@ impl Write for Conn {
     fn flush(&mut self) -> io::Result<()> {
         match self {
             Conn::Tcp(s) => s.flush(),
+            Conn::Tls(s) => s.flush(),
             Conn::Unix(s) => s.flush(),
         }
     }
@@ -959,9 +1117,17 @@ mod tests {
                 "{bad}"
             );
         }
+        assert_eq!(
+            ok("https://peer.example/a2a"),
+            ("peer.example".into(), "/a2a".into())
+        );
+        assert_eq!(
+            ok("https://10.0.0.1:8443"),
+            ("10.0.0.1:8443".into(), "/".into())
+        );
         assert!(matches!(
-            parse_endpoint("https://peer.example/"),
-            Err(PeerError::Unsupported(_))
+            parse_endpoint("https://bad name/"),
+            Err(PeerError::Config(_))
         ));
     }
 
