@@ -806,3 +806,29 @@ fn https_peer_with_mutual_tls() {
         Err(PeerError::Io(_) | PeerError::Protocol(_))
     ));
 }
+
+#[test]
+fn only_one_unary_retry_and_a_refusal_inside_the_stream_counts_too() {
+    let refusal =
+        |id: u64| json!({"jsonrpc":"2.0","id":id,"error":{"code":-32004,"message":"not served"}});
+    let mut sse =
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+            .to_vec();
+    chunk(&mut sse, format!("data: {}\n\n", refusal(1)).as_bytes());
+    sse.extend_from_slice(b"0\r\n\r\n");
+    let srv = Canned::start(vec![NO_CARD.to_vec(), sse, json_response(&refusal(2))]);
+    match srv
+        .peer()
+        .send(text("x"), in_secs(5), &AtomicBool::new(false))
+    {
+        Err(PeerError::Rpc {
+            code: -32004,
+            message,
+            ..
+        }) => assert_eq!(message, "not served"),
+        other => panic!("{other:?}"),
+    }
+    let reqs = srv.requests();
+    assert_eq!(reqs.len(), 3);
+    assert!(reqs[2].contains("\"method\":\"SendMessage\""));
+}

@@ -439,7 +439,12 @@ impl PeerClient {
             404 => None,
             _ => return Err(http_error(&head, &body)),
         };
-        let ttl = wire::card_ttl_secs(&head, self.same_host());
+        // A card read under an mTLS identity may be that identity's view: never cached.
+        let ttl = if self.tls.client_cert.is_some() && matches!(self.dial, Dial::Https { .. }) {
+            0
+        } else {
+            wire::card_ttl_secs(&head, self.same_host())
+        };
         if ttl > 0 {
             *self.lock_cache() = Some(CardEntry {
                 selected: selected.clone(),
@@ -523,16 +528,17 @@ impl PeerClient {
             cancel,
         };
         if stream {
-            match self.send_streaming(&call) {
-                // The peer does not stream after all: once more, unary (same messageId).
-                Err(PeerError::Rpc { code, .. }) if code == UNSUPPORTED_OPERATION => {}
-                other => return other,
+            if let Some(outcome) = self.send_streaming(&call)? {
+                return Ok(outcome);
             }
+            // The peer does not stream after all: once more, unary (same messageId).
         }
         self.send_polling(&call)
     }
 
-    fn send_streaming(&self, call: &Call<'_>) -> Result<PeerOutcome, PeerError> {
+    /// `Ok(None)`: the stream was refused with -32004 before anything was accepted, so
+    /// the caller may retry unary.
+    fn send_streaming(&self, call: &Call<'_>) -> Result<Option<PeerOutcome>, PeerError> {
         let id = self.next_id();
         let opts = SendOptions {
             tenant: call.tenant.map(str::to_owned),
@@ -572,23 +578,31 @@ impl PeerClient {
             }
             ResponseEvent::End { .. } => Ok(true),
         });
+        let refused = |e: &PeerError| matches!(e, PeerError::Rpc { code, .. } if *code == UNSUPPORTED_OPERATION);
         if let Err(e) = r {
+            if refused(&e) && follow.task.is_none() && follow.message.is_none() {
+                return Ok(None);
+            }
             return Err(self.interrupted(e, follow.task.as_ref().map(|t| t.id.as_str()), call));
         }
         let head = head.ok_or_else(|| PeerError::Protocol("no response head".into()))?;
         if !follow.sse {
-            if head.status != 200 {
-                return Err(http_error(&head, &plain));
-            }
-            // A JSON answer to a stream request: an error, or a whole result at once.
-            return match wire::decode_send_response(&plain, id)? {
-                SendResult::Message(m) => Ok(PeerOutcome::Message(m)),
-                SendResult::Task(t) => self.poll(t, call),
+            let answer = if head.status != 200 {
+                Err(http_error(&head, &plain))
+            } else {
+                // A JSON answer to a stream request: an error, or a whole result at once.
+                wire::decode_send_response(&plain, id).map_err(PeerError::from)
+            };
+            return match answer {
+                Err(e) if refused(&e) => Ok(None),
+                Err(e) => Err(e),
+                Ok(SendResult::Message(m)) => Ok(Some(PeerOutcome::Message(m))),
+                Ok(SendResult::Task(t)) => self.poll(t, call).map(Some),
             };
         }
         match (follow.task, follow.message) {
-            (Some(t), _) => self.poll(t, call),
-            (None, Some(m)) => Ok(PeerOutcome::Message(m)),
+            (Some(t), _) => self.poll(t, call).map(Some),
+            (None, Some(m)) => Ok(Some(PeerOutcome::Message(m))),
             (None, None) => Err(PeerError::Protocol(
                 "the stream ended before any task or message".into(),
             )),
