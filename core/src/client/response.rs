@@ -112,6 +112,8 @@ pub enum ResponseError {
     Truncated(&'static str),
     /// More input was pushed than `max_buffered` allows without draining events.
     BufferFull,
+    /// The parser already failed; nothing after a framing error is read.
+    AlreadyFailed,
 }
 
 impl fmt::Display for ResponseError {
@@ -127,6 +129,7 @@ impl fmt::Display for ResponseError {
             }
             ResponseError::Truncated(what) => write!(f, "connection closed {what}"),
             ResponseError::BufferFull => f.write_str("response input buffer full"),
+            ResponseError::AlreadyFailed => f.write_str("the response stream already failed"),
         }
     }
 }
@@ -199,7 +202,7 @@ impl ResponseParser {
     /// the caller drains [`ResponseParser::next_event`] between reads.
     pub fn push(&mut self, bytes: &[u8]) -> Result<(), ResponseError> {
         match self.state {
-            State::Failed => return Err(ResponseError::BufferFull),
+            State::Failed => return Err(ResponseError::AlreadyFailed),
             // After a response that closes the connection nothing more is read.
             State::Closed => return Ok(()),
             _ => {}
@@ -255,7 +258,7 @@ impl ResponseParser {
     fn step(&mut self) -> Result<Option<ResponseEvent>, ResponseError> {
         loop {
             match self.state {
-                State::Failed => return Err(ResponseError::Truncated("after a framing error")),
+                State::Failed => return Err(ResponseError::AlreadyFailed),
                 State::Closed => return Ok(None),
                 State::Head { scan_from } => {
                     match self.parse_head(scan_from)? {
