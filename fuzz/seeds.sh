@@ -231,3 +231,37 @@ seed headers-many "GET / HTTP/1.1${CRLF}${HOST}${many}${CRLF}"
 seed half-head "GET /.well-known/agent-card.json HTTP/1.1${CRLF}Host: x"
 
 echo "wrote $n http_connection seeds to $conn_dir and the same streams to $parser_dir"
+
+# client_response: three control bytes (split, limits, flags: 1 = HEAD, 2 = server closes)
+# and a server's byte stream, as agentd's outbound client reads it.
+client_dir="$here/corpus/client_response"
+CR=$'\r'
+mkdir -p "$client_dir"
+cn=0
+cseed() { # cseed NAME CONTROL CONTENT
+    { printf "$2"; printf '%s' "$3"; } > "$client_dir/seed-$1"
+    cn=$((cn + 1))
+}
+RES='{"jsonrpc":"2.0","id":1,"result":'
+TASK='{"task":{"id":"t","contextId":"c","status":{"state":"TASK_STATE_WORKING"}}}'
+DONE='{"statusUpdate":{"taskId":"t","status":{"state":"TASK_STATE_COMPLETED"}}}'
+ART='{"artifactUpdate":{"taskId":"t","artifact":{"artifactId":"a","parts":[{"text":"x"}]}}}'
+CARD='{"name":"p","capabilities":{"streaming":true,"extensions":[{"uri":"https://agentd.dev/a2a/ext/command"}]},"supportedInterfaces":[{"url":"http://127.0.0.1:8420/","protocolBinding":"JSONRPC","protocolVersion":"1.0","tenant":"t"}]}'
+body_json() { printf 'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nCache-Control: public, max-age=60\r\nContent-Length: %s\r\n\r\n%s' "${#1}" "$1"; }
+# chunk DATA — appends one chunk to $CHUNKS (printf -v: command substitution would strip
+# the trailing newlines of SSE data).
+chunk() { local c; printf -v c '%x\r\n%s\r\n' "${#1}" "$1"; CHUNKS+="$c"; }
+cseed card '\x07\x00\x00' "$(body_json "$CARD")"
+cseed send-task '\x03\x00\x00' "$(body_json "$RES$TASK}")"
+cseed rpc-error '\x02\x00\x00' "$(body_json '{"jsonrpc":"2.0","id":1,"error":{"code":-32004,"message":"no","data":[{"reason":"UNSUPPORTED_OPERATION"}]}}')"
+LF2=$'\n\n'
+e1="data: $RES$TASK}$LF2"; e2="data: $RES$ART}$LF2"; e3="data: $RES$DONE}$LF2"
+CHUNKS=""; chunk "$e1"; chunk ": keep-alive$LF2"; chunk "$e2"; chunk "$e3"
+cseed sse-chunked '\x05\x00\x00' "HTTP/1.1 200 OK${CRLF}Content-Type: text/event-stream${CRLF}Transfer-Encoding: chunked${CRLF}${CRLF}${CHUNKS}0${CRLF}X-Trailer: 1${CRLF}${CRLF}"
+cseed sse-close '\x01\x00\x02' "HTTP/1.1 200 OK${CRLF}Content-Type: text/event-stream${CRLF}${CRLF}id: 1${CRLF}event: m${CRLF}retry: 10${CRLF}data: $RES$TASK}${CRLF}${CRLF}data: a${CR}data: b${CR}${CR}"
+cseed interim '\x06\x00\x00' "HTTP/1.1 100 Continue${CRLF}${CRLF}HTTP/1.1 204 No Content${CRLF}${CRLF}HTTP/1.1 404 Not Found${CRLF}Content-Length: 0${CRLF}${CRLF}"
+cseed head '\x04\x00\x01' "HTTP/1.1 200 OK${CRLF}Content-Length: 99${CRLF}${CRLF}"
+cseed truncated '\x04\x00\x02' "HTTP/1.1 200 OK${CRLF}Content-Length: 99${CRLF}${CRLF}{"
+cseed small-limits '\x02\x13\x02' "HTTP/1.1 200 OK${CRLF}Transfer-Encoding: chunked${CRLF}${CRLF}1a${CRLF}0123456789abcdef0123456789${CRLF}0${CRLF}${CRLF}"
+cseed http10 '\x03\x00\x02' "HTTP/1.0 200 OK${CRLF}Connection: keep-alive${CRLF}Content-Length: 2${CRLF}${CRLF}{}"
+echo "wrote $cn client_response seeds to $client_dir"

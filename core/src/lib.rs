@@ -30,6 +30,7 @@
 
 pub mod a2a;
 pub mod auth;
+pub mod client;
 pub mod conn;
 pub mod digest;
 pub mod errors;

@@ -16,6 +16,7 @@
 pub mod agent;
 pub mod exec;
 pub mod logring;
+pub mod peer;
 pub mod workflow;
 
 mod engine;
