@@ -93,6 +93,29 @@ pub struct A2aSection {
     pub tls: TlsSection,
     #[serde(default)]
     pub introspection: IntrospectionSection,
+    /// `[[a2a.peers]]`: the agents `a2a.send` and `a2a.delegate` steps call.
+    #[serde(default)]
+    pub peers: Vec<PeerSection>,
+}
+
+/// `[[a2a.peers]]`: one peer agent.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerSection {
+    /// `^[a-zA-Z0-9_-]+$`: how steps name it.
+    pub name: String,
+    /// `https://host[:port]`, `http://` on loopback only, or `unix:///absolute/path`.
+    pub endpoint: String,
+    /// The bearer credential sent to it, as a secret reference.
+    pub bearer: Option<String>,
+    /// Extra request headers.
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// PEM CA certificates to trust for an `https://` peer (default: the system's).
+    pub ca: Option<String>,
+    /// PEM client certificate chain and key, for a peer that requires mutual TLS.
+    pub client_cert: Option<String>,
+    pub client_key: Option<String>,
 }
 
 /// `[a2a.introspection]`: the introspection ops, `audit` events and the log ring.
@@ -219,7 +242,8 @@ impl Config {
             .as_ref()
             .map(|(f, t)| (f.as_str(), t.as_str()))
             .unwrap_or(("<config>", ""));
-        crate::runtime::workflow::check_all(&self.workflows, &[], file, text)
+        let peers: Vec<String> = self.a2a.peers.iter().map(|p| p.name.clone()).collect();
+        crate::runtime::workflow::check_all(&self.workflows, &peers, file, text)
     }
 
     /// What the runtime is configured with.
@@ -288,7 +312,64 @@ impl Config {
             approval,
             agent,
             subagents,
+            peers: self.peers()?,
         })
+    }
+
+    /// The peer clients, their credentials and certificates read.
+    fn peers(&self) -> Result<Vec<crate::runtime::peer::PeerClient>, String> {
+        use crate::runtime::peer::{PeerClient, PeerConfig};
+        let mut out: Vec<PeerClient> = Vec::new();
+        for (i, p) in self.a2a.peers.iter().enumerate() {
+            let key = format!("a2a.peers[{i}]");
+            let ok = !p.name.is_empty()
+                && p.name
+                    .bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-'));
+            if !ok {
+                return Err(format!(
+                    "{key}.name: {:?} must match ^[a-zA-Z0-9_-]+$",
+                    p.name
+                ));
+            }
+            if self.a2a.peers[..i].iter().any(|q| q.name == p.name) {
+                return Err(format!("{key}.name: {:?} is defined twice", p.name));
+            }
+            let bearer = match &p.bearer {
+                Some(r) => Some(resolve_secret(&format!("{key}.bearer"), r)?),
+                None => None,
+            };
+            let mut client = PeerClient::new(PeerConfig {
+                name: p.name.clone(),
+                endpoint: p.endpoint.clone(),
+                bearer,
+                headers: p
+                    .headers
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            })
+            .map_err(|e| format!("{key}: {e}"))?;
+            let read = |what: &str, path: &str| {
+                std::fs::read(path).map_err(|e| format!("{key}.{what}: {path}: {e}"))
+            };
+            if let Some(ca) = &p.ca {
+                client = client
+                    .with_tls_roots(&read("ca", ca)?)
+                    .map_err(|e| format!("{key}.ca: {e}"))?;
+            }
+            match (&p.client_cert, &p.client_key) {
+                (Some(c), Some(k)) => {
+                    client = client
+                        .with_client_cert(&read("client_cert", c)?, &read("client_key", k)?)
+                        .map_err(|e| format!("{key}.client_cert: {e}"))?;
+                }
+                (None, None) => {}
+                _ => return Err(format!("{key}: client_cert and client_key go together")),
+            }
+            out.push(client);
+        }
+        Ok(out)
     }
 
     /// The declared commands of the workflows' starts, for the core's registry.

@@ -21,6 +21,7 @@ use serde_json::{json, Map, Value};
 use super::agent::{self, AgentEvent, AgentEventKind, AgentProcess, AgentSpec, TurnIn};
 use super::exec::{self, ExecJob};
 use super::logring;
+use super::peer::{OutboundSend, PeerClient, PeerError, PeerOutcome};
 use super::workflow::{self, StepKind, Workflow};
 use super::NO_AGENT;
 
@@ -43,6 +44,8 @@ pub struct Settings {
     pub agent: Option<AgentSpec>,
     /// `[[subagents]]`: the kinds of named agent processes `subagent.send` starts.
     pub subagents: Vec<AgentSpec>,
+    /// `[[a2a.peers]]`: the agents `a2a.send` and `a2a.delegate` steps call.
+    pub peers: Vec<PeerClient>,
 }
 
 /// The name of the conversation agent's process, in events and failure reasons.
@@ -175,6 +178,11 @@ pub fn spawn(
     }
     let mut rt = Runtime {
         inst: instance,
+        peers: settings
+            .peers
+            .into_iter()
+            .map(|p| (p.name().to_owned(), Arc::new(p)))
+            .collect(),
         conversation,
         subagent_kinds: settings
             .subagents
@@ -418,6 +426,7 @@ impl Subagent {
 
 struct Runtime {
     inst: Arc<Mutex<Instance>>,
+    peers: HashMap<String, Arc<PeerClient>>,
     conversation: Option<AgentProcess>,
     subagent_kinds: HashMap<String, AgentSpec>,
     /// Handle → the subagent.
@@ -1763,23 +1772,95 @@ impl Runtime {
         i: usize,
         attempt: u32,
         kind: &StepKind,
-        _vars: &Value,
+        vars: &Value,
     ) -> bool {
-        let peer = match kind {
-            StepKind::Send { peer, .. } | StepKind::Delegate { peer, .. } => peer.clone(),
-            _ => return false,
+        let built = (|| -> Result<(Arc<PeerClient>, OutboundSend, u64), String> {
+            let (peer, send, timeout_ms) = match kind {
+                StepKind::Send {
+                    peer,
+                    text,
+                    timeout_ms,
+                } => {
+                    let text = workflow::render(text, vars)?;
+                    (
+                        peer,
+                        OutboundSend::message(vec![Part::text(text)]),
+                        *timeout_ms,
+                    )
+                }
+                StepKind::Delegate {
+                    peer,
+                    target,
+                    timeout_ms,
+                } => {
+                    let send = match target {
+                        workflow::DelegateTarget::Objective(o) => {
+                            OutboundSend::message(vec![Part::text(workflow::render(o, vars)?)])
+                        }
+                        workflow::DelegateTarget::Command { op, args } => {
+                            let Value::Object(args) = workflow::render_value(args, vars)? else {
+                                return Err("the command's arguments are not an object".into());
+                            };
+                            OutboundSend::command(op.clone(), args)
+                        }
+                    };
+                    (peer, send, *timeout_ms)
+                }
+                _ => return Err("not a peer step".into()),
+            };
+            let client = self
+                .peers
+                .get(peer)
+                .cloned()
+                .ok_or_else(|| format!("peer {peer:?} is not configured"))?;
+            Ok((client, send, timeout_ms))
+        })();
+        let (client, mut send, timeout_ms) = match built {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = self.tx.send(Msg::StepDone {
+                    run: id.to_owned(),
+                    step: i,
+                    attempt,
+                    result: Err(e),
+                });
+                if let Some(r) = self.runs.get_mut(id) {
+                    r.waiting = Waiting::Worker;
+                }
+                return true;
+            }
         };
+        let Some(r) = self.runs.get_mut(id) else {
+            return false;
+        };
+        // The same message id for the same step of the same run: a peer can tell a repeat.
+        send.message_id = Some(format!("{}.{}.{attempt}", r.id, r.workflow.steps[i].id));
+        r.waiting = Waiting::Worker;
+        let cancel = r.cancel.clone();
         let tx = self.tx.clone();
-        let _ = tx.send(Msg::StepDone {
-            run: id.to_owned(),
-            step: i,
-            attempt,
-            result: Err(format!(
-                "peer {peer:?}: outbound A2A calls are not built in this build"
-            )),
-        });
-        if let Some(r) = self.runs.get_mut(id) {
-            r.waiting = Waiting::Worker;
+        let run = id.to_owned();
+        let spawned = thread::Builder::new()
+            .name(format!("peer-{run}"))
+            .spawn(move || {
+                let deadline = std::time::Instant::now() + Duration::from_millis(timeout_ms);
+                let result = client
+                    .send(send, deadline, &cancel)
+                    .map_err(|e| peer_failure(client.name(), &e))
+                    .and_then(|o| peer_output(client.name(), o));
+                let _ = tx.send(Msg::StepDone {
+                    run,
+                    step: i,
+                    attempt,
+                    result,
+                });
+            });
+        if let Err(e) = spawned {
+            let _ = self.tx.send(Msg::StepDone {
+                run: id.to_owned(),
+                step: i,
+                attempt,
+                result: Err(format!("cannot start a worker: {e}")),
+            });
         }
         true
     }
@@ -2282,4 +2363,59 @@ fn parts_text(parts: &[Part]) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Why a peer step failed, in words that name the peer.
+fn peer_failure(peer: &str, e: &PeerError) -> String {
+    format!("peer {peer}: {e}")
+}
+
+/// A peer's answer as the step's output: a Message's content; a task's `<id>.result`
+/// artifact if it has one, else its artifacts (one data part as the data, text as text).
+/// A task that stops to ask something cannot be answered from here, so the step fails.
+fn peer_output(peer: &str, outcome: PeerOutcome) -> Result<Value, String> {
+    fn content(parts: &[Part]) -> Value {
+        if let [p] = parts {
+            if let agentd_core::a2a::types::PartContent::Data(d) = &p.content {
+                return d.clone();
+            }
+        }
+        Value::String(parts_text(parts))
+    }
+    match outcome {
+        PeerOutcome::Message(m) => Ok(content(&m.parts)),
+        PeerOutcome::Task(t) => {
+            if t.status.state != TaskState::Completed {
+                let asks = t
+                    .status
+                    .message
+                    .as_ref()
+                    .map(|m| parts_text(&m.parts))
+                    .unwrap_or_default();
+                return Err(format!(
+                    "peer {peer}: its task {} stopped in {}: {asks}",
+                    t.id,
+                    t.status.state.as_str()
+                ));
+            }
+            let result = format!("{}.result", t.id);
+            if let Some(a) = t.artifacts.iter().find(|a| a.artifact_id == result) {
+                return Ok(content(&a.parts));
+            }
+            Ok(match t.artifacts.as_slice() {
+                [] => t
+                    .status
+                    .message
+                    .as_ref()
+                    .map(|m| content(&m.parts))
+                    .unwrap_or(Value::Null),
+                [a] => content(&a.parts),
+                many => Value::Array(
+                    many.iter()
+                        .map(|a| json!({"name": a.name, "output": content(&a.parts)}))
+                        .collect(),
+                ),
+            })
+        }
+    }
 }

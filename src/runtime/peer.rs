@@ -455,6 +455,11 @@ impl PeerClient {
     }
 
     /// Drops the cached card.
+    /// The peer's configured name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
     pub fn forget_card(&self) {
         *self.lock_cache() = None;
     }
