@@ -17,7 +17,7 @@ use agentd_core::auth::Peer;
 use agentd_core::{Connection, Instance};
 use agentd_io_std::os::{unix_peer_allowed, BoundListener, Clock};
 use async_io::{Async, Timer};
-use futures_lite::{future, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use futures_lite::{future, AsyncWrite, AsyncWriteExt};
 
 pub use agentd_io_std::os;
 
@@ -26,7 +26,8 @@ pub use agentd_io_std::os;
 pub struct DriverOptions {
     /// Connections served at once; past it a new connection is answered 503 and closed.
     pub max_connections: usize,
-    /// Bytes read from a socket at a time.
+    /// Bytes read from a socket at a time, into a buffer each executor thread shares among
+    /// its connections (an idle connection holds none).
     pub read_buffer: usize,
     /// Threads running the executor.
     pub threads: usize,
@@ -216,12 +217,12 @@ impl Ctx {
         }
     }
 
-    async fn serve<S: AsyncRead + AsyncWrite + Unpin>(self, mut stream: S, peer: Peer) {
+    async fn serve<S: AsyncWrite + Unpin + ReadyRead>(self, mut stream: S, peer: Peer) {
         let (wake_tx, wake_rx) = async_channel::bounded::<()>(1);
         let waker = Waker::from(Arc::new(ChannelWake(wake_tx)));
         let limits = self.lock().config().conn;
         let mut conn = Connection::new(self.index, peer, limits, waker, self.clock.now());
-        let mut buf = vec![0u8; self.options.read_buffer];
+        let read_buffer = self.options.read_buffer;
         let write_timeout = Duration::from_millis(limits.write_timeout_ms.max(1));
         'conn: loop {
             conn.poll(&mut self.lock(), self.clock.now());
@@ -258,18 +259,45 @@ impl Ctx {
                 }
             };
             if conn.wants_read() {
-                let read = future::or(async { Some(stream.read(&mut buf).await) }, async {
+                // Wait for bytes without holding a buffer: 10,000 idle connections cost no
+                // read buffers. Once readable, read into this thread's buffer and hand the
+                // bytes to the core before the next await, so the buffer is never shared
+                // across a suspension.
+                let ready = future::or(async { Some(stream.ready_to_read().await) }, async {
                     timer.await;
                     None
                 })
                 .await;
                 let now = self.clock.now();
-                match read {
-                    Some(Ok(0)) => conn.handle_eof(&mut self.lock(), now),
-                    Some(Ok(n)) => conn.handle_input(&mut self.lock(), &buf[..n], now),
-                    Some(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Some(Err(_)) => break,
+                match ready {
                     None => conn.handle_timeout(&mut self.lock(), now),
+                    Some(Err(_)) => break,
+                    Some(Ok(())) => {
+                        let read = READ_BUFFER.with(|cell| {
+                            let mut buf = cell.borrow_mut();
+                            if buf.len() < read_buffer {
+                                buf.resize(read_buffer, 0);
+                            }
+                            match stream.try_read(&mut buf[..read_buffer]) {
+                                Ok(0) => Ok(false),
+                                Ok(n) => {
+                                    conn.handle_input(&mut self.lock(), &buf[..n], now);
+                                    Ok(true)
+                                }
+                                Err(e) => Err(e),
+                            }
+                        });
+                        match read {
+                            Ok(true) => {}
+                            Ok(false) => conn.handle_eof(&mut self.lock(), now),
+                            Err(e)
+                                if matches!(
+                                    e.kind(),
+                                    io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                                ) => {}
+                            Err(_) => break,
+                        }
+                    }
                 }
             } else {
                 let woken = future::or(async { wake_rx.recv().await.is_ok() }, async {
@@ -284,6 +312,37 @@ impl Ctx {
         }
         let _ = stream.close().await;
         conn.close(&mut self.lock());
+    }
+}
+
+thread_local! {
+    /// The read buffer of the connections this executor thread runs.
+    static READ_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A socket the driver can wait on without a buffer, then read without blocking.
+trait ReadyRead {
+    /// Resolves when a read would not block (bytes, EOF or an error are there).
+    fn ready_to_read(&self) -> impl std::future::Future<Output = io::Result<()>>;
+    /// A non-blocking read; `WouldBlock` after a spurious wake-up.
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
+}
+
+impl ReadyRead for Async<std::net::TcpStream> {
+    fn ready_to_read(&self) -> impl std::future::Future<Output = io::Result<()>> {
+        self.readable()
+    }
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        io::Read::read(&mut self.get_ref(), buf)
+    }
+}
+
+impl ReadyRead for Async<std::os::unix::net::UnixStream> {
+    fn ready_to_read(&self) -> impl std::future::Future<Output = io::Result<()>> {
+        self.readable()
+    }
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        io::Read::read(&mut self.get_ref(), buf)
     }
 }
 
