@@ -96,6 +96,28 @@ pub struct A2aSection {
     /// `[[a2a.peers]]`: the agents `a2a.send` and `a2a.delegate` steps call.
     #[serde(default)]
     pub peers: Vec<PeerSection>,
+    #[serde(default)]
+    pub push: PushSection,
+}
+
+/// `[a2a.push]`: push notifications to clients' webhooks.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PushSection {
+    /// Serves the four push-config methods; the card says `pushNotifications: true`.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Webhooks may point at private, loopback and link-local addresses.
+    #[serde(default)]
+    pub allow_private: bool,
+    /// Attempts per notification before it is given up (default 5).
+    pub max_attempts: Option<u32>,
+    /// The wait before the first retry, doubling each time (default 500).
+    pub backoff_ms: Option<u64>,
+    /// One attempt's deadline (default 10000).
+    pub timeout_ms: Option<u64>,
+    /// PEM CAs to trust for https webhooks (default: the system's).
+    pub ca: Option<String>,
 }
 
 /// `[[a2a.peers]]`: one peer agent.
@@ -313,7 +335,38 @@ impl Config {
             agent,
             subagents,
             peers: self.peers()?,
+            push: self.push_delivery()?,
         })
+    }
+
+    fn push_delivery(&self) -> Result<crate::runtime::push::DeliveryOptions, String> {
+        let p = &self.a2a.push;
+        let mut o = crate::runtime::push::DeliveryOptions {
+            policy: agentd_core::push::PushPolicy {
+                enabled: p.enabled,
+                allow_private: p.allow_private,
+            },
+            ..Default::default()
+        };
+        if let Some(n) = p.max_attempts {
+            if n == 0 {
+                return Err("a2a.push.max_attempts: must be greater than 0".into());
+            }
+            o.max_attempts = n;
+        }
+        if let Some(ms) = p.backoff_ms {
+            o.first_backoff = std::time::Duration::from_millis(ms);
+        }
+        if let Some(ms) = p.timeout_ms {
+            if ms == 0 {
+                return Err("a2a.push.timeout_ms: must be greater than 0".into());
+            }
+            o.timeout = std::time::Duration::from_millis(ms);
+        }
+        if let Some(ca) = &p.ca {
+            o.ca = Some(std::fs::read(ca).map_err(|e| format!("a2a.push.ca: {ca}: {e}"))?);
+        }
+        Ok(o)
     }
 
     /// The peer clients, their credentials and certificates read.
@@ -498,6 +551,10 @@ impl Config {
             c.tasks.max_tasks = n;
         }
         c.introspection_enabled = self.a2a.introspection.enabled;
+        c.push = agentd_core::push::PushPolicy {
+            enabled: self.a2a.push.enabled,
+            allow_private: self.a2a.push.allow_private,
+        };
         let ev = &self.a2a.events;
         c.events_enabled = ev.enabled;
         if let Some(n) = ev.ring {

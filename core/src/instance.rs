@@ -117,6 +117,8 @@ pub struct InstanceConfig {
     pub cors: crate::http::cors::CorsPolicy,
     /// TLS of the `https://` listeners, by listener index.
     pub tls: HashMap<usize, crate::tls::TlsListener>,
+    /// `a2a.push`: push notifications and where webhooks may point.
+    pub push: crate::push::PushPolicy,
 }
 
 impl InstanceConfig {
@@ -154,6 +156,7 @@ impl InstanceConfig {
             auth: crate::auth::AuthConfig::default(),
             cors: crate::http::cors::CorsPolicy::default(),
             tls: HashMap::new(),
+            push: crate::push::PushPolicy::default(),
         }
     }
 }
@@ -170,6 +173,16 @@ pub enum Effect {
     },
     /// The task was canceled: stop working on it. Completions for it are refused from now.
     Cancel { task_id: String },
+    /// POST `body` to a task's webhook. The host resolves the URL's host, connects only to
+    /// an address [`crate::push::check_address`] admits, retries with backoff and gives up
+    /// after a bound. The body never carries task annotations or history.
+    Deliver {
+        task_id: String,
+        config_id: String,
+        url: String,
+        headers: Vec<(String, String)>,
+        body: Vec<u8>,
+    },
     /// A command that passed every check: run it and answer with
     /// [`Completion::CommandResult`] (a message op, or a refusal of any op) or
     /// [`Completion::CommandStarted`] (a task op whose task now exists as `task_id`).
@@ -343,6 +356,8 @@ pub struct Instance {
     pub lifecycle_reason: String,
     /// The host's objects as `status` shows them.
     pub view: crate::view::RuntimeView,
+    /// Webhooks registered per task.
+    pub(crate) push_configs: crate::push::PushConfigs,
 }
 
 impl Instance {
@@ -385,6 +400,7 @@ impl Instance {
             paused: false,
             lifecycle_reason: String::new(),
             view: crate::view::RuntimeView::default(),
+            push_configs: crate::push::PushConfigs::default(),
         }
     }
 
@@ -424,6 +440,7 @@ impl Instance {
     /// A task changed: tell the feed (and, for tasks evicted to make room, that they left).
     pub(crate) fn task_changed(&mut self, task_id: &str, now: Now) {
         for (id, owner) in self.tasks.take_evicted() {
+            self.push_configs.forget_task(&id);
             let _ = self.push_feed(
                 crate::feed::FeedEvent::TaskRemoved {
                     id,
@@ -840,7 +857,33 @@ impl Instance {
         });
         self.publish(task_id, event, state.ends_a_turn());
         self.task_changed(task_id, now);
+        if state.ends_a_turn() {
+            self.deliver_pushes(task_id);
+        }
         Ok(())
+    }
+
+    /// Asks the host to tell the task's webhooks where it stands (a terminal or interrupted
+    /// state): the task with its status and artifacts, no history, no annotations.
+    fn deliver_pushes(&mut self, task_id: &str) {
+        let configs = self.push_configs.list(task_id).to_vec();
+        if configs.is_empty() {
+            return;
+        }
+        let Some(t) = self.tasks.get(task_id) else {
+            return;
+        };
+        let body = serde_json::to_vec(&StreamResponse::Task(t.view(Some(0), true, false)))
+            .unwrap_or_default();
+        for c in configs {
+            self.push_effect(Effect::Deliver {
+                task_id: task_id.to_owned(),
+                config_id: c.id.clone(),
+                url: c.url.clone(),
+                headers: crate::push::delivery_headers(&c),
+                body: body.clone(),
+            });
+        }
     }
 
     fn publish(&mut self, task_id: &str, event: StreamResponse, settles: bool) {
@@ -1017,7 +1060,7 @@ pub(crate) fn build_card(config: &InstanceConfig, index: usize) -> AgentCard {
         capabilities: AgentCapabilities {
             extended_agent_card: Some(config.declares_scheme(index)),
             extensions,
-            push_notifications: Some(false),
+            push_notifications: Some(config.push.enabled),
             streaming: Some(true),
         },
         default_input_modes: modes(),

@@ -41,6 +41,7 @@ pub mod ids;
 pub mod instance;
 pub mod jsonrpc;
 pub mod oauth;
+pub mod push;
 pub mod rpc;
 pub mod sessions;
 pub mod tasks;

@@ -172,10 +172,18 @@ fn dispatch(
         CoreMethod::CreateTaskPushNotificationConfig
         | CoreMethod::GetTaskPushNotificationConfig
         | CoreMethod::ListTaskPushNotificationConfigs
-        | CoreMethod::DeleteTaskPushNotificationConfig => Err(RpcError::new(
-            ErrorKind::PushNotificationNotSupported,
-            "push notifications are not supported by this instance (capabilities.pushNotifications is false)",
-        )),
+        | CoreMethod::DeleteTaskPushNotificationConfig
+            if !inst.config.push.enabled =>
+        {
+            Err(RpcError::new(
+                ErrorKind::PushNotificationNotSupported,
+                "push notifications are not supported by this instance (capabilities.pushNotifications is false)",
+            ))
+        }
+        CoreMethod::CreateTaskPushNotificationConfig => push_create(inst, ctx, parse(params)?),
+        CoreMethod::GetTaskPushNotificationConfig => push_get(inst, ctx, parse(params)?),
+        CoreMethod::ListTaskPushNotificationConfigs => push_list(inst, ctx, parse(params)?),
+        CoreMethod::DeleteTaskPushNotificationConfig => push_delete(inst, ctx, parse(params)?),
         CoreMethod::GetExtendedAgentCard => extended_card(inst, ctx),
     }
 }
@@ -305,12 +313,31 @@ fn send(
     }
     let config = req.configuration.unwrap_or_default();
     let history = history_length(config.history_length, "configuration.historyLength")?;
-    if config.task_push_notification_config.is_some() {
-        return Err(RpcError::new(
-            ErrorKind::PushNotificationNotSupported,
-            "configuration.taskPushNotificationConfig: push notifications are not supported by this instance",
-        ));
-    }
+    // An inline webhook is checked before anything exists, and bound to the new task.
+    let inline_push = match config.task_push_notification_config.clone() {
+        None => None,
+        Some(_) if !inst.config.push.enabled => {
+            return Err(RpcError::new(
+                ErrorKind::PushNotificationNotSupported,
+                "configuration.taskPushNotificationConfig: push notifications are not supported by this instance",
+            ))
+        }
+        Some(raw) => {
+            let wire: crate::push::WireConfig = serde_json::from_value(raw).map_err(|e| {
+                RpcError::invalid_field("configuration.taskPushNotificationConfig", e.to_string())
+            })?;
+            let policy = inst.config.push;
+            let c = crate::push::check_config(wire, "", policy, || inst.new_id()).map_err(
+                |(field, why)| {
+                    RpcError::invalid_field(
+                        format!("configuration.taskPushNotificationConfig.{field}"),
+                        why,
+                    )
+                },
+            )?;
+            Some(c)
+        }
+    };
     let switches = inst.switches(ctx.listener);
     if let Some(checked) = command::check(
         &message,
@@ -412,6 +439,12 @@ fn send(
         task_id
     };
 
+    if let Some(mut c) = inline_push {
+        c.task_id = task_id.clone();
+        inst.push_configs
+            .put(c)
+            .map_err(|e| RpcError::invalid_field("configuration.taskPushNotificationConfig", e))?;
+    }
     let snapshot = |inst: &Instance| {
         inst.tasks
             .get(&task_id)
@@ -1021,4 +1054,113 @@ fn check_gate_answer(schema: &serde_json::Value, message: &Message) -> Result<()
             problems.join("; ")
         ),
     ))
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct PushConfigRef {
+    #[serde(default)]
+    task_id: String,
+    #[serde(default)]
+    id: String,
+    #[serde(default)]
+    page_size: Option<i64>,
+    #[serde(default)]
+    page_token: String,
+}
+
+/// The task a push-config call names, if the caller may see it.
+fn push_task(inst: &Instance, ctx: &CallContext<'_>, task_id: &str) -> Result<(), RpcError> {
+    if task_id.is_empty() {
+        return Err(RpcError::invalid_field("taskId", "is required"));
+    }
+    inst.tasks
+        .visible(task_id, ctx.principal)
+        .map(|_| ())
+        .ok_or_else(|| RpcError::task_not_found(task_id))
+}
+
+fn push_config_not_found(task_id: &str, id: &str) -> RpcError {
+    RpcError::new(
+        ErrorKind::TaskNotFound,
+        format!("push notification config not found: {id} (task {task_id})"),
+    )
+    .with_meta("taskId", task_id)
+    .with_meta("id", id)
+}
+
+fn push_create(
+    inst: &mut Instance,
+    ctx: &CallContext<'_>,
+    wire: crate::push::WireConfig,
+) -> Result<Reply, RpcError> {
+    let task_id = wire.task_id.clone();
+    push_task(inst, ctx, &task_id)?;
+    let policy = inst.config.push;
+    let c = crate::push::check_config(wire, &task_id, policy, || inst.new_id())
+        .map_err(|(field, why)| RpcError::invalid_field(field, why))?;
+    let back = c.to_wire();
+    inst.push_configs
+        .put(c)
+        .map_err(|e| RpcError::invalid_field("taskId", e))?;
+    Ok(serialize(&back))
+}
+
+fn push_get(
+    inst: &mut Instance,
+    ctx: &CallContext<'_>,
+    req: PushConfigRef,
+) -> Result<Reply, RpcError> {
+    push_task(inst, ctx, &req.task_id)?;
+    require_id(&req.id)?;
+    let c = inst
+        .push_configs
+        .get(&req.task_id, &req.id)
+        .ok_or_else(|| push_config_not_found(&req.task_id, &req.id))?;
+    Ok(serialize(&c.to_wire()))
+}
+
+fn push_list(
+    inst: &mut Instance,
+    ctx: &CallContext<'_>,
+    req: PushConfigRef,
+) -> Result<Reply, RpcError> {
+    push_task(inst, ctx, &req.task_id)?;
+    let size = match req.page_size {
+        None => 50,
+        Some(n @ 1..=100) => n as usize,
+        Some(_) => return Err(RpcError::invalid_field("pageSize", "must be 1-100")),
+    };
+    // The token is the offset of the next page, as this server wrote it.
+    let offset = if req.page_token.is_empty() {
+        0
+    } else {
+        req.page_token
+            .strip_prefix("pc-")
+            .and_then(|h| usize::from_str_radix(h, 16).ok())
+            .ok_or_else(|| {
+                RpcError::invalid_field("pageToken", "is not a token this server issued")
+            })?
+    };
+    let all = inst.push_configs.list(&req.task_id);
+    let page: Vec<_> = all.iter().skip(offset).take(size).cloned().collect();
+    let next = if offset + page.len() < all.len() {
+        format!("pc-{:x}", offset + page.len())
+    } else {
+        String::new()
+    };
+    let doc = crate::push::list_page(&page, &next);
+    Ok(serialize(&doc))
+}
+
+fn push_delete(
+    inst: &mut Instance,
+    ctx: &CallContext<'_>,
+    req: PushConfigRef,
+) -> Result<Reply, RpcError> {
+    push_task(inst, ctx, &req.task_id)?;
+    require_id(&req.id)?;
+    // Idempotent: deleting what is gone answers the same.
+    inst.push_configs.delete(&req.task_id, &req.id);
+    Ok(serialize(&serde_json::json!({})))
 }

@@ -46,6 +46,8 @@ pub struct Settings {
     pub subagents: Vec<AgentSpec>,
     /// `[[a2a.peers]]`: the agents `a2a.send` and `a2a.delegate` steps call.
     pub peers: Vec<PeerClient>,
+    /// `[a2a.push]`: how webhooks are called.
+    pub push: super::push::DeliveryOptions,
 }
 
 /// The name of the conversation agent's process, in events and failure reasons.
@@ -178,6 +180,7 @@ pub fn spawn(
     }
     let mut rt = Runtime {
         inst: instance,
+        push: Arc::new(settings.push),
         peers: settings
             .peers
             .into_iter()
@@ -426,6 +429,7 @@ impl Subagent {
 
 struct Runtime {
     inst: Arc<Mutex<Instance>>,
+    push: Arc<super::push::DeliveryOptions>,
     peers: HashMap<String, Arc<PeerClient>>,
     conversation: Option<AgentProcess>,
     subagent_kinds: HashMap<String, AgentSpec>,
@@ -608,6 +612,35 @@ impl Runtime {
                 if let Some(run_id) = self.task_runs.get(&task_id).cloned() {
                     // The core already moved the task to canceled.
                     self.cancel_run(inst, &run_id, "the task was canceled", false, now);
+                }
+            }
+            Effect::Deliver {
+                task_id,
+                config_id,
+                url,
+                headers,
+                body,
+            } => {
+                let d = super::push::Delivery {
+                    task_id,
+                    config_id,
+                    url,
+                    headers,
+                    body,
+                };
+                let opts = self.push.clone();
+                let spawned = thread::Builder::new()
+                    .name("agentd-push".into())
+                    .spawn(move || match super::push::deliver(&d, &opts) {
+                        super::push::Outcome::Delivered { attempts, status } => {
+                            tracing::info!(task = %d.task_id, config = %d.config_id, attempts, status, "a2a.push.delivered");
+                        }
+                        super::push::Outcome::Failed { attempts, error } => {
+                            tracing::warn!(task = %d.task_id, config = %d.config_id, url = %d.url, attempts, %error, "a2a.push.failed");
+                        }
+                    });
+                if let Err(e) = spawned {
+                    tracing::warn!(error = %e, "a2a.push.failed: no worker thread");
                 }
             }
             Effect::Command {

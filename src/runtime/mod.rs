@@ -17,6 +17,7 @@ pub mod agent;
 pub mod exec;
 pub mod logring;
 pub mod peer;
+pub mod push;
 pub mod workflow;
 
 mod engine;

@@ -261,6 +261,19 @@ pub struct PeerClient {
     max_poll: Duration,
     limits: ResponseLimits,
     tls: TlsSettings,
+    /// Refuses addresses the dial must not reach (a webhook's SSRF check), checked on the
+    /// addresses a name resolves to, so the connection goes only to one that passed.
+    address_filter: Option<AddressFilter>,
+}
+
+/// Says why an address may not be dialed.
+#[derive(Clone)]
+pub struct AddressFilter(pub Arc<dyn Fn(IpAddr) -> Result<(), String> + Send + Sync>);
+
+impl fmt::Debug for AddressFilter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AddressFilter")
+    }
 }
 
 /// What an https dial trusts and presents.
@@ -349,6 +362,7 @@ impl PeerClient {
             max_poll: Duration::from_secs(1),
             limits: ResponseLimits::DEFAULT,
             tls: TlsSettings::default(),
+            address_filter: None,
         };
         // Header names and values (no CR/LF) are checked now, not at the first send.
         client
@@ -360,6 +374,32 @@ impl PeerClient {
 
     pub fn config(&self) -> &PeerConfig {
         &self.config
+    }
+
+    /// Dials only addresses `filter` admits (every resolved address is checked, and the
+    /// connection goes to one that passed, so a name cannot be re-pointed between the check
+    /// and the dial).
+    pub fn with_address_filter(mut self, filter: AddressFilter) -> Self {
+        self.address_filter = Some(filter);
+        self
+    }
+
+    /// POSTs `body` to the endpoint's own URL (a webhook) and returns the response's status
+    /// and body.
+    pub fn post(
+        &self,
+        headers: &[(String, String)],
+        body: Vec<u8>,
+        deadline: Instant,
+    ) -> Result<(u16, Vec<u8>), PeerError> {
+        let mut req = OutRequest::new("POST", &self.host, &self.path).body(body);
+        for (k, v) in self.config.headers.iter().chain(headers) {
+            req = req.header(k, v);
+        }
+        req = req.header("connection", "close");
+        let never = AtomicBool::new(false);
+        let (head, body) = self.roundtrip(&req, deadline, &never)?;
+        Ok((head.status, body))
     }
 
     /// Trusts the CAs in `ca_pem` (instead of the system's) for an https peer.
@@ -740,8 +780,18 @@ impl PeerClient {
             endpoint: self.config.endpoint.clone(),
             error,
         };
+        let refused = |ip: IpAddr| -> Result<(), PeerError> {
+            match &self.address_filter {
+                Some(f) => (f.0)(ip).map_err(|why| PeerError::Connect {
+                    endpoint: self.config.endpoint.clone(),
+                    error: io::Error::new(io::ErrorKind::PermissionDenied, why),
+                }),
+                None => Ok(()),
+            }
+        };
         match &self.dial {
             Dial::Tcp(addr) => {
+                refused(addr.ip())?;
                 let s = TcpStream::connect_timeout(addr, remaining).map_err(connect_err)?;
                 let _ = s.set_nodelay(true);
                 Ok(Conn::Tcp(s))
@@ -754,7 +804,12 @@ impl PeerClient {
                     .map_err(connect_err)?
                     .collect();
                 let mut last = io::Error::new(io::ErrorKind::NotFound, "the name has no address");
+                let mut first_refusal = None;
                 for addr in addrs {
+                    if let Err(e) = refused(addr.ip()) {
+                        first_refusal.get_or_insert(e);
+                        continue;
+                    }
                     let remaining = deadline.saturating_duration_since(Instant::now());
                     if remaining.is_zero() {
                         return Err(PeerError::Timeout { task_id: None });
@@ -767,6 +822,11 @@ impl PeerClient {
                             return Ok(Conn::Tls(Box::new(rustls::StreamOwned::new(tls, s))));
                         }
                         Err(e) => last = e,
+                    }
+                }
+                if let Some(refusal) = first_refusal {
+                    if last.kind() == io::ErrorKind::NotFound {
+                        return Err(refusal);
                     }
                 }
                 Err(connect_err(last))
@@ -1000,9 +1060,11 @@ fn parse_endpoint(endpoint: &str) -> Result<(Dial, String, String), PeerError> {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    if path.contains(['?', '#']) || authority.contains('@') {
+    // A query is part of the resource (webhooks carry them); a fragment never leaves the
+    // client, and user info would put a credential in a URL.
+    if path.contains('#') || authority.contains('@') {
         return Err(PeerError::Config(format!(
-            "{endpoint}: a peer endpoint has no user info, query or fragment"
+            "{endpoint}: an endpoint has no user info or fragment"
         )));
     }
     let (host, port) = match authority.rsplit_once(':') {
@@ -1123,13 +1185,19 @@ mod tests {
         assert_eq!(ok("http://[::1]:9/"), ("[::1]:9".into(), "/".into()));
         assert_eq!(ok("http://localhost/"), ("localhost".into(), "/".into()));
         assert_eq!(ok("unix:///run/a.sock"), ("localhost".into(), "/".into()));
+        // A webhook keeps its query.
+        assert_eq!(
+            ok("http://127.0.0.1/hook?k=1"),
+            ("127.0.0.1".into(), "/hook?k=1".into())
+        );
         for bad in [
             "http://10.0.0.1:80/",
             "http://example.com/",
             "http://127.0.0.1:99999/",
             "unix://relative",
             "ftp://x",
-            "http://127.0.0.1/?q",
+            "http://127.0.0.1/#frag",
+            "http://user@127.0.0.1/",
         ] {
             assert!(
                 matches!(parse_endpoint(bad), Err(PeerError::Config(_))),

@@ -1,0 +1,466 @@
+//! Push notifications: the task push-config records, their validation (the webhook URL's
+//! scheme and address, the authentication scheme, control characters), and the delivery the
+//! instance asks of its host.
+//!
+//! The core checks what it can without I/O: a literal IP address or `localhost` in the URL.
+//! A host name is resolved by the host at delivery, which repeats the address check on
+//! what it resolved and connects only to an address that passed it.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Push configs one task may hold.
+pub const MAX_CONFIGS_PER_TASK: usize = 16;
+/// Bytes of a webhook URL, token or credentials.
+pub const MAX_FIELD_BYTES: usize = 4096;
+
+/// `a2a.push`: whether push notifications are served, and where webhooks may point.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PushPolicy {
+    pub enabled: bool,
+    /// Private, loopback and link-local webhook targets are allowed.
+    pub allow_private: bool,
+}
+
+/// `AuthenticationInfo`, as registered.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Authentication {
+    pub scheme: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub credentials: String,
+}
+
+/// `TaskPushNotificationConfig` on the wire (ProtoJSON, camelCase).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WireConfig {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tenant: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub id: String,
+    #[serde(default)]
+    pub task_id: String,
+    #[serde(default)]
+    pub url: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub token: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authentication: Option<Authentication>,
+}
+
+/// One registered webhook of a task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushConfig {
+    pub id: String,
+    pub task_id: String,
+    pub url: String,
+    pub token: Option<String>,
+    pub authentication: Option<Authentication>,
+}
+
+impl PushConfig {
+    /// The read-back: the scheme only, never the credentials (nor the token).
+    pub fn to_wire(&self) -> WireConfig {
+        WireConfig {
+            tenant: String::new(),
+            id: self.id.clone(),
+            task_id: self.task_id.clone(),
+            url: self.url.clone(),
+            token: String::new(),
+            authentication: self.authentication.as_ref().map(|a| Authentication {
+                scheme: a.scheme.clone(),
+                credentials: String::new(),
+            }),
+        }
+    }
+}
+
+/// A webhook's URL, taken apart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookUrl {
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+    /// Path and query, from the first `/`.
+    pub path: String,
+    /// The host is an IP literal (or `localhost`): its address is known without resolving.
+    pub literal: Option<IpAddr>,
+}
+
+/// Checks a webhook URL: `https://`, or `http://` to a loopback address; no user info or
+/// fragment; a literal address that is private, loopback or link-local only when `policy`
+/// allows private targets.
+pub fn check_url(url: &str, policy: PushPolicy) -> Result<WebhookUrl, String> {
+    if url.len() > MAX_FIELD_BYTES {
+        return Err(format!("longer than {MAX_FIELD_BYTES} bytes"));
+    }
+    if url.bytes().any(|b| b.is_ascii_control() || b == b' ') {
+        return Err("control characters or spaces".into());
+    }
+    let (rest, tls) = if let Some(r) = strip_prefix_ci(url, "https://") {
+        (r, true)
+    } else if let Some(r) = strip_prefix_ci(url, "http://") {
+        (r, false)
+    } else {
+        return Err("the URL must be https:// (http:// only to a loopback address)".into());
+    };
+    let (authority, path) = match rest.find(['/', '?', '#']) {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    if path.contains('#') {
+        return Err("a fragment is not sent anywhere; leave it out".into());
+    }
+    if authority.contains('@') {
+        return Err("user info in the URL; use authentication instead".into());
+    }
+    let path = if path.starts_with('?') {
+        format!("/{path}")
+    } else {
+        path.to_owned()
+    };
+    let (host, port) = split_host_port(authority, if tls { 443 } else { 80 })?;
+    if host.is_empty() {
+        return Err("no host".into());
+    }
+    let lower = host.to_ascii_lowercase();
+    let literal = if lower == "localhost" || lower.ends_with(".localhost") {
+        Some(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
+    } else {
+        lower.parse::<IpAddr>().ok()
+    };
+    if !tls && !literal.is_some_and(|ip| ip.is_loopback()) {
+        return Err("plain http:// is only for a loopback address; use https://".into());
+    }
+    if let Some(ip) = literal {
+        check_address(ip, policy)?;
+    }
+    Ok(WebhookUrl {
+        tls,
+        host: lower,
+        port,
+        path,
+        literal,
+    })
+}
+
+fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
+    (s.len() >= prefix.len() && s[..prefix.len()].eq_ignore_ascii_case(prefix))
+        .then(|| &s[prefix.len()..])
+}
+
+fn split_host_port(authority: &str, default: u16) -> Result<(String, u16), String> {
+    if let Some(rest) = authority.strip_prefix('[') {
+        let (host, after) = rest.split_once(']').ok_or("an unclosed [ in the host")?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => p.parse().map_err(|_| format!("bad port {p:?}"))?,
+            None if after.is_empty() => default,
+            None => return Err("junk after the address".into()),
+        };
+        return Ok((host.to_owned(), port));
+    }
+    match authority.rsplit_once(':') {
+        Some((h, p)) => Ok((
+            h.to_owned(),
+            p.parse().map_err(|_| format!("bad port {p:?}"))?,
+        )),
+        None => Ok((authority.to_owned(), default)),
+    }
+}
+
+/// Whether an address is one a webhook may reach: public addresses always; private,
+/// loopback, link-local, shared, unspecified and multicast ones only when allowed.
+pub fn check_address(ip: IpAddr, policy: PushPolicy) -> Result<(), String> {
+    if policy.allow_private || is_public(ip) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{ip} is a private, loopback or link-local address (allowed only with a2a.push.allow_private)"
+        ))
+    }
+}
+
+/// Not private, loopback, link-local, shared (100.64/10), unspecified, multicast,
+/// broadcast or documentation space; IPv4-mapped IPv6 is judged as the IPv4 it maps.
+pub fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            !(v4.is_private()
+                || v4.is_loopback()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_multicast()
+                || v4.is_broadcast()
+                || v4.is_documentation()
+                || o[0] == 0
+                || (o[0] == 100 && (o[1] & 0xc0) == 64)
+                || (o[0] == 192 && o[1] == 0 && o[2] == 0)
+                || o[0] >= 240)
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_public(IpAddr::V4(v4));
+            }
+            let s = v6.segments();
+            !(v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (s[0] & 0xfe00) == 0xfc00
+                || (s[0] & 0xffc0) == 0xfe80
+                || (s[0] == 0x2001 && s[1] == 0x0db8))
+        }
+    }
+}
+
+/// Checks and stores a config from the wire. `task_id` is the task it binds to (the
+/// request's, or the task a send just created).
+pub fn check_config(
+    wire: WireConfig,
+    task_id: &str,
+    policy: PushPolicy,
+    new_id: impl FnOnce() -> String,
+) -> Result<PushConfig, (String, String)> {
+    let field = |f: &str, why: String| (f.to_owned(), why);
+    check_url(&wire.url, policy).map_err(|e| field("url", format!("push url refused: {e}")))?;
+    if wire.token.len() > MAX_FIELD_BYTES || wire.token.bytes().any(|b| b.is_ascii_control()) {
+        return Err(field(
+            "token",
+            "at most 4096 bytes, no control characters".into(),
+        ));
+    }
+    if let Some(a) = &wire.authentication {
+        let token_shaped = !a.scheme.is_empty()
+            && a.scheme.len() <= 64
+            && a.scheme
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if !token_shaped {
+            return Err(field(
+                "authentication.scheme",
+                "an HTTP authentication scheme (a token such as Bearer or Basic)".into(),
+            ));
+        }
+        if a.credentials.len() > MAX_FIELD_BYTES
+            || a.credentials.bytes().any(|b| b.is_ascii_control())
+        {
+            return Err(field(
+                "authentication.credentials",
+                "at most 4096 bytes, no control characters".into(),
+            ));
+        }
+    }
+    if wire.id.len() > 256 || wire.id.bytes().any(|b| b.is_ascii_control()) {
+        return Err(field(
+            "id",
+            "at most 256 bytes, no control characters".into(),
+        ));
+    }
+    Ok(PushConfig {
+        id: if wire.id.is_empty() {
+            new_id()
+        } else {
+            wire.id
+        },
+        task_id: task_id.to_owned(),
+        url: wire.url,
+        token: (!wire.token.is_empty()).then_some(wire.token),
+        authentication: wire.authentication,
+    })
+}
+
+/// The configs of every task, by task id.
+#[derive(Clone, Debug, Default)]
+pub struct PushConfigs {
+    by_task: HashMap<String, Vec<PushConfig>>,
+}
+
+impl PushConfigs {
+    /// Stores a config (replacing one of the same id); refuses past the per-task bound.
+    pub fn put(&mut self, c: PushConfig) -> Result<(), String> {
+        let list = self.by_task.entry(c.task_id.clone()).or_default();
+        if let Some(old) = list.iter_mut().find(|o| o.id == c.id) {
+            *old = c;
+            return Ok(());
+        }
+        if list.len() >= MAX_CONFIGS_PER_TASK {
+            return Err(format!(
+                "a task holds at most {MAX_CONFIGS_PER_TASK} push configs"
+            ));
+        }
+        list.push(c);
+        Ok(())
+    }
+
+    pub fn get(&self, task_id: &str, id: &str) -> Option<&PushConfig> {
+        self.by_task.get(task_id)?.iter().find(|c| c.id == id)
+    }
+
+    pub fn list(&self, task_id: &str) -> &[PushConfig] {
+        self.by_task.get(task_id).map_or(&[], Vec::as_slice)
+    }
+
+    /// Removes a config; removing one that is not there is not an error (idempotent).
+    pub fn delete(&mut self, task_id: &str, id: &str) -> bool {
+        let Some(list) = self.by_task.get_mut(task_id) else {
+            return false;
+        };
+        let before = list.len();
+        list.retain(|c| c.id != id);
+        let removed = list.len() != before;
+        if list.is_empty() {
+            self.by_task.remove(task_id);
+        }
+        removed
+    }
+
+    /// A task left the store: so do its configs.
+    pub fn forget_task(&mut self, task_id: &str) {
+        self.by_task.remove(task_id);
+    }
+}
+
+/// The headers of one delivery: `Authorization` from the registered authentication, and the
+/// a2a-python courtesy header for the token.
+pub fn delivery_headers(c: &PushConfig) -> Vec<(String, String)> {
+    let mut h = vec![("content-type".to_owned(), "application/a2a+json".to_owned())];
+    if let Some(a) = &c.authentication {
+        let value = if a.credentials.is_empty() {
+            a.scheme.clone()
+        } else {
+            format!("{} {}", a.scheme, a.credentials)
+        };
+        h.push(("authorization".to_owned(), value));
+    }
+    if let Some(t) = &c.token {
+        h.push(("x-a2a-notification-token".to_owned(), t.clone()));
+    }
+    h
+}
+
+/// The JSON of a config list page.
+pub fn list_page(configs: &[PushConfig], next: &str) -> Value {
+    serde_json::json!({
+        "configs": configs.iter().map(PushConfig::to_wire).collect::<Vec<_>>(),
+        "nextPageToken": next,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OPEN: PushPolicy = PushPolicy {
+        enabled: true,
+        allow_private: true,
+    };
+    const STRICT: PushPolicy = PushPolicy {
+        enabled: true,
+        allow_private: false,
+    };
+
+    #[test]
+    fn urls_are_https_or_loopback_http_and_private_targets_need_the_switch() {
+        let u = check_url("https://hooks.example.com/a2a?x=1", STRICT).unwrap();
+        assert_eq!(
+            (u.tls, u.host.as_str(), u.port, u.path.as_str()),
+            (true, "hooks.example.com", 443, "/a2a?x=1")
+        );
+        assert!(check_url("http://hooks.example.com/", OPEN)
+            .unwrap_err()
+            .contains("loopback"));
+        assert!(check_url("http://127.0.0.1:9/", STRICT)
+            .unwrap_err()
+            .contains("allow_private"));
+        assert!(check_url("http://127.0.0.1:9/", OPEN).is_ok());
+        assert!(check_url("http://[::1]:9/x", OPEN).is_ok());
+        for bad in [
+            "https://10.0.0.1/",
+            "https://192.168.1.1/",
+            "https://169.254.169.254/latest/meta-data",
+            "https://[fe80::1]/",
+            "https://[::ffff:127.0.0.1]/",
+            "https://localhost/",
+            "https://100.64.0.1/",
+            "https://0.0.0.0/",
+            "https://[fd00::1]/",
+        ] {
+            assert!(
+                check_url(bad, STRICT)
+                    .unwrap_err()
+                    .contains("allow_private"),
+                "{bad}"
+            );
+        }
+        assert!(check_url("https://8.8.8.8/", STRICT).is_ok());
+        assert!(check_url("ftp://x/", OPEN).is_err());
+        assert!(check_url("https://user:pw@x.example/", OPEN)
+            .unwrap_err()
+            .contains("user info"));
+        assert!(check_url("https://x.example/\r\nHost: y", OPEN).is_err());
+    }
+
+    #[test]
+    fn configs_check_scheme_and_credentials_and_read_back_without_secrets() {
+        let wire = WireConfig {
+            url: "https://hooks.example.com/".into(),
+            token: "tok".into(),
+            authentication: Some(Authentication {
+                scheme: "Bearer".into(),
+                credentials: "s3cret".into(),
+            }),
+            ..Default::default()
+        };
+        let c = check_config(wire.clone(), "t1", STRICT, || "c1".into()).unwrap();
+        assert_eq!(c.id, "c1");
+        let back = serde_json::to_value(c.to_wire()).unwrap();
+        assert_eq!(
+            back,
+            serde_json::json!({"id": "c1", "taskId": "t1", "url": "https://hooks.example.com/", "authentication": {"scheme": "Bearer"}})
+        );
+        assert_eq!(
+            delivery_headers(&c)[1..],
+            [
+                ("authorization".into(), "Bearer s3cret".into()),
+                ("x-a2a-notification-token".into(), "tok".into())
+            ]
+        );
+        let mut bad = wire.clone();
+        bad.authentication.as_mut().unwrap().scheme = "Bear er".into();
+        assert_eq!(
+            check_config(bad, "t1", STRICT, String::new).unwrap_err().0,
+            "authentication.scheme"
+        );
+        let mut bad = wire;
+        bad.authentication.as_mut().unwrap().credentials = "a\nb".into();
+        assert_eq!(
+            check_config(bad, "t1", STRICT, String::new).unwrap_err().0,
+            "authentication.credentials"
+        );
+    }
+
+    #[test]
+    fn the_store_bounds_replaces_and_deletes_idempotently() {
+        let mut s = PushConfigs::default();
+        let c = |id: &str| PushConfig {
+            id: id.into(),
+            task_id: "t".into(),
+            url: "u".into(),
+            token: None,
+            authentication: None,
+        };
+        for i in 0..MAX_CONFIGS_PER_TASK {
+            s.put(c(&i.to_string())).unwrap();
+        }
+        assert!(s.put(c("extra")).is_err());
+        s.put(c("0")).unwrap();
+        assert_eq!(s.list("t").len(), MAX_CONFIGS_PER_TASK);
+        assert!(s.delete("t", "0"));
+        assert!(!s.delete("t", "0"));
+        assert!(s.get("t", "0").is_none());
+    }
+}

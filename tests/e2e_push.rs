@@ -1,0 +1,343 @@
+//! Push notifications on the real binary, against a real local HTTP receiver: the four
+//! push-config methods, delivery with the registered authentication and token headers and
+//! the spec's body (no history, no annotations), retries with backoff, giving up after the
+//! bound (logged), and the SSRF refusals of private and loopback webhooks.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{post, Daemon, Setup, RPC_HEADERS};
+use serde_json::{json, Value};
+
+const ANNOTATIONS_URI: &str = "https://agentd.dev/a2a/ext/task-annotations";
+
+/// One request the receiver got.
+#[derive(Clone, Debug)]
+struct Hit {
+    path: String,
+    headers: Vec<(String, String)>,
+    body: Value,
+}
+
+impl Hit {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A webhook receiver on loopback that answers the statuses in `script` in turn (then 200).
+struct Receiver {
+    port: u16,
+    hits: Arc<Mutex<Vec<Hit>>>,
+}
+
+impl Receiver {
+    fn start(script: Vec<u16>) -> Receiver {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let hits = Arc::new(Mutex::new(Vec::new()));
+        let seen = hits.clone();
+        std::thread::spawn(move || {
+            let mut script = script.into_iter();
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { break };
+                stream.set_read_timeout(Some(Duration::from_secs(5))).ok();
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                if reader.read_line(&mut line).is_err() || line.is_empty() {
+                    continue;
+                }
+                let path = line.split(' ').nth(1).unwrap_or("").to_owned();
+                let mut headers = Vec::new();
+                let mut length = 0usize;
+                loop {
+                    let mut h = String::new();
+                    reader.read_line(&mut h).unwrap();
+                    let h = h.trim_end();
+                    if h.is_empty() {
+                        break;
+                    }
+                    let (k, v) = h.split_once(':').unwrap();
+                    if k.eq_ignore_ascii_case("content-length") {
+                        length = v.trim().parse().unwrap();
+                    }
+                    headers.push((k.to_owned(), v.trim().to_owned()));
+                }
+                let mut body = vec![0u8; length];
+                reader.read_exact(&mut body).unwrap();
+                let status = script.next().unwrap_or(200);
+                seen.lock().unwrap().push(Hit {
+                    path,
+                    headers,
+                    body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+                });
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                );
+            }
+        });
+        Receiver { port, hits }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/hook?k=1", self.port)
+    }
+
+    fn wait_for(&self, n: usize, within: Duration) -> Vec<Hit> {
+        let deadline = Instant::now() + within;
+        loop {
+            let hits = self.hits.lock().unwrap().clone();
+            if hits.len() >= n || Instant::now() > deadline {
+                return hits;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn daemon(push: &str) -> Daemon {
+    Daemon::start_setup(
+        "smol",
+        &Setup {
+            sections: format!("[a2a.push]\n{push}\n"),
+            ..Setup::default()
+        },
+    )
+}
+
+fn call(d: &Daemon, method: &str, params: Value) -> Value {
+    let ext = format!("A2A-Extensions: {ANNOTATIONS_URI}");
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    d.connect_tcp()
+        .request(&post(
+            &[RPC_HEADERS[0], RPC_HEADERS[1], &ext],
+            body.to_string().as_bytes(),
+        ))
+        .json()
+}
+
+fn send_with_webhook(d: &Daemon, url: &str) -> Value {
+    call(
+        d,
+        "SendMessage",
+        json!({"message": {"role": "ROLE_USER", "messageId": "m-1", "parts": [{"text": "hi"}]},
+               "configuration": {"taskPushNotificationConfig": {"url": url, "token": "tok-1",
+                   "authentication": {"scheme": "Bearer", "credentials": "s3cret"}}}}),
+    )
+}
+
+#[test]
+fn deliveries_carry_auth_and_the_task_and_retry_with_backoff() {
+    let rx = Receiver::start(vec![503, 503]);
+    let d = daemon("enabled = true\nallow_private = true\nbackoff_ms = 50\n");
+    let card = d.connect_tcp().get_card().json();
+    assert_eq!(card["capabilities"]["pushNotifications"], true);
+
+    let r = send_with_webhook(&d, &rx.url());
+    let task = &r["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{r}");
+    let id = task["id"].as_str().unwrap();
+
+    // Two 503s, then the 200: three attempts, each the same POST.
+    let hits = rx.wait_for(3, Duration::from_secs(10));
+    assert_eq!(hits.len(), 3, "{hits:?}");
+    for h in &hits {
+        assert_eq!(h.path, "/hook?k=1");
+        assert_eq!(h.header("authorization"), Some("Bearer s3cret"));
+        assert_eq!(h.header("x-a2a-notification-token"), Some("tok-1"));
+        assert_eq!(h.header("content-type"), Some("application/a2a+json"));
+        let t = &h.body["task"];
+        assert_eq!(t["id"], id);
+        assert_eq!(t["status"]["state"], "TASK_STATE_REJECTED");
+        assert!(
+            t.get("history").is_none(),
+            "no history in a webhook body: {t}"
+        );
+        assert!(
+            t.get("metadata").is_none(),
+            "no annotations in a webhook body: {t}"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        rx.hits.lock().unwrap().len(),
+        3,
+        "nothing more after the 200"
+    );
+    assert!(d.stderr().contains("a2a.push.delivered"), "{}", d.stderr());
+
+    // The inline config was bound to the task; read-backs never show the credentials.
+    let listed = call(&d, "ListTaskPushNotificationConfigs", json!({"taskId": id}));
+    let configs = listed["result"]["configs"].as_array().unwrap().clone();
+    assert_eq!(configs.len(), 1, "{listed}");
+    assert_eq!(configs[0]["taskId"], id);
+    assert_eq!(configs[0]["authentication"], json!({"scheme": "Bearer"}));
+    assert!(configs[0].get("token").is_none());
+    assert_eq!(listed["result"]["nextPageToken"], "");
+}
+
+#[test]
+fn the_four_methods_manage_configs_per_task() {
+    let rx = Receiver::start(vec![]);
+    let d = daemon("enabled = true\nallow_private = true\n");
+    let r = call(
+        &d,
+        "SendMessage",
+        json!({"message": {"role": "ROLE_USER", "messageId": "m-2", "parts": [{"text": "x"}]}}),
+    );
+    let id = r["result"]["task"]["id"].as_str().unwrap().to_owned();
+
+    let created = call(
+        &d,
+        "CreateTaskPushNotificationConfig",
+        json!({"taskId": id, "url": rx.url()}),
+    );
+    let cid = created["result"]["id"].as_str().unwrap().to_owned();
+    assert!(!cid.is_empty(), "the server assigns an id: {created}");
+    let named = call(
+        &d,
+        "CreateTaskPushNotificationConfig",
+        json!({"taskId": id, "id": "mine", "url": rx.url()}),
+    );
+    assert_eq!(named["result"]["id"], "mine");
+    let got = call(
+        &d,
+        "GetTaskPushNotificationConfig",
+        json!({"taskId": id, "id": "mine"}),
+    );
+    assert_eq!(got["result"]["url"], rx.url());
+    let page = call(
+        &d,
+        "ListTaskPushNotificationConfigs",
+        json!({"taskId": id, "pageSize": 1}),
+    );
+    assert_eq!(page["result"]["configs"].as_array().unwrap().len(), 1);
+    let token = page["result"]["nextPageToken"].as_str().unwrap().to_owned();
+    assert!(!token.is_empty());
+    let rest = call(
+        &d,
+        "ListTaskPushNotificationConfigs",
+        json!({"taskId": id, "pageToken": token}),
+    );
+    assert_eq!(rest["result"]["configs"].as_array().unwrap().len(), 1);
+    assert_eq!(rest["result"]["nextPageToken"], "");
+    let bad = call(
+        &d,
+        "ListTaskPushNotificationConfigs",
+        json!({"taskId": id, "pageToken": "forged"}),
+    );
+    assert_eq!(bad["error"]["code"], -32602);
+
+    let del = call(
+        &d,
+        "DeleteTaskPushNotificationConfig",
+        json!({"taskId": id, "id": "mine"}),
+    );
+    assert_eq!(del["result"], json!({}));
+    let again = call(
+        &d,
+        "DeleteTaskPushNotificationConfig",
+        json!({"taskId": id, "id": "mine"}),
+    );
+    assert_eq!(again["result"], json!({}), "delete is idempotent");
+    let gone = call(
+        &d,
+        "GetTaskPushNotificationConfig",
+        json!({"taskId": id, "id": "mine"}),
+    );
+    assert_eq!(gone["error"]["code"], -32001);
+    let unknown = call(
+        &d,
+        "CreateTaskPushNotificationConfig",
+        json!({"taskId": "nope", "url": rx.url()}),
+    );
+    assert_eq!(unknown["error"]["code"], -32001);
+}
+
+#[test]
+fn private_and_loopback_webhooks_are_refused_without_the_switch() {
+    let rx = Receiver::start(vec![]);
+    let d = daemon("enabled = true\n");
+    let r = send_with_webhook(&d, &rx.url());
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("push url refused"),
+        "{r}"
+    );
+    let r = call(
+        &d,
+        "SendMessage",
+        json!({"message": {"role": "ROLE_USER", "messageId": "m-3", "parts": [{"text": "x"}]}}),
+    );
+    let id = r["result"]["task"]["id"].as_str().unwrap().to_owned();
+    for url in [
+        rx.url(),
+        "https://10.1.2.3/hook".to_owned(),
+        "https://169.254.169.254/latest".to_owned(),
+        "https://[::1]/x".to_owned(),
+        "http://hooks.example.com/".to_owned(),
+    ] {
+        let e = call(
+            &d,
+            "CreateTaskPushNotificationConfig",
+            json!({"taskId": id, "url": url}),
+        );
+        assert_eq!(e["error"]["code"], -32602, "{url}: {e}");
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("push url refused"),
+            "{e}"
+        );
+    }
+    assert!(rx.hits.lock().unwrap().is_empty(), "nothing was sent");
+}
+
+#[test]
+fn a_delivery_gives_up_after_the_bound_and_says_so() {
+    let rx = Receiver::start(vec![500; 10]);
+    let d = daemon("enabled = true\nallow_private = true\nmax_attempts = 2\nbackoff_ms = 20\n");
+    let r = send_with_webhook(&d, &rx.url());
+    assert!(r.get("result").is_some(), "{r}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !d.stderr().contains("a2a.push.failed") {
+        assert!(
+            Instant::now() < deadline,
+            "no a2a.push.failed line: {}",
+            d.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        rx.hits.lock().unwrap().len(),
+        2,
+        "exactly max_attempts tries: {}",
+        d.stderr()
+    );
+    assert!(d.stderr().contains("attempts=2"), "{}", d.stderr());
+}
+
+#[test]
+fn push_is_refused_while_disabled() {
+    let d = Daemon::start("std");
+    let card = d.connect_tcp().get_card().json();
+    assert_eq!(card["capabilities"]["pushNotifications"], false);
+    let e = call(
+        &d,
+        "CreateTaskPushNotificationConfig",
+        json!({"taskId": "t", "url": "https://x.example/"}),
+    );
+    assert_eq!(e["error"]["code"], -32003);
+}
