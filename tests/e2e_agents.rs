@@ -291,3 +291,19 @@ fn subagents_are_sent_to_asked_about_and_killed() {
     );
     assert_eq!(missing["error"]["message"], "no such subagent");
 }
+
+#[test]
+fn admin_cancel_stops_an_agent_turn() {
+    let d = start("smol", "tests/agents/hang.py", 60_000);
+    let r = send(&d, None, json!({"text": "work forever"}), true);
+    let id = r["result"]["task"]["id"].as_str().unwrap().to_owned();
+    wait_state(&d, &id, "TASK_STATE_WORKING");
+    let c = command(
+        &d,
+        json!({"op": "admin.cancel", "run": id, "reason": "enough"}),
+        false,
+    );
+    assert_eq!(state(&c["result"]["task"]), "TASK_STATE_COMPLETED", "{c}");
+    let t = wait_state(&d, &id, "TASK_STATE_CANCELED");
+    assert!(status_text(&t).contains("enough"), "{t}");
+}

@@ -1115,6 +1115,34 @@ impl Runtime {
                 let reason = str_arg(call.args, "reason")
                     .unwrap_or("admin.cancel")
                     .to_owned();
+                // An agent's task (a turn or a subagent send), by its id: canceled, and
+                // its agent told to stop.
+                if let Some(who) = self.agent_tasks.get(target).cloned() {
+                    self.started(inst, &call, LinkKind::Turn, target, now)?;
+                    match &who {
+                        AgentTask::Conversation => {
+                            if let Some(a) = &self.conversation {
+                                a.cancel(target);
+                            }
+                        }
+                        AgentTask::Subagent(h) => {
+                            if let Some(s) = self.subagents.get(h) {
+                                s.process.cancel(target);
+                            }
+                        }
+                    }
+                    self.agent_tasks.remove(target);
+                    let why = format!("cancelled by the operator: {reason}");
+                    status(inst, target, TaskState::Canceled, why, now);
+                    done(
+                        inst,
+                        call.task_id,
+                        Some(json!({"ok": true, "cancelled": target})),
+                        None,
+                        now,
+                    );
+                    return Ok(());
+                }
                 // A run by its id, or by the task that tracks it.
                 let id = self
                     .runs
