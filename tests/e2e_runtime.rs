@@ -76,7 +76,7 @@ name = "slow2"
 id = "nap"
 kind = "exec"
 program = "/bin/sh"
-args = ["-c", "sleep 1; echo rested"]
+args = ["-c", "sleep 4; echo rested"]
 
 [[workflows]]
 name = "quick"
@@ -514,7 +514,15 @@ fn approval_ask_gates_each_exec_step_for_the_operator() {
 
 fn drain(by_signal: bool) {
     let mut d = start("smol", "");
-    // In flight: a run whose exec step takes a while.
+    // Parked at a gate: its task waits for a person and cannot end on its own.
+    let gated = command(&d, json!({"op": "release.start", "tag": "v9"}));
+    assert_eq!(
+        state(&gated["result"]["task"]),
+        "TASK_STATE_INPUT_REQUIRED",
+        "{gated}"
+    );
+    // In flight: a run whose exec step takes longer than the drain's 3 s grace for waiting
+    // clients, so only counting it as in flight keeps the daemon up until it ends.
     let r = command_now(&d, json!({"op": "workflow.run", "workflow": "slow2"}));
     let id = r["result"]["task"]["id"].as_str().unwrap().to_owned();
     wait_state(&d, &id, "TASK_STATE_WORKING");

@@ -2213,15 +2213,22 @@ impl Runtime {
         let Some((_, quiet_since)) = &mut self.draining else {
             return false;
         };
+        // Work that cannot end on its own while it waits: a run waiting for a signal or
+        // held by a pause, and turns held by a pause. Their tasks count as working, so they
+        // are taken off the count. (A gate's task is input-required: not counted at all.)
         let parked: Vec<&String> = self
             .runs
             .values()
             .filter(|r| {
                 !r.status.is_final()
-                    && r.waiting != Waiting::Worker
-                    && r.status != RunStatus::Running
+                    && (matches!(r.waiting, Waiting::Signal { .. })
+                        || (r.status == RunStatus::Paused && r.waiting == Waiting::None))
             })
             .map(|r| &r.task_id)
+            .chain(self.held_turns.iter().filter_map(|e| match e {
+                Effect::Turn { task_id, .. } => Some(task_id),
+                _ => None,
+            }))
             .collect();
         let busy = inst.tasks_in_flight().saturating_sub(parked.len());
         if busy > 0 {
