@@ -69,15 +69,21 @@ impl StoreSection {
 /// The per-user state directory (XDG base directory spec), for a daemon run with no
 /// configuration.
 pub fn default_dir() -> Result<PathBuf, String> {
-    let from = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let from = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     if let Some(state) = from("XDG_STATE_HOME").filter(|p| p.is_absolute()) {
         return Ok(state.join("agentd"));
     }
     match from("HOME") {
         Some(home) => Ok(home.join(".local/state/agentd")),
-        None => Err("store.dir is not set and neither XDG_STATE_HOME nor HOME is: \
+        None => Err(
+            "store.dir is not set and neither XDG_STATE_HOME nor HOME is: \
                      name a data directory under [store]"
-            .into()),
+                .into(),
+        ),
     }
 }
 

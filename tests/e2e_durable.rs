@@ -156,7 +156,10 @@ fn restart_keeps_tasks_with_history_and_artifacts() {
         let r = d.connect(Via::Tcp).request(&send_body(i, false)).json();
         ids.push(r["result"]["task"]["id"].as_str().unwrap().to_owned());
     }
-    let job = d.connect(Via::Tcp).request(&command_body("job.start", 1)).json();
+    let job = d
+        .connect(Via::Tcp)
+        .request(&command_body("job.start", 1))
+        .json();
     let job_id = job["result"]["task"]["id"].as_str().unwrap().to_owned();
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut c = d.connect_tcp();
@@ -172,10 +175,17 @@ fn restart_keeps_tasks_with_history_and_artifacts() {
 
     let d = Daemon::start_setup("std", &setup(&data.0, ""));
     let after = all_tasks(&d);
-    assert_eq!(before, after, "ListTasks reads back the same, in the same order");
+    assert_eq!(
+        before, after,
+        "ListTasks reads back the same, in the same order"
+    );
     let mut c = d.connect_tcp();
     for (id, was) in ids.iter().zip(&gets) {
-        assert_eq!(&get_task(&mut c, id), was, "GetTask {id} reads back the same");
+        assert_eq!(
+            &get_task(&mut c, id),
+            was,
+            "GetTask {id} reads back the same"
+        );
     }
     // The store goes on after a restart: new tasks sort first.
     let r = d.connect(Via::Tcp).request(&send_body(99, false)).json();
@@ -222,12 +232,18 @@ fn restart_keeps_sessions() {
         .request(&form("/oauth2/device_authorization", "client_id=laptop"))
         .json();
     let user_code = grant["user_code"].as_str().unwrap();
-    op(&d, json!({"op": "auth.device.approve", "user_code": user_code, "as": "alice"}));
+    op(
+        &d,
+        json!({"op": "auth.device.approve", "user_code": user_code, "as": "alice"}),
+    );
     let poll = format!(
         "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Adevice_code&device_code={}&client_id=laptop",
         grant["device_code"].as_str().unwrap()
     );
-    let issued = d.connect(Via::Tcp).request(&form("/oauth2/token", &poll)).json();
+    let issued = d
+        .connect(Via::Tcp)
+        .request(&form("/oauth2/token", &poll))
+        .json();
     let token = issued["access_token"].as_str().expect("a token").to_owned();
     let sent = call(
         &d,
@@ -237,18 +253,19 @@ fn restart_keeps_sessions() {
         false,
     );
     let task_id = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
-    let sessions = op(&d, json!({"op": "auth.sessions"}))["result"]["message"]["parts"][0]["data"]
-        .clone();
+    let sessions =
+        op(&d, json!({"op": "auth.sessions"}))["result"]["message"]["parts"][0]["data"].clone();
     stop(&mut d);
     drop(d);
 
     let d = Daemon::start_setup("std", &s(&data.0));
-    let again = op(&d, json!({"op": "auth.sessions"}))["result"]["message"]["parts"][0]["data"]
-        .clone();
+    let again =
+        op(&d, json!({"op": "auth.sessions"}))["result"]["message"]["parts"][0]["data"].clone();
     assert_eq!(sessions, again, "the session list survives");
     let got = call(&d, &token, "GetTask", json!({"id": task_id}), false);
     assert_eq!(
-        got["result"]["id"], task_id.as_str(),
+        got["result"]["id"],
+        task_id.as_str(),
         "alice's token still opens her session and her task: {got}"
     );
 }
@@ -371,7 +388,10 @@ fn sigkill_under_load_loses_nothing_acknowledged() {
         .as_u64()
         .unwrap();
     assert!(total as usize >= all.len());
-    assert!(all.len() > 50, "the load acknowledged too little to prove anything: {report:?}");
+    assert!(
+        all.len() > 50,
+        "the load acknowledged too little to prove anything: {report:?}"
+    );
     eprintln!("crash rounds (round, kill after ms, requests sent, acknowledged so far): {report:?}; tasks held {total}, acknowledged {}, lost 0", all.len());
 }
 
@@ -389,13 +409,22 @@ fn a_torn_journal_tail_is_cut_and_the_rest_served() {
     let journal = std::fs::read_dir(&data.0)
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("journal."))
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("journal.")
+        })
         .max()
         .expect("a journal segment");
     // A frame that claims 100 bytes and carries 7: a write torn by a crash.
-    let mut f = std::fs::OpenOptions::new().append(true).open(&journal).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&journal)
+        .unwrap();
     f.write_all(&100u32.to_le_bytes()).unwrap();
-    f.write_all(&[0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7]).unwrap();
+    f.write_all(&[0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7])
+        .unwrap();
     drop(f);
 
     let d = Daemon::start_setup("std", &setup(&data.0, ""));
@@ -411,7 +440,10 @@ fn a_torn_journal_tail_is_cut_and_the_rest_served() {
     drop(d);
 
     // Garbage after good frames, too: still starts.
-    let mut f = std::fs::OpenOptions::new().append(true).open(&journal).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&journal)
+        .unwrap();
     f.write_all(b"garbage garbage garbage").unwrap();
     drop(f);
     let d = Daemon::start_setup("smol", &setup(&data.0, ""));
@@ -424,7 +456,10 @@ fn a_torn_journal_tail_is_cut_and_the_rest_served() {
 fn a_task_in_flight_at_a_crash_fails_with_the_reason() {
     let data = DataDir::new("inflight");
     let mut d = Daemon::start_setup("smol", &setup(&data.0, ""));
-    let r = d.connect(Via::Tcp).request(&command_body("gate.start", 1)).json();
+    let r = d
+        .connect(Via::Tcp)
+        .request(&command_body("gate.start", 1))
+        .json();
     let id = r["result"]["task"]["id"].as_str().unwrap().to_owned();
     let mut c = d.connect_tcp();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -462,7 +497,10 @@ fn a_memory_store_behind_a_non_loopback_listener_is_refused() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("memory") && stderr.contains("loopback"), "{stderr}");
+    assert!(
+        stderr.contains("memory") && stderr.contains("loopback"),
+        "{stderr}"
+    );
 
     // On loopback it serves, and keeps nothing on disk.
     let s = Setup {

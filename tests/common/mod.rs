@@ -169,7 +169,10 @@ impl Daemon {
         text.push_str(&setup.sections);
         if !setup.sections.contains("[store]") {
             let data = setup.store_dir.clone().unwrap_or_else(|| dir.join("data"));
-            text.push_str(&format!("\n[store]\ndir = {:?}\n", data.display().to_string()));
+            text.push_str(&format!(
+                "\n[store]\ndir = {:?}\n",
+                data.display().to_string()
+            ));
         }
         fs::write(&config, text).expect("write the daemon's config");
         let stderr_path = dir.join("stderr.log");
