@@ -16,6 +16,7 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::task::{Wake, Waker};
@@ -158,15 +159,22 @@ enum Msg {
     Stop,
 }
 
-struct ChannelWake(Mutex<Sender<Msg>>);
+/// The instance's records waker: one message per round of changes, not one per change
+/// (it is woken under the instance lock, on every connection's path).
+struct ChannelWake {
+    tx: Mutex<Sender<Msg>>,
+    pending: AtomicBool,
+}
 
 impl Wake for ChannelWake {
     fn wake(self: Arc<Self>) {
         self.wake_by_ref();
     }
     fn wake_by_ref(self: &Arc<Self>) {
-        if let Ok(tx) = self.0.lock() {
-            let _ = tx.send(Msg::Records);
+        if !self.pending.swap(true, Ordering::AcqRel) {
+            if let Ok(tx) = self.tx.lock() {
+                let _ = tx.send(Msg::Records);
+            }
         }
     }
 }
@@ -213,10 +221,13 @@ pub fn spawn(
             .append(&first)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
     }
-    let waker = Waker::from(Arc::new(ChannelWake(Mutex::new(tx.clone()))));
+    let wake = Arc::new(ChannelWake {
+        tx: Mutex::new(tx.clone()),
+        pending: AtomicBool::new(false),
+    });
     let thread = thread::Builder::new()
         .name("agentd-records".into())
-        .spawn(move || run(&inst, store, &rx, &waker, on_fail))?;
+        .spawn(move || run(&inst, store, &rx, &wake, on_fail))?;
     Ok(Pump {
         tx,
         thread: Some(thread),
@@ -231,9 +242,10 @@ fn run(
     inst: &Mutex<Instance>,
     store: Store,
     rx: &Receiver<Msg>,
-    waker: &Waker,
+    wake: &Arc<ChannelWake>,
     on_fail: impl FnOnce(String),
 ) {
+    let waker = &Waker::from(wake.clone());
     lock(inst).register_records_waker(waker);
     // Appended and not yet durable: (ticket, the record sequence it makes durable).
     let mut inflight: VecDeque<(Ticket, u64)> = VecDeque::new();
@@ -245,6 +257,8 @@ fn run(
             Err(RecvTimeoutError::Timeout) => None,
             Err(RecvTimeoutError::Disconnected) => Some(Msg::Stop),
         };
+        // Cleared before the drain: a change after it wakes the pump again.
+        wake.pending.store(false, Ordering::Release);
         let batch = {
             let mut i = lock(inst);
             let b = i.poll_records();

@@ -197,14 +197,21 @@ impl Connection {
             // Durable already, or behind a hold that waits for as much.
             return;
         }
+        if self.holds.is_empty() {
+            inst.set_holding(true);
+        }
         self.holds.push_back((start, seq));
         inst.wait_durable(seq, &self.waker);
     }
 
     /// Releases the holds whose changes are durable now.
-    fn release(&mut self, inst: &Instance) {
+    fn release(&mut self, inst: &mut Instance) {
+        let had = !self.holds.is_empty();
         while self.holds.front().is_some_and(|h| !inst.must_hold(h.1)) {
             self.holds.pop_front();
+        }
+        if had && self.holds.is_empty() {
+            inst.set_holding(false);
         }
     }
 
@@ -374,6 +381,10 @@ impl Connection {
 
     /// Releases what the connection holds in the instance. Call once, when dropping it.
     pub fn close(&mut self, inst: &mut Instance) {
+        if !self.holds.is_empty() {
+            self.holds.clear();
+            inst.set_holding(false);
+        }
         match self.state {
             State::Waiting { sub, .. } | State::Streaming { sub: Some(sub), .. } => {
                 inst.unsubscribe(sub)

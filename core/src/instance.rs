@@ -361,6 +361,8 @@ struct WriteAhead {
     waker: Option<Waker>,
     /// Connections holding an answer until the sequence is durable.
     waiters: Vec<(u64, Waker)>,
+    /// Connections with held output: a drain waits for them as for any other answer.
+    holding: usize,
 }
 
 /// One record the host must make durable: the state of `(kind, key)` as it stands now, or
@@ -456,6 +458,15 @@ impl Instance {
     /// Whether an answer depending on change `seq` must still wait.
     pub(crate) fn must_hold(&self, seq: u64) -> bool {
         self.wal.on && seq > self.wal.durable
+    }
+
+    /// A connection started (`true`) or stopped holding output.
+    pub(crate) fn set_holding(&mut self, holding: bool) {
+        if holding {
+            self.wal.holding += 1;
+        } else {
+            self.wal.holding = self.wal.holding.saturating_sub(1);
+        }
     }
 
     /// A connection holds output until `seq` is durable: `waker` hears when it is.
@@ -862,9 +873,10 @@ impl Instance {
             .count()
     }
 
-    /// Connections still waiting on the instance: blocking sends, streams, command calls.
+    /// Connections still waiting on the instance: blocking sends, streams, command calls,
+    /// answers held until durable.
     pub fn waiters(&self) -> usize {
-        self.subs.len() + self.calls.len()
+        self.subs.len() + self.calls.len() + self.wal.holding
     }
 
     pub fn config(&self) -> &InstanceConfig {
