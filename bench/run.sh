@@ -5,6 +5,7 @@
 #   BENCH_SECONDS=3 bench/run.sh       # shorter runs
 #   BENCH_SCENARIOS=events bench/run.sh   # only the events-feed fan-out scenario
 #   BENCH_TARGETS="smol std" bench/run.sh # skip the python-sdk peer
+#   BENCH_TARGETS="smol smol-memory" BENCH_SCENARIOS=send bench/run.sh  # durable vs memory store
 #
 # Shape: a *target* is one server process to measure: agentd with a given driver (`smol`,
 # `std`), or the peer `python-sdk` (the official A2A Python SDK's server with an echo agent,
@@ -199,7 +200,8 @@ TARGET_PID= TARGET_URL= COLD_START_US=
 
 start_target() {
   case $1 in
-    smol|std) start_agentd "$1" ;;
+    smol|std) start_agentd "$1" file ;;
+    smol-memory|std-memory) start_agentd "${1%-memory}" memory ;;
     python-sdk) start_python_sdk ;;
     *) note "unknown target '$1'"; return 1 ;;
   esac
@@ -249,14 +251,24 @@ write_agentd_config() {  # port file
   fi
 }
 
-start_agentd() {  # driver
-  local driver=$1 port cfg log name=$1$TARGET_LABEL
+start_agentd() {  # driver store(file|memory)
+  local driver=$1 store=${2:-file} port cfg log name=$1$TARGET_LABEL
+  [[ $store == memory ]] && name=$1-memory$TARGET_LABEL
   port=$(free_port)
   cfg="$WORK/agentd-$name.toml"
   log="$WORK/agentd-$name.log"
   write_agentd_config "$port" "$cfg"
   # Keep the daemon's own state inside our temp dir, whatever its defaults are.
   mkdir -p "$WORK/state-$name"
+  # The store: the durable file store (the default: every acknowledged task fsynced
+  # first) in the state dir, or the memory store for the `-memory` targets.
+  if ! grep -q '^[[:space:]]*\[store\]' "$cfg"; then
+    if [[ $store == memory ]]; then
+      printf '\n[store]\nkind = "memory"\n' >> "$cfg"
+    else
+      printf '\n[store]\ndir = "%s"\n' "$WORK/state-$name/data" >> "$cfg"
+    fi
+  fi
 
   local t0; t0=$(now_us)
   (cd "$WORK/state-$name" && exec "$AGENTD_BIN" --driver "$driver" --config "$cfg") >"$log" 2>&1 &
@@ -734,9 +746,9 @@ main() {
   local t need_agentd=0
   for t in $BENCH_TARGETS; do
     case $t in
-      smol|std) need_agentd=1 ;;
+      smol|std|smol-memory|std-memory) need_agentd=1 ;;
       python-sdk) ensure_python_sdk ;;
-      *) die "unknown target '$t' (known: smol std python-sdk)" ;;
+      *) die "unknown target '$t' (known: smol std smol-memory std-memory python-sdk)" ;;
     esac
   done
   if (( need_agentd )); then build_agentd; fi

@@ -36,6 +36,9 @@ pub struct Config {
     /// `[[workflows]]`: named step graphs, checked by [`Config::workflows`].
     #[serde(default)]
     pub workflows: Vec<toml::Spanned<crate::runtime::workflow::WorkflowDef>>,
+    /// `[store]`: where tasks and sessions are kept (see `crate::durable`).
+    #[serde(default)]
+    pub store: crate::durable::StoreSection,
     /// The file's name and text, for `file:line` in load errors.
     #[serde(skip)]
     pub source: Option<(String, String)>,

@@ -3,5 +3,6 @@
 //! them to a driver; tests and fuzz targets reach them here.
 
 pub mod config;
+pub mod durable;
 pub mod runtime;
 pub mod store;

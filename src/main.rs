@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use agentd_core::Instance;
 use agentd_io_std::{BoundListener, Clock, OsEntropy};
 
-use agentd::{config, runtime};
+use agentd::{config, durable, runtime};
 
 const HELP: &str = "\
 agentd — an A2A 1.0 agent daemon
@@ -137,6 +137,21 @@ fn run(args: Args) -> Result<(), Failure> {
     let endpoints = config.endpoints().map_err(Failure::Config)?;
     let settings = config.runtime_settings().map_err(Failure::Config)?;
     let declared = config.declared_commands().map_err(Failure::Config)?;
+    let store_kind = config.store.resolve().map_err(Failure::Config)?;
+    if store_kind == durable::StoreKind::Memory {
+        // Whatever a remote client is told was done must survive a restart.
+        if let Some(ep) = endpoints.iter().find(|ep| match ep {
+            agentd_io_std::Endpoint::Tcp(a) | agentd_io_std::Endpoint::Https(a) => {
+                !a.ip().is_loopback()
+            }
+            agentd_io_std::Endpoint::Unix(_) => false,
+        }) {
+            return Err(Failure::Config(format!(
+                "store.kind = \"memory\" loses every task at a restart; {ep} is not loopback: \
+                 use the file store for a listener other clients reach"
+            )));
+        }
+    }
     let mut listeners = Vec::with_capacity(endpoints.len());
     for ep in &endpoints {
         listeners.push(
@@ -162,11 +177,45 @@ fn run(args: Args) -> Result<(), Failure> {
             .register_command(decl)
             .map_err(|e| Failure::Config(format!("workflow command {op:?}: {e:?}")))?;
     }
+    let mut first_records = Vec::new();
+    let store = match &store_kind {
+        durable::StoreKind::Memory => None,
+        durable::StoreKind::File(dir) => {
+            let (store, recovered) = durable::open(dir).map_err(Failure::Runtime)?;
+            if let Some(cut) = &recovered.truncated {
+                tracing::warn!(truncation = %cut, "store: a damaged journal tail was cut off");
+            }
+            instance.set_write_ahead(true);
+            let (restored, first) = durable::restore(&mut instance, recovered, clock.now());
+            first_records = first;
+            tracing::info!(
+                dir = %dir.display(),
+                tasks = restored.tasks,
+                ended_in_flight = restored.ended,
+                skipped = restored.skipped,
+                "store opened"
+            );
+            Some(store)
+        }
+    };
     let instance = Arc::new(Mutex::new(instance));
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let pump = match store {
+        Some(store) => {
+            let tx = done_tx.clone();
+            let on_fail = move |why: String| {
+                let _ = tx.send(Err(format!("the store failed; stopping: {why}")));
+            };
+            Some(
+                durable::spawn(instance.clone(), store, first_records, on_fail)
+                    .map_err(|e| Failure::Runtime(format!("store: {e}")))?,
+            )
+        }
+        None => None,
+    };
     let runtime = runtime::spawn(instance.clone(), clock, settings)
         .map_err(|e| Failure::Runtime(format!("runtime thread: {e}")))?;
     let max_connections = config.limits.max_connections;
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<(), String>>();
     match args.driver {
         Driver::Smol => {
             let mut opts = agentd_io_smol::DriverOptions::default();
@@ -229,7 +278,12 @@ fn run(args: Args) -> Result<(), Failure> {
         // One machine-readable line per listener, for scripts and tests (port 0 binds any).
         println!("listening {}", info.url);
     }
-    match done_rx.recv() {
+    let outcome = done_rx.recv();
+    if let Some(pump) = pump {
+        // The last changes (a drain's final states) are written before the process ends.
+        pump.finish();
+    }
+    match outcome {
         Ok(Ok(())) | Err(_) => Ok(()),
         Ok(Err(e)) => Err(Failure::Runtime(e)),
     }

@@ -10,6 +10,12 @@
 //!
 //! Responses leave in request order. While one is pending (a blocking send waiting for its
 //! task, or an open stream) later pipelined requests wait in the parser's buffer.
+//!
+//! Write-ahead: an answer that acknowledges a change (a task created, canceled or settled,
+//! a session opened) is written into the output buffer at once but *held*: the driver sees
+//! only the bytes before it until the instance reports the change durable
+//! ([`Instance::records_durable`]), which wakes the connection. Later output queues behind a
+//! hold, so the order stays the request order. Reads change nothing and hold nothing.
 
 use std::borrow::Cow;
 use std::task::Waker;
@@ -106,6 +112,9 @@ enum State {
         keep_alive: bool,
         minor_version: u8,
         activated: ExtSet,
+        /// The record sequence when the call was made: if the host's answer comes with
+        /// changes past it, the answer waits for them.
+        since: u64,
     },
 }
 
@@ -134,6 +143,9 @@ pub struct Connection {
     /// The TLS session of an `https://` listener (set up on the first bytes).
     tls: Option<crate::tls::TlsLayer>,
     tls_checked: bool,
+    /// Held output: `(offset in out where held bytes start, record sequence they wait for)`,
+    /// in output order (so also in sequence order).
+    holds: std::collections::VecDeque<(usize, u64)>,
 }
 
 /// A request's standing with CORS.
@@ -175,6 +187,43 @@ impl Connection {
             cors: Cors::None,
             tls: None,
             tls_checked: false,
+            holds: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Holds the output written from `start` on until change `seq` is durable.
+    fn hold_from(&mut self, inst: &mut Instance, start: usize, seq: u64) {
+        if !inst.must_hold(seq) || self.holds.back().is_some_and(|h| h.1 >= seq) {
+            // Durable already, or behind a hold that waits for as much.
+            return;
+        }
+        if self.holds.is_empty() {
+            inst.set_holding(true);
+        }
+        self.holds.push_back((start, seq));
+        inst.wait_durable(seq, &self.waker);
+    }
+
+    /// Releases the holds whose changes are durable now.
+    fn release(&mut self, inst: &mut Instance) {
+        let had = !self.holds.is_empty();
+        while self.holds.front().is_some_and(|h| !inst.must_hold(h.1)) {
+            self.holds.pop_front();
+        }
+        if had && self.holds.is_empty() {
+            inst.set_holding(false);
+        }
+    }
+
+    /// The end of what may be written: the start of the first hold.
+    fn visible_end(&self) -> usize {
+        self.holds.front().map_or(self.out.len(), |h| h.0)
+    }
+
+    /// The output buffer lost its first `n` bytes.
+    fn shift_holds(&mut self, n: usize) {
+        for h in self.holds.iter_mut() {
+            h.0 = h.0.saturating_sub(n);
         }
     }
 
@@ -230,11 +279,14 @@ impl Connection {
             self.aborted = true;
             return;
         }
-        let n = tls.send(&self.out[self.out_pos..]);
+        let end = self.holds.front().map_or(self.out.len(), |h| h.0);
+        let n = tls.send(&self.out[self.out_pos..end]);
         self.out_pos += n;
         if self.out_pos == self.out.len() {
             self.out.clear();
             self.out_pos = 0;
+            // Only empty holds can remain (held bytes are never sent).
+            self.holds.iter_mut().for_each(|h| h.0 = 0);
             if self.closing {
                 tls.close_notify();
             }
@@ -266,7 +318,8 @@ impl Connection {
         }
     }
 
-    /// Produce what became ready without new input (the waker fired).
+    /// Produce what became ready without new input (the waker fired: a task it watches
+    /// changed, or a change its held answer waits for became durable).
     pub fn poll(&mut self, inst: &mut Instance, now: Now) {
         self.drive(inst, now);
     }
@@ -278,7 +331,7 @@ impl Connection {
         }
         match &self.tls {
             Some(tls) => tls.pending(),
-            None => &self.out[self.out_pos..],
+            None => &self.out[self.out_pos..self.visible_end()],
         }
     }
 
@@ -290,24 +343,32 @@ impl Connection {
             self.encrypt();
             return;
         }
-        self.out_pos = (self.out_pos + n).min(self.out.len());
+        self.out_pos = (self.out_pos + n).min(self.visible_end());
         if self.out_pos == self.out.len() {
             self.out.clear();
             self.out_pos = 0;
+            self.holds.iter_mut().for_each(|h| h.0 = 0);
+            self.write_stalled_since = None;
+        } else if self.out_pos == self.visible_end() {
+            // What remains is held, not stalled.
             self.write_stalled_since = None;
         } else if n > 0 {
             self.write_stalled_since = Some(now.mono_ms);
         }
         if self.out_pos > 64 * 1024 {
             self.out.drain(..self.out_pos);
+            let n = self.out_pos;
+            self.shift_holds(n);
             self.out_pos = 0;
         }
     }
 
     /// Whether the driver should read: the connection can take more requests and has room.
     pub fn wants_read(&self) -> bool {
+        // While an answer is held the driver waits for the wake-up that releases it.
         !self.closing
             && !self.aborted
+            && self.holds.is_empty()
             && matches!(self.state, State::Reading { .. })
             && self.backlog() < self.limits.max_output_bytes
             && self.parser.buffered() < self.limits.http.input_capacity()
@@ -320,6 +381,10 @@ impl Connection {
 
     /// Releases what the connection holds in the instance. Call once, when dropping it.
     pub fn close(&mut self, inst: &mut Instance) {
+        if !self.holds.is_empty() {
+            self.holds.clear();
+            inst.set_holding(false);
+        }
         match self.state {
             State::Waiting { sub, .. } | State::Streaming { sub: Some(sub), .. } => {
                 inst.unsubscribe(sub)
@@ -372,6 +437,7 @@ impl Connection {
     /// Acts on whichever deadline has passed.
     pub fn handle_timeout(&mut self, inst: &mut Instance, now: Now) {
         self.on_timeout(inst, now);
+        self.release(inst);
         self.encrypt();
     }
 
@@ -483,7 +549,9 @@ impl Connection {
     }
 
     fn note_output(&mut self, now: Now) {
-        if self.write_stalled_since.is_none() && self.backlog() > 0 {
+        let writable = self.visible_end() > self.out_pos
+            || self.tls.as_ref().is_some_and(|t| !t.pending().is_empty());
+        if self.write_stalled_since.is_none() && writable {
             self.write_stalled_since = Some(now.mono_ms);
         }
     }
@@ -498,6 +566,7 @@ impl Connection {
 
     /// Runs the state machine as far as it can go without new input.
     fn drive(&mut self, inst: &mut Instance, now: Now) {
+        self.release(inst);
         loop {
             let progressed = match self.state {
                 State::Reading { .. } => self.read_requests(inst, now),
@@ -510,6 +579,7 @@ impl Connection {
                 break;
             }
         }
+        self.release(inst);
         match (&self.state, self.reading_head()) {
             (State::Reading { .. }, true) if self.head_started.is_none() => {
                 self.head_started = Some(now.mono_ms)
@@ -621,6 +691,8 @@ impl Connection {
             }
             Route::Rpc => self.answer_rpc(inst, head, body, now),
             Route::OAuth(endpoint) => {
+                let mut hold = None;
+                let start = self.out.len();
                 let a = if body.len() > crate::oauth::MAX_FORM_BYTES {
                     crate::oauth::Answer {
                         status: 413,
@@ -634,7 +706,14 @@ impl Connection {
                             .trim_ascii()
                             .eq_ignore_ascii_case(b"application/x-www-form-urlencoded")
                     });
-                    crate::oauth::answer(inst, endpoint, self.listener, form, body, now)
+                    let before = inst.record_seq();
+                    let a = crate::oauth::answer(inst, endpoint, self.listener, form, body, now);
+                    inst.announce_records();
+                    if inst.record_seq() > before {
+                        // A token issued or revoked: its answer waits for the session record.
+                        hold = Some(inst.record_seq());
+                    }
+                    a
                 };
                 let date = self.date(now);
                 let mut h = Head::new(a.status, &date)
@@ -642,6 +721,9 @@ impl Connection {
                     .header("cache-control", "no-store");
                 self.finish_head(&mut h, head.minor_version, head.keep_alive);
                 h.write_full(&mut self.out, &a.body, false);
+                if let Some(seq) = hold {
+                    self.hold_from(inst, start, seq);
+                }
                 false
             }
         }
@@ -683,11 +765,16 @@ impl Connection {
             head: &head,
             now,
         };
+        let before = inst.record_seq();
         let rpc::Answer {
             id,
             activated,
             reply,
         } = rpc::call(inst, &ctx, body);
+        inst.announce_records();
+        // The call changed something: its answer acknowledges that, so it waits for it.
+        let changed = (inst.record_seq() > before).then(|| inst.record_seq());
+        let start = self.out.len();
         let keep_alive = head.keep_alive;
         let minor = head.minor_version;
         let annotate = activated.contains(crate::ext::Ext::TaskAnnotations);
@@ -696,11 +783,17 @@ impl Connection {
                 let mut doc = Vec::with_capacity(result.len() + 48);
                 jsonrpc::write_result_raw(&mut doc, &id, &result);
                 self.write_json_keep(200, &doc, keep_alive, minor, activated.echo(), now);
+                if let Some(seq) = changed {
+                    self.hold_from(inst, start, seq);
+                }
                 false
             }
             Reply::Error(err) => {
                 // A refused request echoes nothing.
                 self.write_error_reply(&err, &id, keep_alive, minor, now);
+                if let Some(seq) = changed {
+                    self.hold_from(inst, start, seq);
+                }
                 false
             }
             Reply::Wait {
@@ -724,6 +817,10 @@ impl Connection {
             }
             Reply::Stream { sub, first } => {
                 self.start_stream(inst, id, sub, &first, keep_alive, minor, activated, now);
+                // The first frame of a stream that created or changed a task.
+                if let Some(seq) = changed {
+                    self.hold_from(inst, start, seq);
+                }
                 true
             }
             Reply::Feed { from_seq } => {
@@ -749,6 +846,7 @@ impl Connection {
                     keep_alive,
                     minor_version: minor,
                     activated,
+                    since: before,
                 };
                 true
             }
@@ -956,6 +1054,7 @@ impl Connection {
             keep_alive,
             minor_version,
             activated,
+            since,
             ..
         } = self.state
         else {
@@ -967,12 +1066,49 @@ impl Connection {
         let id = id.clone();
         let annotate = activated.contains(crate::ext::Ext::TaskAnnotations);
         self.state = State::Reading { pending: None };
+        // Whatever the host changed for this call (a task started, state it changed) is
+        // acknowledged by the answer: it waits for those records.
+        let start = self.out.len();
+        let seq = inst.record_seq();
+        let changed = seq > since;
+        self.pump_call_answer(
+            inst,
+            call,
+            id,
+            streaming,
+            history,
+            keep_alive,
+            minor_version,
+            activated,
+            annotate,
+            now,
+        );
+        if changed {
+            self.hold_from(inst, start, seq);
+        }
+        true
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn pump_call_answer(
+        &mut self,
+        inst: &mut Instance,
+        call: CallId,
+        id: RequestId,
+        streaming: bool,
+        history: Option<usize>,
+        keep_alive: bool,
+        minor_version: u8,
+        activated: ExtSet,
+        annotate: bool,
+        now: Now,
+    ) {
         let Some(pending) = inst.end_call(call) else {
             let err = RpcError::new(ErrorKind::Internal, "the command call was lost");
             let mut doc = Vec::new();
             jsonrpc::write_error(&mut doc, &id, &err);
             self.write_json_keep(200, &doc, keep_alive, minor_version, None, now);
-            return true;
+            return;
         };
         match pending.outcome {
             None => unreachable!("checked above"),
@@ -1055,7 +1191,6 @@ impl Connection {
                 }
             },
         }
-        true
     }
 
     /// A blocking send: answers once the task settles. True when it did.
@@ -1102,7 +1237,11 @@ impl Connection {
             }
         };
         self.state = State::Reading { pending: None };
+        let start = self.out.len();
         self.write_json_keep(200, &doc, keep_alive, minor_version, echo, now);
+        // The answer of a blocking send acknowledges the task and the state it reached.
+        let seq = inst.record_seq();
+        self.hold_from(inst, start, seq);
     }
 
     /// Writes queued stream events. True when the stream ended.
@@ -1156,6 +1295,7 @@ impl Connection {
         };
         let mut doc = Vec::with_capacity(512);
         jsonrpc::write_result(&mut doc, id, event);
+        let start = self.out.len();
         response::write_sse_event(&mut self.out, &doc, chunked);
         *last_write = now.mono_ms;
         let ends = match event {
@@ -1164,6 +1304,11 @@ impl Connection {
             StreamResponse::Message(_) => true,
             StreamResponse::ArtifactUpdate(_) => false,
         };
+        if matches!(event, StreamResponse::StatusUpdate(_)) && ends {
+            // A settled state is never shown before it is durable; earlier frames may be.
+            let seq = inst.record_seq();
+            self.hold_from(inst, start, seq);
+        }
         if ends {
             self.end_stream(inst, None);
         }

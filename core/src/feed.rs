@@ -119,6 +119,15 @@ impl Ring {
         }
     }
 
+    /// Numbers the next event `base + 1`, as if `base` events had come and gone: a cursor
+    /// at or below `base` is then answered with resync. Only before the first event.
+    pub fn start_after(&mut self, base: u64) {
+        if self.entries.is_empty() && self.newest == 0 {
+            self.newest = base;
+            self.dropped = base;
+        }
+    }
+
     pub fn capacity(&self) -> usize {
         self.capacity
     }

@@ -358,6 +358,43 @@ pub struct Instance {
     pub view: crate::view::RuntimeView,
     /// Webhooks registered per task.
     pub(crate) push_configs: crate::push::PushConfigs,
+    /// Write-ahead durability (see [`Instance::set_write_ahead`]).
+    wal: WriteAhead,
+}
+
+/// The instance's side of write-ahead durability: what the host has confirmed durable, and
+/// who waits for it.
+#[derive(Default)]
+struct WriteAhead {
+    on: bool,
+    /// Every change up to this record sequence is durable.
+    durable: u64,
+    /// The record sequence the host was last woken for.
+    announced: u64,
+    /// Changes up to this sequence were handed to the host.
+    drained: u64,
+    waker: Option<Waker>,
+    /// Connections holding an answer until the sequence is durable.
+    waiters: Vec<(u64, Waker)>,
+    /// Connections with held output: a drain waits for them as for any other answer.
+    holding: usize,
+}
+
+/// One record the host must make durable: the state of `(kind, key)` as it stands now, or
+/// its removal (`None`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Record {
+    pub kind: &'static str,
+    pub key: String,
+    pub body: Option<serde_json::Value>,
+}
+
+/// What [`Instance::poll_records`] drains: every change up to record sequence `upto`, one
+/// record per changed key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Records {
+    pub upto: u64,
+    pub records: Vec<Record>,
 }
 
 impl Instance {
@@ -401,6 +438,173 @@ impl Instance {
             lifecycle_reason: String::new(),
             view: crate::view::RuntimeView::default(),
             push_configs: crate::push::PushConfigs::default(),
+            wal: WriteAhead::default(),
+        }
+    }
+
+    /// Turns write-ahead durability on: from now on every change to a task or session is
+    /// queued as a record ([`Instance::poll_records`]), and an answer that acknowledges a
+    /// change is held until the host reports the change durable
+    /// ([`Instance::records_durable`]). Off (the default, a memory store) nothing is queued
+    /// and nothing is held.
+    pub fn set_write_ahead(&mut self, on: bool) {
+        self.wal.on = on;
+        self.tasks.set_tracking(on);
+        self.sessions.set_tracking(on);
+        self.wal.durable = self.record_seq();
+        self.wal.announced = self.wal.durable;
+        self.wal.drained = self.wal.durable;
+    }
+
+    pub fn write_ahead(&self) -> bool {
+        self.wal.on
+    }
+
+    /// The sequence number of the latest change: monotonic, bumped by every change that
+    /// makes a record. Always 0 without write-ahead.
+    pub fn record_seq(&self) -> u64 {
+        self.tasks.changes() + self.sessions.changes()
+    }
+
+    /// Every change up to this sequence is durable.
+    pub fn durable_seq(&self) -> u64 {
+        self.wal.durable
+    }
+
+    /// Whether an answer depending on change `seq` must still wait.
+    pub(crate) fn must_hold(&self, seq: u64) -> bool {
+        self.wal.on && seq > self.wal.durable
+    }
+
+    /// A connection started (`true`) or stopped holding output.
+    pub(crate) fn set_holding(&mut self, holding: bool) {
+        if holding {
+            self.wal.holding += 1;
+        } else {
+            self.wal.holding = self.wal.holding.saturating_sub(1);
+        }
+    }
+
+    /// A connection holds output until `seq` is durable: `waker` hears when it is.
+    pub(crate) fn wait_durable(&mut self, seq: u64, waker: &Waker) {
+        self.announce_records();
+        self.wal.waiters.push((seq, waker.clone()));
+    }
+
+    /// Drains what changed since the last call: one record per changed key, as it stands
+    /// now (a task changed ten times is written once). `None` when nothing changed. The host
+    /// appends them in the order drained and, once they are durable, calls
+    /// [`Instance::records_durable`] with `upto`.
+    pub fn poll_records(&mut self) -> Option<Records> {
+        let upto = self.record_seq();
+        if !self.wal.on || upto == self.wal.drained {
+            return None;
+        }
+        self.wal.drained = upto;
+        self.wal.announced = self.wal.announced.max(upto);
+        let mut records: Vec<Record> = self
+            .tasks
+            .take_dirty()
+            .into_iter()
+            .map(|(key, body)| Record {
+                kind: crate::tasks::TASK_KIND,
+                key,
+                body,
+            })
+            .collect();
+        records.extend(
+            self.sessions
+                .take_dirty()
+                .into_iter()
+                .map(|(kind, key, body)| Record { kind, key, body }),
+        );
+        Some(Records { upto, records })
+    }
+
+    /// Wakes `waker` when changes are waiting to be drained by [`Instance::poll_records`].
+    pub fn register_records_waker(&mut self, waker: &Waker) {
+        self.wal.waker = Some(waker.clone());
+        if self.record_seq() > self.wal.drained {
+            waker.wake_by_ref();
+        }
+    }
+
+    /// Tells the host's records waker that changes wait. Called wherever state changes.
+    pub(crate) fn announce_records(&mut self) {
+        let seq = self.record_seq();
+        if self.wal.on && seq > self.wal.announced {
+            self.wal.announced = seq;
+            if let Some(w) = &self.wal.waker {
+                w.wake_by_ref();
+            }
+        }
+    }
+
+    /// The host made every change up to `seq` durable (the fsync returned): answers held for
+    /// them are released, and their connections woken.
+    pub fn records_durable(&mut self, seq: u64) {
+        if seq <= self.wal.durable {
+            return;
+        }
+        self.wal.durable = seq;
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.wal.waiters)
+            .into_iter()
+            .partition(|(s, _)| *s <= seq);
+        self.wal.waiters = waiting;
+        for (_, w) in ready {
+            w.wake();
+        }
+    }
+
+    /// Puts back one record read from the durable store at start. Unknown kinds are refused
+    /// (the caller logs them). Nothing restored is queued again as a change.
+    pub fn restore_record(
+        &mut self,
+        kind: &str,
+        key: &str,
+        body: serde_json::Value,
+        now: Now,
+    ) -> Result<(), String> {
+        match kind {
+            crate::tasks::TASK_KIND => {
+                let rec = crate::tasks::TaskRecord::from_doc(body)?;
+                if rec.id != key {
+                    return Err(format!("task record {key} holds task {}", rec.id));
+                }
+                self.tasks.restore(rec);
+                Ok(())
+            }
+            crate::sessions::SESSION_KIND | crate::sessions::SESSION_NAME_KIND => {
+                self.sessions.restore(kind, key, body, now.epoch_ms)
+            }
+            other => Err(format!("unknown record kind {other:?}")),
+        }
+    }
+
+    /// After a restore: tasks whose run or turn lived in the previous process's memory
+    /// (submitted, working, input- or auth-required) can never finish; they fail with
+    /// `reason` rather than stay working forever. Also applies the task bound. Returns how
+    /// many tasks were ended.
+    pub fn end_in_flight(&mut self, reason: &str, now: Now) -> usize {
+        self.tasks.enforce_bound();
+        let stuck: Vec<String> = self
+            .tasks
+            .newest_first(None)
+            .filter(|t| !t.state.is_terminal())
+            .map(|t| t.id.clone())
+            .collect();
+        for id in &stuck {
+            let _ = self.set_status(id, TaskState::Failed, Some(vec![Part::text(reason)]), now);
+        }
+        stuck.len()
+    }
+
+    /// Starts the feed's sequence numbers after `base`, so that a cursor a subscriber kept
+    /// from before a restart (always at most `base`) is answered with `resync`, never with
+    /// events it did not see.
+    pub fn set_feed_base(&mut self, base: u64) {
+        if let Some(ring) = self.feed.as_mut() {
+            ring.start_after(base);
         }
     }
 
@@ -439,6 +643,7 @@ impl Instance {
 
     /// A task changed: tell the feed (and, for tasks evicted to make room, that they left).
     pub(crate) fn task_changed(&mut self, task_id: &str, now: Now) {
+        self.announce_records();
         for (id, owner) in self.tasks.take_evicted() {
             self.push_configs.forget_task(&id);
             let _ = self.push_feed(
@@ -685,9 +890,10 @@ impl Instance {
             .count()
     }
 
-    /// Connections still waiting on the instance: blocking sends, streams, command calls.
+    /// Connections still waiting on the instance: blocking sends, streams, command calls,
+    /// answers held until durable.
     pub fn waiters(&self) -> usize {
-        self.subs.len() + self.calls.len()
+        self.subs.len() + self.calls.len() + self.wal.holding
     }
 
     pub fn config(&self) -> &InstanceConfig {
@@ -739,6 +945,16 @@ impl Instance {
 
     /// Applies what the host did to a task and tells everyone watching it.
     pub fn handle_completion(
+        &mut self,
+        completion: Completion,
+        now: Now,
+    ) -> Result<(), CompletionError> {
+        let result = self.apply_completion(completion, now);
+        self.announce_records();
+        result
+    }
+
+    fn apply_completion(
         &mut self,
         completion: Completion,
         now: Now,

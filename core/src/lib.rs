@@ -52,6 +52,6 @@ pub mod view;
 pub use conn::Connection;
 pub use instance::{
     CallId, CommandAnswer, Completion, CompletionError, ConnLimits, Effect, Instance,
-    InstanceConfig, ListenerInfo, ListenerKind,
+    InstanceConfig, ListenerInfo, ListenerKind, Record, Records,
 };
 pub use time::Now;

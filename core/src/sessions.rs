@@ -2,8 +2,8 @@
 //!
 //! A device asks for a code; the operator approves it with `auth.device.approve` (naming who
 //! the device acts as) or denies it; the device polls the token endpoint and receives a
-//! session token. Only each token's SHA-256 is kept, in memory, so a restart revokes every
-//! session. Every session approved under one name is one principal, `user:<name>`, so what
+//! session token. Only each token's SHA-256 is kept (in memory, and in the durable store's
+//! records, so with a file store a session survives a restart). Every session approved under one name is one principal, `user:<name>`, so what
 //! it owns survives a re-login.
 
 use std::collections::HashMap;
@@ -149,12 +149,126 @@ pub struct Sessions {
     by_token: HashMap<[u8; 32], Session>,
     /// Names approved before: a re-approval is the same principal.
     known_names: std::collections::HashSet<String>,
+    /// Write-ahead: sessions (by sid) and names changed since the host last drained them.
+    track: bool,
+    dirty: std::collections::BTreeSet<String>,
+    dirty_names: std::collections::BTreeSet<String>,
+    changes: u64,
 }
+
+/// The record kinds of sessions and approved names in the durable store. Pending device
+/// codes are not kept: they live minutes, and a device whose code is lost asks again.
+pub const SESSION_KIND: &str = "session";
+pub const SESSION_NAME_KIND: &str = "session.name";
 
 impl Sessions {
     fn expire(&mut self, now_ms: u64) {
         self.pending.retain(|p| p.expires_at > now_ms);
-        self.by_token.retain(|_, s| s.expires_at > now_ms);
+        let mut gone = Vec::new();
+        self.by_token.retain(|_, s| {
+            let live = s.expires_at > now_ms;
+            if !live {
+                gone.push(s.sid.clone());
+            }
+            live
+        });
+        gone.iter().for_each(|sid| self.touch(sid));
+    }
+
+    pub(crate) fn set_tracking(&mut self, on: bool) {
+        self.track = on;
+        if !on {
+            self.dirty.clear();
+            self.dirty_names.clear();
+        }
+    }
+
+    fn touch(&mut self, sid: &str) {
+        if self.track {
+            self.changes += 1;
+            self.dirty.insert(sid.to_owned());
+        }
+    }
+
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// Sessions and names changed since the last call, as `(kind, key, body or None)`.
+    pub(crate) fn take_dirty(&mut self) -> Vec<(&'static str, String, Option<Value>)> {
+        let mut out = Vec::new();
+        for sid in std::mem::take(&mut self.dirty) {
+            let found = self.by_token.iter().find(|(_, s)| s.sid == sid);
+            let body = found.map(|(digest, s)| {
+                json!({
+                    "tokenSha256": hex(digest), "sid": s.sid, "name": s.name,
+                    "principal": crate::tasks::PrincipalDoc::from(&s.principal),
+                    "clientId": s.client_id, "scope": s.scope.as_str(),
+                    "createdAt": s.created_at, "expiresAt": s.expires_at,
+                    "approvedBy": s.approved_by,
+                })
+            });
+            out.push((SESSION_KIND, sid, body));
+        }
+        for name in std::mem::take(&mut self.dirty_names) {
+            out.push((SESSION_NAME_KIND, name, Some(json!(true))));
+        }
+        out
+    }
+
+    /// Puts back a session or an approved name read from the durable store. An expired
+    /// session is dropped (and its removal recorded).
+    pub fn restore(
+        &mut self,
+        kind: &str,
+        key: &str,
+        body: Value,
+        now_ms: u64,
+    ) -> Result<(), String> {
+        if kind == SESSION_NAME_KIND {
+            self.known_names.insert(key.to_owned());
+            return Ok(());
+        }
+        let s = |k: &str| {
+            body.get(k)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| format!("session field {k} missing"))
+        };
+        let n = |k: &str| {
+            body.get(k)
+                .and_then(Value::as_u64)
+                .ok_or_else(|| format!("session field {k} missing"))
+        };
+        let digest_hex = s("tokenSha256")?;
+        let mut digest = [0u8; 32];
+        if digest_hex.len() != 64 || !digest_hex.is_ascii() {
+            return Err("session token digest is not 32 bytes".into());
+        }
+        for (i, d) in digest.iter_mut().enumerate() {
+            *d =
+                u8::from_str_radix(&digest_hex[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+        }
+        let principal: crate::tasks::PrincipalDoc =
+            serde_json::from_value(body.get("principal").cloned().unwrap_or_default())
+                .map_err(|e| e.to_string())?;
+        let session = Session {
+            sid: s("sid")?,
+            name: s("name")?,
+            principal: principal.into_principal()?,
+            client_id: s("clientId")?,
+            scope: Scope::parse(&s("scope")?).ok_or("unknown session scope")?,
+            created_at: n("createdAt")?,
+            expires_at: n("expiresAt")?,
+            approved_by: s("approvedBy")?,
+        };
+        if session.expires_at <= now_ms {
+            self.touch(&session.sid);
+            return Ok(());
+        }
+        self.known_names.insert(session.name.clone());
+        self.by_token.insert(digest, session);
+        Ok(())
     }
 
     /// A device asks for a code. Returns `(device_code, user_code)`.
@@ -258,7 +372,10 @@ impl Sessions {
             "user_code": p.user_code, "client_id": p.client_id, "scope": scope.as_str(),
             "peer": p.peer, "principal": principal.id, "existing": existing,
         }});
-        self.known_names.insert(name.to_owned());
+        if self.known_names.insert(name.to_owned()) && self.track {
+            self.changes += 1;
+            self.dirty_names.insert(name.to_owned());
+        }
         Ok(result)
     }
 
@@ -339,6 +456,7 @@ impl Sessions {
                 };
                 self.by_token
                     .insert(crate::digest::sha256(token.as_bytes()), session.clone());
+                self.touch(&session.sid);
                 TokenAnswer::Issued {
                     access_token: token,
                     expires_in: config.token_ttl_ms / 1000,
@@ -381,13 +499,19 @@ impl Sessions {
             }
             !hit
         });
+        gone.iter().for_each(|s| self.touch(&s.sid));
         gone
     }
 
     /// `POST /oauth2/revoke`: ends the presented token's session.
     pub fn revoke_token(&mut self, token: &str) -> Option<Session> {
-        self.by_token
-            .remove(&crate::digest::sha256(token.as_bytes()))
+        let gone = self
+            .by_token
+            .remove(&crate::digest::sha256(token.as_bytes()));
+        if let Some(s) = &gone {
+            self.touch(&s.sid);
+        }
+        gone
     }
 }
 

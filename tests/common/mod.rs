@@ -55,6 +55,11 @@ pub struct Setup {
     pub env: Vec<(String, String)>,
     /// The TCP listener is `https://` (the config must then carry `[a2a.tls]`).
     pub https: bool,
+    /// The `[store]` data directory. Unset: `data/` in the daemon's own temp dir, so no two
+    /// daemons share one (and nothing lands in the user's state dir). A test that restarts
+    /// a daemon on the same data names a directory it owns. Ignored when `sections` has its
+    /// own `[store]`.
+    pub store_dir: Option<PathBuf>,
 }
 
 /// A running `agentd` child process with a TCP and a unix listener. Killed, waited for and
@@ -162,6 +167,13 @@ impl Daemon {
             text.push('\n');
         }
         text.push_str(&setup.sections);
+        if !setup.sections.contains("[store]") {
+            let data = setup.store_dir.clone().unwrap_or_else(|| dir.join("data"));
+            text.push_str(&format!(
+                "\n[store]\ndir = {:?}\n",
+                data.display().to_string()
+            ));
+        }
         fs::write(&config, text).expect("write the daemon's config");
         let stderr_path = dir.join("stderr.log");
         let stderr = fs::File::create(&stderr_path).expect("create the stderr log");

@@ -101,6 +101,8 @@ url="http://127.0.0.1:$port/"
 # behaviour (every turn REJECTED). One workflow, whose start declares the
 # `interop.start` command and whose human step gates its task.
 printf '[a2a]\nlisten = ["tcp://127.0.0.1:%s"]\n' "$port" >"$work/agentd.toml"
+# Its own data dir: the two drivers' runs may overlap, and nothing lands in ~/.local/state.
+printf '\n[store]\ndir = "%s/data"\n' "$work" >>"$work/agentd.toml"
 cat >>"$work/agentd.toml" <<'TOML'
 
 [[workflows]]

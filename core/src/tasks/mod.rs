@@ -7,6 +7,10 @@ use crate::auth::Principal;
 use crate::ext::annotations::{Link, LinkKind};
 use crate::time::rfc3339_ms;
 
+pub mod persist;
+pub(crate) use persist::PrincipalDoc;
+pub use persist::TASK_KIND;
+
 /// Bounds on what one task keeps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TaskLimits {
@@ -159,6 +163,12 @@ pub struct TaskStore {
     terminal: BTreeSet<(u64, String)>,
     /// Tasks evicted to make room, not yet reported: (id, owner).
     evicted: Vec<(String, Principal)>,
+    /// Write-ahead: tasks changed (or removed) since the host last drained them. Off for a
+    /// memory-only instance, where nobody drains it.
+    track: bool,
+    dirty: BTreeSet<String>,
+    /// Counts changes while tracking; part of the instance's record sequence.
+    changes: u64,
 }
 
 impl TaskStore {
@@ -170,6 +180,69 @@ impl TaskStore {
             seq: 0,
             evicted: Vec::new(),
             terminal: BTreeSet::new(),
+            track: false,
+            dirty: BTreeSet::new(),
+            changes: 0,
+        }
+    }
+
+    /// Starts (or stops) remembering which tasks changed, for [`TaskStore::take_dirty`].
+    pub(crate) fn set_tracking(&mut self, on: bool) {
+        self.track = on;
+        if !on {
+            self.dirty.clear();
+        }
+    }
+
+    fn touch(&mut self, id: &str) {
+        if self.track {
+            self.changes += 1;
+            if !self.dirty.contains(id) {
+                self.dirty.insert(id.to_owned());
+            }
+        }
+    }
+
+    /// Changes made while tracking.
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// The tasks changed since the last call: each as it stands now, or `None` if it is gone.
+    pub(crate) fn take_dirty(&mut self) -> Vec<(String, Option<serde_json::Value>)> {
+        std::mem::take(&mut self.dirty)
+            .into_iter()
+            .map(|id| {
+                let body = self.tasks.get(&id).map(TaskRecord::to_doc);
+                (id, body)
+            })
+            .collect()
+    }
+
+    /// Puts back a task read from the durable store, with its place in the listing order.
+    /// A task already held (the same key twice) is replaced.
+    pub fn restore(&mut self, rec: TaskRecord) {
+        if let Some(old) = self.remove(&rec.id) {
+            drop(old);
+        }
+        self.seq = self.seq.max(rec.status_seq);
+        self.order
+            .insert((rec.status_ms, rec.status_seq), rec.id.clone());
+        if rec.state.is_terminal() {
+            self.terminal.insert((rec.created_ms, rec.id.clone()));
+        }
+        self.tasks.insert(rec.id.clone(), rec);
+    }
+
+    /// After a restore: evicts the oldest terminal tasks while more are held than
+    /// `max_tasks` allows (the bound may have shrunk since they were written).
+    pub fn enforce_bound(&mut self) {
+        while self.tasks.len() > self.limits.max_tasks {
+            let Some((_, id)) = self.terminal.iter().next().cloned() else {
+                break;
+            };
+            self.remove(&id);
+            self.touch(&id);
         }
     }
 
@@ -185,7 +258,11 @@ impl TaskStore {
         self.tasks.get(id)
     }
 
+    /// Counted as a change: the caller is about to write to the task.
     pub(crate) fn get_mut(&mut self, id: &str) -> Option<&mut TaskRecord> {
+        if self.tasks.contains_key(id) {
+            self.touch(id);
+        }
         self.tasks.get_mut(id)
     }
 
@@ -211,6 +288,7 @@ impl TaskStore {
                 .cloned()
                 .ok_or(StoreError::Full)?;
             self.remove(&oldest.1);
+            self.touch(&oldest.1);
         }
         first.task_id = id.clone();
         first.context_id = context_id.clone();
@@ -238,6 +316,7 @@ impl TaskStore {
         };
         rec.push_history(first, &self.limits);
         self.order.insert((now_ms, rec.status_seq), id.clone());
+        self.touch(&id);
         Ok(self.tasks.entry(id).or_insert(rec))
     }
 
@@ -271,6 +350,7 @@ impl TaskStore {
         if let Some(t) = self.tasks.get_mut(id) {
             t.link = link;
             t.command = command;
+            self.touch(id);
         }
     }
 
@@ -285,6 +365,7 @@ impl TaskStore {
             t.push_history(prev, &limits);
         }
         t.push_history(message, &limits);
+        self.touch(id);
         Ok(())
     }
 
@@ -318,6 +399,7 @@ impl TaskStore {
         if let Some(k) = terminal_key {
             self.terminal.insert(k);
         }
+        self.touch(id);
         Ok(&self.tasks[id])
     }
 
@@ -341,6 +423,7 @@ impl TaskStore {
             None if count >= max => return Err(StoreError::TooManyArtifacts),
             None => t.artifacts.push(artifact),
         }
+        self.touch(id);
         Ok(())
     }
 

@@ -1,0 +1,143 @@
+//! A task record as the durable store keeps it: everything the instance knows about the
+//! task, so a restart restores it exactly (history, artifacts, status history, owner, its
+//! place in the listing order). Its own shape, versioned, rather than the wire `Task`: the
+//! wire form omits the owner, the link and the counters.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::TaskRecord;
+use crate::a2a::types::{Artifact, Message, TaskState};
+use crate::auth::{Principal, Role};
+use crate::ext::annotations::{Link, LinkKind};
+
+/// The record kind of tasks in the durable store.
+pub const TASK_KIND: &str = "task";
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TaskDoc {
+    v: u32,
+    id: String,
+    context_id: String,
+    owner: PrincipalDoc,
+    state: TaskState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    status_message: Option<Message>,
+    status_ms: u64,
+    status_seq: u64,
+    created_ms: u64,
+    history: Vec<Message>,
+    artifacts: Vec<Artifact>,
+    status_count: u64,
+    status_history: Vec<(TaskState, u64)>,
+    link_kind: String,
+    link_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    command: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ask_schema: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ask_channel: Option<String>,
+}
+
+/// A principal as the store keeps it (owners of tasks, sessions' principals).
+#[derive(Serialize, Deserialize)]
+pub(crate) struct PrincipalDoc {
+    id: String,
+    role: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    grants: Vec<String>,
+}
+
+impl PrincipalDoc {
+    pub(crate) fn from(p: &Principal) -> Self {
+        PrincipalDoc {
+            id: p.id.clone(),
+            role: p.role.as_str().to_owned(),
+            grants: p.grants.clone(),
+        }
+    }
+
+    pub(crate) fn into_principal(self) -> Result<Principal, String> {
+        let role = match self.role.as_str() {
+            "operator" => Role::Operator,
+            "user" => Role::User,
+            "agent" => Role::Agent,
+            "anonymous" => Role::Anonymous,
+            other => return Err(format!("unknown role {other:?}")),
+        };
+        Ok(Principal::new(self.id, role, self.grants))
+    }
+}
+
+impl TaskRecord {
+    /// The record's durable form.
+    pub fn to_doc(&self) -> Value {
+        let doc = TaskDoc {
+            v: 1,
+            id: self.id.clone(),
+            context_id: self.context_id.clone(),
+            owner: PrincipalDoc::from(&self.owner),
+            state: self.state,
+            status_message: self.status_message.clone(),
+            status_ms: self.status_ms,
+            status_seq: self.status_seq,
+            created_ms: self.created_ms,
+            history: self.history.iter().map(|(m, _)| m.clone()).collect(),
+            artifacts: self.artifacts.clone(),
+            status_count: self.status_count,
+            status_history: self.status_history.clone(),
+            link_kind: self.link.kind.as_str().to_owned(),
+            link_id: self.link.id.clone(),
+            command: self.command.clone(),
+            ask_schema: self.ask_schema.clone(),
+            ask_channel: self.ask_channel.clone(),
+        };
+        serde_json::to_value(doc).expect("a task record serialises")
+    }
+
+    /// A record from its durable form.
+    pub fn from_doc(body: Value) -> Result<TaskRecord, String> {
+        let d: TaskDoc = serde_json::from_value(body).map_err(|e| e.to_string())?;
+        if d.v != 1 {
+            return Err(format!("task record version {} is not known", d.v));
+        }
+        let kind = match d.link_kind.as_str() {
+            "run" => LinkKind::Run,
+            "subagent" => LinkKind::Subagent,
+            "turn" => LinkKind::Turn,
+            other => return Err(format!("unknown link kind {other:?}")),
+        };
+        let history: std::collections::VecDeque<(Message, usize)> = d
+            .history
+            .into_iter()
+            .map(|m| {
+                let size = serde_json::to_vec(&m).map(|v| v.len()).unwrap_or(0);
+                (m, size)
+            })
+            .collect();
+        Ok(TaskRecord {
+            history_bytes: history.iter().map(|(_, s)| s).sum(),
+            history,
+            id: d.id,
+            context_id: d.context_id,
+            owner: d.owner.into_principal()?,
+            state: d.state,
+            status_message: d.status_message,
+            status_ms: d.status_ms,
+            status_seq: d.status_seq,
+            created_ms: d.created_ms,
+            artifacts: d.artifacts,
+            status_count: d.status_count,
+            status_history: d.status_history,
+            link: Link {
+                kind,
+                id: d.link_id,
+            },
+            command: d.command,
+            ask_schema: d.ask_schema,
+            ask_channel: d.ask_channel,
+        })
+    }
+}

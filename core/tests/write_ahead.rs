@@ -1,0 +1,255 @@
+//! Write-ahead: an answer that acknowledges a change is held until the host reports the
+//! change's records durable; reads are not held; records come out one per changed key.
+
+mod support;
+
+use agentd_core::a2a::types::{Part, TaskState};
+use agentd_core::Completion;
+use serde_json::json;
+use support::*;
+
+fn wal() -> Harness {
+    let mut h = Harness::new();
+    h.inst.set_write_ahead(true);
+    h
+}
+
+fn complete(h: &mut Harness, task_id: &str, state: TaskState, text: Option<&str>) {
+    h.inst
+        .handle_completion(
+            Completion::Status {
+                task_id: task_id.into(),
+                state,
+                message: text.map(|t| vec![Part::text(t)]),
+            },
+            h.now,
+        )
+        .expect("status accepted");
+}
+
+/// Drains the records and reports them durable, as a host does after its fsync.
+fn make_durable(h: &mut Harness) -> usize {
+    let mut n = 0;
+    while let Some(batch) = h.inst.poll_records() {
+        n += batch.records.len();
+        h.inst.records_durable(batch.upto);
+    }
+    n
+}
+
+#[test]
+fn a_send_answer_is_held_until_its_task_is_durable_then_released() {
+    let mut h = wal();
+    let mut c = h.conn();
+    let out = c.feed(
+        &mut h,
+        &call(
+            "SendMessage",
+            1,
+            json!({"message": text_message("hi", "m"), "configuration": {"returnImmediately": true}}),
+        ),
+    );
+    assert!(
+        out.is_empty(),
+        "held until durable: {}",
+        String::from_utf8_lossy(&out)
+    );
+    assert!(
+        !c.conn.wants_read(),
+        "the driver waits for the wake-up, not for input"
+    );
+    let task_id = h.turn();
+
+    let batch = h.inst.poll_records().expect("the new task is a record");
+    assert_eq!(batch.records.len(), 1);
+    assert_eq!(batch.records[0].kind, "task");
+    assert_eq!(batch.records[0].key, task_id);
+    assert!(c.poll(&mut h).is_empty(), "drained is not durable");
+
+    let woken = c.wakes();
+    h.inst.records_durable(batch.upto);
+    assert!(c.wakes() > woken, "durability wakes the held connection");
+    let out = c.poll(&mut h);
+    let task = one(&out).json()["result"]["task"].clone();
+    assert_eq!(task["id"], task_id.as_str());
+    assert!(c.conn.wants_read());
+}
+
+#[test]
+fn reads_are_not_held_behind_changes_not_yet_durable() {
+    let mut h = wal();
+    let mut writer = h.conn();
+    let out = writer.feed(
+        &mut h,
+        &call(
+            "SendMessage",
+            1,
+            json!({"message": text_message("hi", "m"), "configuration": {"returnImmediately": true}}),
+        ),
+    );
+    assert!(out.is_empty());
+    let task_id = h.turn();
+
+    let mut reader = h.conn();
+    let got = one(&reader.feed(&mut h, &call("GetTask", 2, json!({"id": task_id}))));
+    assert_eq!(got.json()["result"]["id"], task_id.as_str());
+    let list = one(&reader.feed(&mut h, &call("ListTasks", 3, json!({}))));
+    assert_eq!(list.json()["result"]["totalSize"], 1);
+    make_durable(&mut h);
+    assert_eq!(
+        one(&writer.poll(&mut h)).json()["result"]["task"]["id"],
+        task_id.as_str()
+    );
+}
+
+#[test]
+fn cancel_and_blocking_send_answers_wait_for_the_state_they_report() {
+    let mut h = wal();
+    let mut c = h.conn();
+    let out = c.feed(
+        &mut h,
+        &call(
+            "SendMessage",
+            1,
+            json!({"message": text_message("hi", "m")}),
+        ),
+    );
+    assert!(out.is_empty());
+    let t = h.turn();
+    complete(&mut h, &t, TaskState::Completed, Some("done"));
+    assert!(
+        c.poll(&mut h).is_empty(),
+        "the settled task is not durable yet"
+    );
+    make_durable(&mut h);
+    let r = one(&c.poll(&mut h)).json();
+    assert_eq!(
+        r["result"]["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+
+    let out = c.feed(
+        &mut h,
+        &call(
+            "SendMessage",
+            2,
+            json!({"message": text_message("hi", "m2"), "configuration": {"returnImmediately": true}}),
+        ),
+    );
+    assert!(out.is_empty());
+    let t2 = h.turn();
+    make_durable(&mut h);
+    assert!(!c.poll(&mut h).is_empty());
+    assert!(c
+        .feed(&mut h, &call("CancelTask", 3, json!({"id": t2})))
+        .is_empty());
+    make_durable(&mut h);
+    let r = one(&c.poll(&mut h)).json();
+    assert_eq!(r["result"]["status"]["state"], "TASK_STATE_CANCELED");
+}
+
+#[test]
+fn a_stream_holds_its_first_frame_and_its_settled_state_not_the_frames_between() {
+    let mut h = wal();
+    let mut c = h.conn();
+    let out = c.feed(
+        &mut h,
+        &call(
+            "SendStreamingMessage",
+            1,
+            json!({"message": text_message("hi", "m")}),
+        ),
+    );
+    assert!(out.is_empty(), "the task frame waits for the task's record");
+    let t = h.turn();
+    make_durable(&mut h);
+    let mut out = c.poll(&mut h);
+    assert!(!out.is_empty());
+    complete(&mut h, &t, TaskState::Working, None);
+    let working = c.poll(&mut h);
+    assert!(
+        !working.is_empty(),
+        "a working frame may precede durability"
+    );
+    out.extend(working);
+    complete(&mut h, &t, TaskState::Completed, Some("ok"));
+    assert!(
+        c.poll(&mut h).is_empty(),
+        "a terminal frame never precedes durability"
+    );
+    make_durable(&mut h);
+    out.extend(c.poll(&mut h));
+    let events = one(&out).events();
+    assert_eq!(events.len(), 3);
+    assert_eq!(
+        events[2]["result"]["statusUpdate"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+}
+
+#[test]
+fn one_record_per_task_per_drain_and_restore_is_exact() {
+    let mut h = wal();
+    let mut c = h.conn();
+    c.feed(
+        &mut h,
+        &call(
+            "SendMessage",
+            1,
+            json!({"message": text_message("hi", "m"), "configuration": {"returnImmediately": true}}),
+        ),
+    );
+    let t = h.turn();
+    complete(&mut h, &t, TaskState::Working, Some("thinking"));
+    complete(&mut h, &t, TaskState::InputRequired, Some("which?"));
+    let batch = h.inst.poll_records().unwrap();
+    assert_eq!(batch.records.len(), 1, "ten changes, one record");
+    assert!(h.inst.poll_records().is_none());
+    h.inst.records_durable(batch.upto);
+    assert!(!c.poll(&mut h).is_empty());
+
+    // A second instance restores the record: the task reads back the same, and, having been
+    // in flight, is ended with the reason.
+    let mut h2 = wal();
+    let rec = &batch.records[0];
+    h2.inst
+        .restore_record(rec.kind, &rec.key, rec.body.clone().unwrap(), h2.now)
+        .unwrap();
+    let mut c2 = h2.conn();
+    let before = one(&c.feed(&mut h, &call("GetTask", 2, json!({"id": t})))).json();
+    let after = one(&c2.feed(&mut h2, &call("GetTask", 2, json!({"id": t})))).json();
+    assert_eq!(before, after);
+    assert_eq!(
+        h2.inst
+            .end_in_flight("agentd restarted while this task was in flight", h2.now),
+        1
+    );
+    make_durable(&mut h2);
+    let ended = one(&c2.feed(&mut h2, &call("GetTask", 3, json!({"id": t})))).json();
+    assert_eq!(ended["result"]["status"]["state"], "TASK_STATE_FAILED");
+    assert_eq!(
+        ended["result"]["status"]["message"]["parts"][0]["text"],
+        "agentd restarted while this task was in flight"
+    );
+    let history = ended["result"]["history"].as_array().unwrap().len();
+    assert_eq!(
+        history,
+        before["result"]["history"].as_array().unwrap().len() + 1
+    );
+}
+
+#[test]
+fn without_write_ahead_nothing_is_queued_or_held() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let out = c.feed(
+        &mut h,
+        &call(
+            "SendMessage",
+            1,
+            json!({"message": text_message("hi", "m"), "configuration": {"returnImmediately": true}}),
+        ),
+    );
+    assert!(!out.is_empty());
+    assert!(h.inst.poll_records().is_none());
+}

@@ -1,0 +1,308 @@
+//! The host side of write-ahead durability: the `[store]` section, recovery of the store
+//! into the instance at start, and the pump that carries the core's records to the store
+//! and the store's fsyncs back to the core.
+//!
+//! ```text
+//! connection ──change──▶ Instance ──poll_records──▶ pump ──append──▶ Store (writer: write+fdatasync)
+//!      ▲                    ▲                        │  ▲                     │
+//!      └──wake (released)───┴──records_durable(upto)─┘  └──Durable(ticket)────┘ (on_durable)
+//! ```
+//!
+//! One pump thread owns the order: it drains the instance's records under the instance lock,
+//! appends them as one atomic frame (a task and its session change land together or not at
+//! all), remembers `(ticket, upto)`, and when the store reports a ticket durable calls
+//! [`Instance::records_durable`] with the highest `upto` it covers. Group commit comes from
+//! the store: while one fsync runs, the next drains queue up behind it.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::task::{Wake, Waker};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use agentd_core::{Instance, Now};
+use serde::Deserialize;
+
+use crate::store::{self, Notice, Op, Record, Recovered, Store, Ticket};
+
+/// Why a task still in flight at a restart ended.
+pub const RESTART_REASON: &str = "agentd restarted while this task was in flight";
+
+/// The record that numbers the events feed across restarts.
+const FEED_KIND: &str = "feed";
+const FEED_KEY: &str = "base";
+
+/// `[store]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSection {
+    /// `file` (the default: a journal and snapshot in `dir`) or `memory` (nothing survives
+    /// a restart; for embedders and tests, loopback and unix listeners only).
+    pub kind: Option<String>,
+    /// The data directory (default `$XDG_STATE_HOME/agentd`, else
+    /// `~/.local/state/agentd`). Created if missing.
+    pub dir: Option<PathBuf>,
+}
+
+/// What `[store]` resolved to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreKind {
+    File(PathBuf),
+    Memory,
+}
+
+impl StoreSection {
+    pub fn resolve(&self) -> Result<StoreKind, String> {
+        match self.kind.as_deref().unwrap_or("file") {
+            "memory" => Ok(StoreKind::Memory),
+            "file" => match &self.dir {
+                Some(d) => Ok(StoreKind::File(d.clone())),
+                None => default_dir().map(StoreKind::File),
+            },
+            other => Err(format!("store.kind: {other:?} is not file or memory")),
+        }
+    }
+}
+
+/// The per-user state directory (XDG base directory spec), for a daemon run with no
+/// configuration.
+pub fn default_dir() -> Result<PathBuf, String> {
+    let from = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(state) = from("XDG_STATE_HOME").filter(|p| p.is_absolute()) {
+        return Ok(state.join("agentd"));
+    }
+    match from("HOME") {
+        Some(home) => Ok(home.join(".local/state/agentd")),
+        None => Err(
+            "store.dir is not set and neither XDG_STATE_HOME nor HOME is: \
+                     name a data directory under [store]"
+                .into(),
+        ),
+    }
+}
+
+/// Creates the data directory (owner-only: it holds session token digests) and opens the
+/// store in it.
+pub fn open(dir: &Path) -> Result<(Store, Recovered), String> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("store.dir {}: {e}", dir.display()))?;
+    Store::open(dir, store::Options::default()).map_err(|e| format!("store: {e}"))
+}
+
+/// What a restore found.
+#[derive(Debug, Default)]
+pub struct Restored {
+    pub tasks: usize,
+    pub records: usize,
+    /// Tasks in flight at the crash or stop, now failed with [`RESTART_REASON`].
+    pub ended: usize,
+    /// Records that could not be read back (logged, skipped).
+    pub skipped: usize,
+    pub feed_base: u64,
+}
+
+/// Puts the recovered records into a fresh instance (with write-ahead on), ends what was in
+/// flight, and numbers the feed past anything a subscriber saw before. Returns the records
+/// the host must append before serving (the feed's new base).
+pub fn restore(inst: &mut Instance, recovered: Recovered, now: Now) -> (Restored, Vec<Record>) {
+    let mut r = Restored {
+        records: recovered.records.len(),
+        ..Restored::default()
+    };
+    let fresh = recovered.records.is_empty();
+    let mut old_base = 0;
+    for rec in recovered.records {
+        let Op::Put(body) = rec.op else { continue };
+        if rec.kind == FEED_KIND {
+            old_base = body.as_u64().unwrap_or(0);
+            continue;
+        }
+        let task = rec.kind == agentd_core::tasks::TASK_KIND;
+        match inst.restore_record(&rec.kind, &rec.key, body, now) {
+            Ok(()) => r.tasks += usize::from(task),
+            Err(e) => {
+                r.skipped += 1;
+                tracing::warn!(kind = %rec.kind, key = %rec.key, "store record not restored: {e}");
+            }
+        }
+    }
+    r.ended = inst.end_in_flight(RESTART_REASON, now);
+    // Feed cursors from before a restart must read as stale. A previous run numbered its
+    // events from its own base upwards; start past both its base plus 2^32 events and the
+    // clock in microseconds (a run would need a million events a second to catch up).
+    r.feed_base = if fresh {
+        0
+    } else {
+        (now.epoch_ms.saturating_mul(1000)).max(old_base.saturating_add(1 << 32))
+    };
+    inst.set_feed_base(r.feed_base);
+    let base = Record::put(FEED_KIND, FEED_KEY, serde_json::json!(r.feed_base));
+    (r, vec![base])
+}
+
+enum Msg {
+    /// Records may be waiting in the instance.
+    Records,
+    Durable(Ticket),
+    Failed(String),
+    Stop,
+}
+
+/// The instance's records waker: one message per round of changes, not one per change
+/// (it is woken under the instance lock, on every connection's path).
+struct ChannelWake {
+    tx: Mutex<Sender<Msg>>,
+    pending: AtomicBool,
+}
+
+impl Wake for ChannelWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        if !self.pending.swap(true, Ordering::AcqRel) {
+            if let Ok(tx) = self.tx.lock() {
+                let _ = tx.send(Msg::Records);
+            }
+        }
+    }
+}
+
+/// The running pump. [`Pump::finish`] writes out the last changes and closes the store.
+pub struct Pump {
+    tx: Sender<Msg>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Pump {
+    /// Drains what changed since the last drain, makes it durable, and closes the store.
+    pub fn finish(mut self) {
+        let _ = self.tx.send(Msg::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts the pump. `on_fail` runs (once, on the pump thread) if the store fails: nothing
+/// can be acknowledged after that, so the daemon should stop; recovery at the next start
+/// tells what survived.
+pub fn spawn(
+    inst: Arc<Mutex<Instance>>,
+    store: Store,
+    first: Vec<Record>,
+    on_fail: impl FnOnce(String) + Send + 'static,
+) -> std::io::Result<Pump> {
+    let (tx, rx) = mpsc::channel();
+    let cb = Mutex::new(tx.clone());
+    // Runs on the store's writer thread: only a send, never the instance lock.
+    store.on_durable(move |n| {
+        let msg = match n {
+            Notice::Durable(t) => Msg::Durable(*t),
+            Notice::Failed(why) => Msg::Failed(why.to_string()),
+        };
+        if let Ok(tx) = cb.lock() {
+            let _ = tx.send(msg);
+        }
+    });
+    if !first.is_empty() {
+        store
+            .append(&first)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+    }
+    let wake = Arc::new(ChannelWake {
+        tx: Mutex::new(tx.clone()),
+        pending: AtomicBool::new(false),
+    });
+    let thread = thread::Builder::new()
+        .name("agentd-records".into())
+        .spawn(move || run(&inst, store, &rx, &wake, on_fail))?;
+    Ok(Pump {
+        tx,
+        thread: Some(thread),
+    })
+}
+
+fn lock(inst: &Mutex<Instance>) -> std::sync::MutexGuard<'_, Instance> {
+    inst.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn run(
+    inst: &Mutex<Instance>,
+    store: Store,
+    rx: &Receiver<Msg>,
+    wake: &Arc<ChannelWake>,
+    on_fail: impl FnOnce(String),
+) {
+    let waker = &Waker::from(wake.clone());
+    lock(inst).register_records_waker(waker);
+    // Appended and not yet durable: (ticket, the record sequence it makes durable).
+    let mut inflight: VecDeque<(Ticket, u64)> = VecDeque::new();
+    loop {
+        // A periodic look as well as the waker: a change made through a path that does not
+        // announce itself is still written within this interval.
+        let msg = match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(m) => Some(m),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => Some(Msg::Stop),
+        };
+        // Cleared before the drain: a change after it wakes the pump again.
+        wake.pending.store(false, Ordering::Release);
+        let batch = {
+            let mut i = lock(inst);
+            let b = i.poll_records();
+            i.register_records_waker(waker);
+            b
+        };
+        if let Some(batch) = batch {
+            let records: Vec<Record> = batch
+                .records
+                .into_iter()
+                .map(|r| match r.body {
+                    Some(body) => Record::put(r.kind, r.key, body),
+                    None => Record::remove(r.kind, r.key),
+                })
+                .collect();
+            match store.append(&records) {
+                Ok(ticket) => inflight.push_back((ticket, batch.upto)),
+                Err(e) => {
+                    on_fail(e.to_string());
+                    return;
+                }
+            }
+        }
+        match msg {
+            Some(Msg::Durable(t)) => {
+                let mut upto = None;
+                while inflight.front().is_some_and(|(ticket, _)| *ticket <= t) {
+                    upto = inflight.pop_front().map(|(_, u)| u);
+                }
+                if let Some(u) = upto {
+                    lock(inst).records_durable(u);
+                }
+            }
+            Some(Msg::Failed(why)) => {
+                on_fail(why);
+                return;
+            }
+            Some(Msg::Stop) => {
+                if let Err(e) = store.close() {
+                    tracing::error!("store: {e}");
+                }
+                return;
+            }
+            Some(Msg::Records) | None => {}
+        }
+    }
+}
