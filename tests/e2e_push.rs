@@ -341,3 +341,64 @@ fn push_is_refused_while_disabled() {
     );
     assert_eq!(e["error"]["code"], -32003);
 }
+
+#[test]
+fn push_configs_survive_a_restart_and_deliveries_go_on() {
+    let rx = Receiver::start(vec![]);
+    let data = std::env::temp_dir().join(format!("agentd-push-restart-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    let setup = Setup {
+        sections: "[a2a.push]\nenabled = true\nallow_private = true\nbackoff_ms = 20\n[a2a.introspection]\nenabled = true\n".into(),
+        store_dir: Some(data.clone()),
+        ..Setup::default()
+    };
+    // A task parked at a gate (a workflow's human step) with a webhook registered.
+    let mut setup_wf = setup.clone();
+    setup_wf.sections.push_str(
+        "[[workflows]]\nname = \"gate\"\n[[workflows.steps]]\nid = \"ask\"\nkind = \"human\"\nprompt = \"ok?\"\n",
+    );
+    let mut d = Daemon::start_setup("smol", &setup_wf);
+    let env = json!({"message": {"role": "ROLE_USER", "messageId": "m-w", "extensions": ["https://agentd.dev/a2a/ext/command"],
+        "parts": [{"data": {"agentd": {"op": "workflow.run", "workflow": "gate"}}}]},
+        "configuration": {"returnImmediately": true}});
+    let ext = "A2A-Extensions: https://agentd.dev/a2a/ext/command";
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": env});
+    let r = d
+        .connect_tcp()
+        .request(&post(
+            &[RPC_HEADERS[0], RPC_HEADERS[1], ext],
+            body.to_string().as_bytes(),
+        ))
+        .json();
+    let id = r["result"]["task"]["id"].as_str().unwrap().to_owned();
+    let c = call(
+        &d,
+        "CreateTaskPushNotificationConfig",
+        json!({"taskId": id, "id": "keep", "url": rx.url(), "token": "t-9"}),
+    );
+    assert_eq!(c["result"]["id"], "keep", "{c}");
+    // (Registered after the gate opened: nothing was delivered yet.)
+    let before = rx.hits.lock().unwrap().len();
+    d.kill();
+
+    // After the restart the config is there, and the task's end (it was in flight, so the
+    // restart fails it with the reason) is delivered to it.
+    let d = Daemon::start_setup("std", &setup_wf);
+    let got = call(
+        &d,
+        "GetTaskPushNotificationConfig",
+        json!({"taskId": id, "id": "keep"}),
+    );
+    assert_eq!(got["result"]["url"], rx.url(), "{got}");
+    let hits = rx.wait_for(before + 1, Duration::from_secs(10));
+    let last = hits.last().unwrap();
+    assert_eq!(last.body["task"]["id"], id);
+    assert_eq!(
+        last.body["task"]["status"]["state"], "TASK_STATE_FAILED",
+        "{:?}",
+        last.body
+    );
+    assert_eq!(last.header("x-a2a-notification-token"), Some("t-9"));
+    drop(d);
+    let _ = std::fs::remove_dir_all(&data);
+}

@@ -451,6 +451,7 @@ impl Instance {
         self.wal.on = on;
         self.tasks.set_tracking(on);
         self.sessions.set_tracking(on);
+        self.push_configs.set_tracking(on);
         self.wal.durable = self.record_seq();
         self.wal.announced = self.wal.durable;
         self.wal.drained = self.wal.durable;
@@ -463,7 +464,7 @@ impl Instance {
     /// The sequence number of the latest change: monotonic, bumped by every change that
     /// makes a record. Always 0 without write-ahead.
     pub fn record_seq(&self) -> u64 {
-        self.tasks.changes() + self.sessions.changes()
+        self.tasks.changes() + self.sessions.changes() + self.push_configs.changes()
     }
 
     /// Every change up to this sequence is durable.
@@ -517,6 +518,16 @@ impl Instance {
                 .take_dirty()
                 .into_iter()
                 .map(|(kind, key, body)| Record { kind, key, body }),
+        );
+        records.extend(
+            self.push_configs
+                .take_dirty()
+                .into_iter()
+                .map(|(key, body)| Record {
+                    kind: crate::push::PUSH_KIND,
+                    key,
+                    body,
+                }),
         );
         Some(Records { upto, records })
     }
@@ -577,6 +588,7 @@ impl Instance {
             crate::sessions::SESSION_KIND | crate::sessions::SESSION_NAME_KIND => {
                 self.sessions.restore(kind, key, body, now.epoch_ms)
             }
+            crate::push::PUSH_KIND => self.push_configs.restore(key, body),
             other => Err(format!("unknown record kind {other:?}")),
         }
     }
@@ -587,6 +599,8 @@ impl Instance {
     /// many tasks were ended.
     pub fn end_in_flight(&mut self, reason: &str, now: Now) -> usize {
         self.tasks.enforce_bound();
+        let tasks = &self.tasks;
+        self.push_configs.retain_tasks(|id| tasks.get(id).is_some());
         let stuck: Vec<String> = self
             .tasks
             .newest_first(None)

@@ -273,18 +273,72 @@ pub fn check_config(
     })
 }
 
+/// The record kind of a task's push configs in the durable store: keyed by task id, the
+/// body is the list of configs with their credentials (the store's files are the daemon's
+/// alone), so deliveries go on after a restart.
+pub const PUSH_KIND: &str = "push";
+
 /// The configs of every task, by task id.
 #[derive(Clone, Debug, Default)]
 pub struct PushConfigs {
     by_task: HashMap<String, Vec<PushConfig>>,
+    /// Write-ahead: the tasks whose configs changed since the host last drained them.
+    track: bool,
+    dirty: std::collections::BTreeSet<String>,
+    changes: u64,
 }
 
 impl PushConfigs {
+    pub(crate) fn set_tracking(&mut self, on: bool) {
+        self.track = on;
+        if !on {
+            self.dirty.clear();
+        }
+    }
+
+    fn touch(&mut self, task_id: &str) {
+        if self.track {
+            self.changes += 1;
+            self.dirty.insert(task_id.to_owned());
+        }
+    }
+
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// Tasks whose configs changed since the last call: the list as it stands, or `None`.
+    pub(crate) fn take_dirty(&mut self) -> Vec<(String, Option<Value>)> {
+        std::mem::take(&mut self.dirty)
+            .into_iter()
+            .map(|task| {
+                let body = self
+                    .by_task
+                    .get(&task)
+                    .and_then(|l| serde_json::to_value(l).ok());
+                (task, body)
+            })
+            .collect()
+    }
+
+    /// Puts back a task's configs read from the durable store.
+    pub fn restore(&mut self, task_id: &str, body: Value) -> Result<(), String> {
+        let list: Vec<PushConfig> =
+            serde_json::from_value(body).map_err(|e| format!("push record {task_id}: {e}"))?;
+        if list.iter().any(|c| c.task_id != task_id) {
+            return Err(format!("push record {task_id} holds another task's config"));
+        }
+        self.by_task.insert(task_id.to_owned(), list);
+        Ok(())
+    }
+
     /// Stores a config (replacing one of the same id); refuses past the per-task bound.
     pub fn put(&mut self, c: PushConfig) -> Result<(), String> {
+        let task_id = c.task_id.clone();
         let list = self.by_task.entry(c.task_id.clone()).or_default();
         if let Some(old) = list.iter_mut().find(|o| o.id == c.id) {
             *old = c;
+            self.touch(&task_id);
             return Ok(());
         }
         if list.len() >= MAX_CONFIGS_PER_TASK {
@@ -293,6 +347,7 @@ impl PushConfigs {
             ));
         }
         list.push(c);
+        self.touch(&task_id);
         Ok(())
     }
 
@@ -315,12 +370,25 @@ impl PushConfigs {
         if list.is_empty() {
             self.by_task.remove(task_id);
         }
+        if removed {
+            self.touch(task_id);
+        }
         removed
+    }
+
+    /// Drops the configs of tasks `keep` says are gone (after a restore).
+    pub(crate) fn retain_tasks(&mut self, keep: impl Fn(&str) -> bool) {
+        let gone: Vec<String> = self.by_task.keys().filter(|t| !keep(t)).cloned().collect();
+        for t in gone {
+            self.forget_task(&t);
+        }
     }
 
     /// A task left the store: so do its configs.
     pub fn forget_task(&mut self, task_id: &str) {
-        self.by_task.remove(task_id);
+        if self.by_task.remove(task_id).is_some() {
+            self.touch(task_id);
+        }
     }
 }
 
