@@ -1,0 +1,287 @@
+//! Agent processes: conversation turns for the conversation agent, subagents by handle,
+//! and the conversations they keep.
+
+use super::*;
+
+impl Runtime {
+    pub(super) fn record_turn(
+        &mut self,
+        inst: &mut Inst<'_>,
+        owner: &Principal,
+        context_id: &str,
+        task_id: &str,
+        message: &Message,
+        now: Now,
+    ) {
+        let key = (owner.id.clone(), context_id.to_owned());
+        let c = self
+            .conversations
+            .entry(key)
+            .or_insert_with(|| Conversation {
+                context_id: context_id.to_owned(),
+                owner: owner.clone(),
+                messages: VecDeque::new(),
+                total_messages: 0,
+                turns: 0,
+                version: 0,
+                task: None,
+                updated: now.epoch_ms,
+            });
+        let text: Vec<String> = message
+            .parts
+            .iter()
+            .map(|p| match serde_json::to_value(p) {
+                Ok(Value::Object(o)) => o
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| Value::Object(o).to_string()),
+                _ => String::new(),
+            })
+            .collect();
+        if c.messages.len() == CONVERSATION_MESSAGES_KEPT {
+            c.messages.pop_front();
+        }
+        c.messages.push_back(
+            json!({"role": "user", "task": task_id, "text": text.join("\n"), "ts": now.epoch_ms}),
+        );
+        c.total_messages += 1;
+        c.turns += 1;
+        c.version += 1;
+        c.task = Some(task_id.to_owned());
+        c.updated = now.epoch_ms;
+        let doc = conversation_doc(c);
+        let id = conversation_key(&c.owner, &c.context_id);
+        inst.view.conversations.insert(
+            id,
+            ViewItem {
+                owner: Some(c.owner.id.clone()),
+                doc: doc.clone(),
+            },
+        );
+        let _ = inst.push_event(
+            FeedEvent::Other {
+                kind: "conversation",
+                data: doc,
+                owner: Some(c.owner.id.clone()),
+            },
+            now,
+        );
+    }
+
+    /// The subagent a handle names for this caller, starting its process on first use.
+    /// A handle is `<kind>` or `<kind>:<label>`, where the kind is a `[[subagents]]` name;
+    /// a handle another principal holds is "no such subagent" to everyone else.
+    pub(super) fn ensure_subagent(
+        &mut self,
+        handle: &str,
+        p: &Principal,
+        text: &str,
+        now: Now,
+    ) -> Result<(), RpcError> {
+        if let Some(s) = self.subagents.get(handle) {
+            return if p.may_see(&s.owner) {
+                Ok(())
+            } else {
+                Err(not_found("subagent"))
+            };
+        }
+        let kind = handle.split(':').next().unwrap_or("");
+        let Some(spec) = self.subagent_kinds.get(kind) else {
+            let kinds: Vec<&str> = self.subagent_kinds.keys().map(String::as_str).collect();
+            return Err(invalid_args(
+                "subagent.send",
+                "handle",
+                if kinds.is_empty() {
+                    "no subagents are configured on this instance ([[subagents]])".to_owned()
+                } else {
+                    format!("{kind:?} is not a subagent kind; a handle is <kind> or <kind>:<label>, and the kinds are {}", kinds.join(", "))
+                },
+            ));
+        };
+        if handle.len() > 128 || handle.chars().any(|c| c.is_control() || c == '/') {
+            return Err(invalid_args(
+                "subagent.send",
+                "handle",
+                "at most 128 characters, no control characters or slashes",
+            ));
+        }
+        let mut spec = spec.clone();
+        spec.name = handle.to_owned();
+        let process = AgentProcess::new(spec, self.agent_tx.clone()).map_err(|e| {
+            RpcError::new(
+                ErrorKind::Internal,
+                format!("subagent {handle} cannot start: {e}"),
+            )
+        })?;
+        tracing::info!(%handle, owner = %p.id, "subagent created");
+        self.subagents.insert(
+            handle.to_owned(),
+            Subagent {
+                handle: handle.to_owned(),
+                owner: p.clone(),
+                process,
+                status: "idle",
+                attempt: 0,
+                instruction: json!(text),
+                result: Value::Null,
+                error: None,
+                requested_by: p.id.clone(),
+                created: now.epoch_ms,
+                updated: now.epoch_ms,
+            },
+        );
+        Ok(())
+    }
+
+    pub(super) fn visible_subagent(&self, handle: &str, p: &Principal) -> Result<String, RpcError> {
+        match self.subagents.get(handle) {
+            Some(s) if p.may_see(&s.owner) => Ok(s.handle.clone()),
+            _ => Err(not_found("subagent")),
+        }
+    }
+
+    pub(super) fn subagent_changed(&self, inst: &mut Inst<'_>, handle: &str, now: Now) {
+        if let Some(s) = self.subagents.get(handle) {
+            push(inst, "subagent", s.feed_doc(), None, now);
+        }
+    }
+
+    /// What an agent process said, applied to its task (and to its subagent's state).
+    pub(super) fn on_agent_event(&mut self, inst: &mut Inst<'_>, ev: AgentEvent, now: Now) {
+        let subagent = (ev.agent != CONVERSATION_AGENT && self.subagents.contains_key(&ev.agent))
+            .then(|| ev.agent.clone());
+        match &ev.kind {
+            AgentEventKind::Started { pid, restarts } => {
+                tracing::info!(agent = %ev.agent, pid, restarts, "agent process started");
+            }
+            AgentEventKind::StartFailed { error, .. } => {
+                tracing::warn!(agent = %ev.agent, %error, "agent process could not start");
+                if let Some(h) = &subagent {
+                    self.set_subagent(inst, h, "crashed", Some(error.clone()), None, now);
+                }
+            }
+            AgentEventKind::Exited {
+                description,
+                in_flight,
+            } => {
+                tracing::warn!(agent = %ev.agent, %description, in_flight = in_flight.len(), "agent process ended");
+                if let Some(h) = &subagent {
+                    let killed = self.subagents.get(h).is_some_and(|s| s.status == "killed");
+                    if !killed {
+                        self.set_subagent(
+                            inst,
+                            h,
+                            "crashed",
+                            Some(format!("agent process {h} {description}")),
+                            None,
+                            now,
+                        );
+                    }
+                }
+            }
+            _ => {}
+        }
+        let Some(task_id) = ev.task.clone() else {
+            return;
+        };
+        let is_sub_task = matches!(self.agent_tasks.get(&task_id), Some(AgentTask::Subagent(_)));
+        match &ev.kind {
+            AgentEventKind::Reply { parts } if is_sub_task => {
+                // A subagent's answer completes its subagent.send task with the op's result.
+                let text = parts_text(parts);
+                let handle = subagent.clone().unwrap_or_default();
+                self.agent_tasks.remove(&task_id);
+                done(
+                    inst,
+                    Some(&task_id),
+                    Some(json!({"ok": true, "handle": handle, "reply": text})),
+                    Some(text.clone()),
+                    now,
+                );
+                self.set_subagent(inst, &handle, "idle", None, Some(json!(text)), now);
+                return;
+            }
+            AgentEventKind::Reply { parts } => {
+                self.record_reply(inst, &task_id, parts, now);
+                self.agent_tasks.remove(&task_id);
+            }
+            AgentEventKind::Fail { error } => {
+                self.agent_tasks.remove(&task_id);
+                if let Some(h) = &subagent {
+                    // A process that ended keeps saying so; only a turn that failed on its
+                    // own leaves the subagent merely "failed".
+                    let now_status = self.subagents.get(h).map_or("failed", |s| s.status);
+                    let state = if matches!(now_status, "killed" | "crashed") {
+                        now_status
+                    } else {
+                        "failed"
+                    };
+                    self.set_subagent(inst, h, state, Some(error.clone()), None, now);
+                }
+            }
+            _ => {}
+        }
+        for c in agent::to_completions(&ev) {
+            complete(inst, c, now);
+        }
+    }
+
+    pub(super) fn set_subagent(
+        &mut self,
+        inst: &mut Inst<'_>,
+        handle: &str,
+        state: &'static str,
+        error: Option<String>,
+        result: Option<Value>,
+        now: Now,
+    ) {
+        if let Some(s) = self.subagents.get_mut(handle) {
+            s.status = state;
+            if error.is_some() {
+                s.error = error;
+            }
+            if let Some(r) = result {
+                s.result = r;
+                s.error = None;
+            }
+            s.updated = now.epoch_ms;
+        }
+        self.subagent_changed(inst, handle, now);
+    }
+
+    /// The conversation agent's answer, kept in its conversation.
+    pub(super) fn record_reply(
+        &mut self,
+        inst: &mut Inst<'_>,
+        task_id: &str,
+        parts: &[Part],
+        now: Now,
+    ) {
+        let Some(c) = self
+            .conversations
+            .values_mut()
+            .find(|c| c.task.as_deref() == Some(task_id))
+        else {
+            return;
+        };
+        if c.messages.len() == CONVERSATION_MESSAGES_KEPT {
+            c.messages.pop_front();
+        }
+        c.messages.push_back(json!({"role": "agent", "task": task_id, "text": parts_text(parts), "ts": now.epoch_ms}));
+        c.total_messages += 1;
+        c.version += 1;
+        c.updated = now.epoch_ms;
+        let doc = conversation_doc(c);
+        let owner = c.owner.id.clone();
+        let id = conversation_key(&c.owner, &c.context_id);
+        inst.view.conversations.insert(
+            id,
+            ViewItem {
+                owner: Some(owner.clone()),
+                doc: doc.clone(),
+            },
+        );
+        push(inst, "conversation", doc, Some(owner), now);
+    }
+}

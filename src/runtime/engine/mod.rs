@@ -1,0 +1,870 @@
+//! The runtime thread: its loop, the effects it takes from the core, and the objects it
+//! owns. The work is split by subject: [`runs`] (workflow runs and the drain),
+//! [`commands`] (the ops) and [`agents`] (agent processes, subagents, conversations).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::task::{Wake, Waker};
+use std::thread;
+use std::time::Duration;
+
+use agentd_core::a2a::types::{Message, Part, TaskState};
+use agentd_core::auth::Principal;
+use agentd_core::errors::{ErrorKind, RpcError};
+use agentd_core::ext::annotations::{Link, LinkKind};
+use agentd_core::feed::FeedEvent;
+use agentd_core::view::{ViewItem, WorkflowEntry};
+use agentd_core::{CallId, CommandAnswer, Completion, CompletionError, Effect, Instance, Now};
+use agentd_io_std::Clock;
+use serde_json::{json, Map, Value};
+
+use super::agent::{self, AgentEvent, AgentEventKind, AgentProcess, AgentSpec, TurnIn};
+use super::exec::{self, ExecJob};
+use super::logring;
+use super::peer::{OutboundSend, PeerClient, PeerError, PeerOutcome};
+use super::workflow::{self, StepKind, Workflow};
+use super::NO_AGENT;
+
+mod agents;
+mod commands;
+mod runs;
+
+/// Finished runs kept for `workflow.status` and `run.get`; older ones are forgotten (and
+/// their departure is a `run.removed` event).
+const FINISHED_RUNS_KEPT: usize = 1000;
+/// Step output strings `run.get` shows are cut at this many bytes.
+const RUN_GET_OUTPUT_BYTES: usize = 2048;
+/// How long a drained instance waits for its last answers to leave before it exits.
+const DRAIN_GRACE: Duration = Duration::from_secs(3);
+
+/// What the runtime is configured with.
+#[derive(Default)]
+pub struct Settings {
+    pub workflows: Vec<Workflow>,
+    /// `agent.approval`: whether exec steps run (`auto`), wait for an operator (`ask`) or
+    /// are refused (`deny`).
+    pub approval: Approval,
+    /// The conversation agent (`[agent] command`): answers turns that are not commands.
+    pub agent: Option<AgentSpec>,
+    /// `[[subagents]]`: the kinds of named agent processes `subagent.send` starts.
+    pub subagents: Vec<AgentSpec>,
+    /// `[[a2a.peers]]`: the agents `a2a.send` and `a2a.delegate` steps call.
+    pub peers: Vec<PeerClient>,
+    /// `[a2a.push]`: how webhooks are called.
+    pub push: super::push::DeliveryOptions,
+}
+
+/// The name of the conversation agent's process, in events and failure reasons.
+pub const CONVERSATION_AGENT: &str = "conversation";
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Approval {
+    #[default]
+    Auto,
+    Ask,
+    Deny,
+}
+
+impl Approval {
+    pub fn parse(s: &str) -> Option<Approval> {
+        match s {
+            "auto" => Some(Approval::Auto),
+            "ask" => Some(Approval::Ask),
+            "deny" => Some(Approval::Deny),
+            _ => None,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Approval::Auto => "auto",
+            Approval::Ask => "ask",
+            Approval::Deny => "deny",
+        }
+    }
+}
+
+/// Why the runtime ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// A drain finished: every piece of in-flight work ended.
+    Drained,
+}
+
+/// The running runtime: send it a termination request, wait for it to end.
+pub struct RuntimeHandle {
+    tx: Sender<Msg>,
+    pub exit: Receiver<Exit>,
+}
+
+impl RuntimeHandle {
+    /// A graceful drain, as `admin.drain` does (SIGTERM sends this).
+    pub fn drain(&self, reason: &str) {
+        let _ = self.tx.send(Msg::Drain(reason.to_owned()));
+    }
+
+    /// A handle that only asks for a drain, for another thread.
+    pub fn drain_handle(&self) -> DrainHandle {
+        DrainHandle(Mutex::new(self.tx.clone()))
+    }
+}
+
+/// Asks the runtime for a graceful drain.
+pub struct DrainHandle(Mutex<Sender<Msg>>);
+
+impl DrainHandle {
+    pub fn drain(&self, reason: &str) {
+        let _ = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(Msg::Drain(reason.to_owned()));
+    }
+}
+
+pub(crate) enum Msg {
+    /// The instance queued effects.
+    Wake,
+    /// A step's worker finished.
+    StepDone {
+        run: String,
+        step: usize,
+        attempt: u32,
+        result: Result<Value, String>,
+    },
+    Drain(String),
+    /// An agent process spoke, or its process changed.
+    Agent(AgentEvent),
+}
+
+/// Starts the runtime on its own thread.
+pub fn spawn(
+    instance: Arc<Mutex<Instance>>,
+    clock: Clock,
+    settings: Settings,
+) -> std::io::Result<RuntimeHandle> {
+    let (tx, rx) = channel();
+    let (exit_tx, exit_rx) = channel();
+    {
+        let mut inst = instance.lock().unwrap_or_else(|p| p.into_inner());
+        inst.view.workflows = settings
+            .workflows
+            .iter()
+            .map(|w| WorkflowEntry {
+                name: w.name.clone(),
+                doc: w.status_doc(),
+                roles: w.roles(),
+            })
+            .collect();
+        logring::set_recording(inst.config().introspection_enabled);
+    }
+    let (agent_tx, agent_rx) = channel::<AgentEvent>();
+    {
+        // Agent events join the runtime's one queue.
+        let tx = tx.clone();
+        thread::Builder::new()
+            .name("agentd-agent-events".into())
+            .spawn(move || {
+                for ev in agent_rx {
+                    if tx.send(Msg::Agent(ev)).is_err() {
+                        break;
+                    }
+                }
+            })?;
+    }
+    let conversation = match settings.agent {
+        Some(spec) => Some(
+            AgentProcess::new(spec, agent_tx.clone())
+                .map_err(|e| std::io::Error::other(e.to_string()))?,
+        ),
+        None => None,
+    };
+    if let Some(a) = &conversation {
+        let mut inst = instance.lock().unwrap_or_else(|p| p.into_inner());
+        inst.view.model = a.spec().command.first().cloned().unwrap_or_default();
+    }
+    let mut rt = Runtime {
+        inst: instance,
+        push: Arc::new(settings.push),
+        peers: settings
+            .peers
+            .into_iter()
+            .map(|p| (p.name().to_owned(), Arc::new(p)))
+            .collect(),
+        conversation,
+        subagent_kinds: settings
+            .subagents
+            .into_iter()
+            .map(|s| (s.name.clone(), s))
+            .collect(),
+        subagents: BTreeMap::new(),
+        agent_tx,
+        agent_tasks: HashMap::new(),
+        held_turns: Vec::new(),
+        clock,
+        workflows: settings
+            .workflows
+            .into_iter()
+            .map(|w| (w.name.clone(), Arc::new(w)))
+            .collect(),
+        approval: settings.approval,
+        runs: HashMap::new(),
+        finished: VecDeque::new(),
+        task_runs: HashMap::new(),
+        gates: HashMap::new(),
+        conversations: BTreeMap::new(),
+        next_run: 1,
+        tx: tx.clone(),
+        draining: None,
+        exit: exit_tx,
+    };
+    thread::Builder::new()
+        .name("agentd-runtime".into())
+        .spawn(move || rt.run(rx))?;
+    Ok(RuntimeHandle { tx, exit: exit_rx })
+}
+
+/// Wakes the runtime thread when the instance queues an effect.
+struct EffectWake(Mutex<Sender<Msg>>);
+
+impl Wake for EffectWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref()
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        let _ = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(Msg::Wake);
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RunStatus {
+    Running,
+    /// At a human gate or waiting for a signal.
+    Waiting,
+    Paused,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl RunStatus {
+    fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Waiting => "waiting",
+            RunStatus::Paused => "paused",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+        }
+    }
+    fn is_final(self) -> bool {
+        matches!(
+            self,
+            RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled
+        )
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct StepState {
+    status: &'static str,
+    attempt: u32,
+    started: Option<u64>,
+    finished: Option<u64>,
+    error: Option<String>,
+    wait: Value,
+    output: Value,
+}
+
+/// What a run waits on, if anything.
+#[derive(Clone, Debug, PartialEq)]
+enum Waiting {
+    None,
+    /// A human step's gate (or the approval gate before an exec step).
+    Gate {
+        approval: bool,
+    },
+    Signal {
+        name: String,
+        until_mono: Option<u64>,
+    },
+    /// A worker runs the step.
+    Worker,
+}
+
+struct Run {
+    id: String,
+    workflow: Arc<Workflow>,
+    owner: Principal,
+    task_id: String,
+    context_id: String,
+    /// How it was started: `workflow.run` or the declared command's op.
+    start: String,
+    inputs: Value,
+    status: RunStatus,
+    /// Paused by `admin.pause {run}`.
+    held: bool,
+    current: Option<usize>,
+    steps: Vec<StepState>,
+    waiting: Waiting,
+    cancel: Arc<AtomicBool>,
+    created: u64,
+    updated: u64,
+    finished: Option<u64>,
+    output: Value,
+    error: Option<String>,
+}
+
+impl Run {
+    /// The run's variables, as templates read them.
+    fn vars(&self) -> Value {
+        let steps: Map<String, Value> = self
+            .workflow
+            .steps
+            .iter()
+            .zip(&self.steps)
+            .filter(|(_, s)| s.finished.is_some())
+            .map(|(d, s)| (d.id.clone(), json!({"output": s.output})))
+            .collect();
+        json!({
+            "inputs": self.inputs,
+            "run": {"id": self.id, "workflow": self.workflow.name, "principal": self.owner.id, "task": self.task_id},
+            "steps": steps,
+        })
+    }
+
+    /// The feed's `run` object.
+    fn doc(&self) -> Value {
+        let steps: Map<String, Value> = self
+            .workflow
+            .steps
+            .iter()
+            .zip(&self.steps)
+            .map(|(d, s)| (d.id.clone(), json!(s.attempt)))
+            .collect();
+        json!({
+            "id": self.id,
+            "workflow": self.workflow.name,
+            "status": self.status.as_str(),
+            "start": self.start,
+            "steps": steps,
+            "tokens": 0,
+            "created": self.created,
+            "updated": self.updated,
+            "finished": self.finished,
+            "output": self.output,
+            "error": self.error,
+            "task": self.task_id,
+            "principal": self.owner.id,
+        })
+    }
+
+    /// `plan.get`'s plan: every step, its state and its output so far.
+    fn plan(&self) -> Value {
+        let steps: Vec<Value> = self
+            .workflow
+            .steps
+            .iter()
+            .zip(&self.steps)
+            .map(|(d, s)| {
+                json!({"id": d.id, "kind": d.kind.name(), "status": s.status, "output": s.output, "error": s.error})
+            })
+            .collect();
+        json!({"run": self.id, "workflow": self.workflow.name, "status": self.status.as_str(), "steps": steps})
+    }
+
+    fn progress(&self) -> String {
+        let done = self.steps.iter().filter(|s| s.status == "done").count();
+        format!(
+            "{done} of {} steps done; run {}",
+            self.steps.len(),
+            self.status.as_str()
+        )
+    }
+}
+
+/// A conversation: the turns one principal sent under one contextId.
+struct Conversation {
+    context_id: String,
+    owner: Principal,
+    messages: VecDeque<Value>,
+    total_messages: u64,
+    turns: u64,
+    version: u64,
+    task: Option<String>,
+    updated: u64,
+}
+
+const CONVERSATION_MESSAGES_KEPT: usize = 1000;
+
+/// Who answers an agent task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum AgentTask {
+    Conversation,
+    /// A `subagent.send` task of this handle.
+    Subagent(String),
+}
+
+/// A named agent process a principal started with `subagent.send`.
+struct Subagent {
+    handle: String,
+    owner: Principal,
+    process: AgentProcess,
+    status: &'static str,
+    attempt: u64,
+    instruction: Value,
+    result: Value,
+    error: Option<String>,
+    requested_by: String,
+    created: u64,
+    updated: u64,
+}
+
+impl Subagent {
+    fn feed_doc(&self) -> Value {
+        json!({"handle": self.handle, "mode": "process", "status": self.status, "tokens": 0,
+               "error": self.error, "updated": self.updated})
+    }
+}
+
+struct Runtime {
+    inst: Arc<Mutex<Instance>>,
+    push: Arc<super::push::DeliveryOptions>,
+    peers: HashMap<String, Arc<PeerClient>>,
+    conversation: Option<AgentProcess>,
+    subagent_kinds: HashMap<String, AgentSpec>,
+    /// Handle → the subagent.
+    subagents: BTreeMap<String, Subagent>,
+    agent_tx: Sender<AgentEvent>,
+    /// Task id → what answers it: the conversation agent or a subagent's handle.
+    agent_tasks: HashMap<String, AgentTask>,
+    /// Turns that arrived while the instance was paused.
+    held_turns: Vec<Effect>,
+    clock: Clock,
+    workflows: HashMap<String, Arc<Workflow>>,
+    approval: Approval,
+    runs: HashMap<String, Run>,
+    /// Finished run ids, oldest first.
+    finished: VecDeque<String>,
+    /// Task id → the run it tracks.
+    task_runs: HashMap<String, String>,
+    /// Task id → the run whose gate it is.
+    gates: HashMap<String, String>,
+    /// (owner id, contextId) → conversation.
+    conversations: BTreeMap<(String, String), Conversation>,
+    next_run: u64,
+    tx: Sender<Msg>,
+    /// The drain's reason, once one started.
+    draining: Option<(String, Option<u64>)>,
+    exit: Sender<Exit>,
+}
+
+type Inst<'a> = std::sync::MutexGuard<'a, Instance>;
+
+impl Runtime {
+    fn run(&mut self, rx: Receiver<Msg>) {
+        let waker = Waker::from(Arc::new(EffectWake(Mutex::new(self.tx.clone()))));
+        loop {
+            {
+                let inst_arc = self.inst.clone();
+                let mut inst = inst_arc.lock().unwrap_or_else(|p| p.into_inner());
+                let now = self.clock.now();
+                while let Some(effect) = inst.poll_effect() {
+                    self.on_effect(&mut inst, effect, now);
+                }
+                self.on_timers(&mut inst, now);
+                if self.drain_done(&mut inst, now) {
+                    drop(inst);
+                    tracing::info!("drained: every piece of in-flight work ended; exiting");
+                    let _ = self.exit.send(Exit::Drained);
+                    return;
+                }
+                // Registered under the lock: an effect queued after it wakes us.
+                inst.register_effect_waker(&waker);
+            }
+            let wait = self.next_timer();
+            let msg = match rx.recv_timeout(wait) {
+                Ok(m) => m,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            let inst_arc = self.inst.clone();
+            let mut inst = inst_arc.lock().unwrap_or_else(|p| p.into_inner());
+            let now = self.clock.now();
+            match msg {
+                Msg::Wake => {}
+                Msg::StepDone {
+                    run,
+                    step,
+                    attempt,
+                    result,
+                } => self.on_step_done(&mut inst, &run, step, attempt, result, now),
+                Msg::Drain(reason) => self.start_drain(&mut inst, &reason, now),
+                Msg::Agent(ev) => self.on_agent_event(&mut inst, ev, now),
+            }
+        }
+    }
+
+    fn next_timer(&self) -> Duration {
+        if self.draining.is_some()
+            || self.runs.values().any(|r| {
+                matches!(
+                    r.waiting,
+                    Waiting::Signal {
+                        until_mono: Some(_),
+                        ..
+                    }
+                )
+            })
+        {
+            Duration::from_millis(50)
+        } else {
+            Duration::from_secs(3600)
+        }
+    }
+
+    fn on_effect(&mut self, inst: &mut Inst<'_>, effect: Effect, now: Now) {
+        match effect {
+            Effect::Turn {
+                task_id,
+                context_id,
+                message,
+                owner,
+            } => {
+                if let Some(run_id) = self.gates.remove(&task_id) {
+                    self.answer_gate(inst, &run_id, &message, now);
+                    return;
+                }
+                // The answer to a subagent's question goes back to that subagent.
+                if let Some(AgentTask::Subagent(handle)) = self.agent_tasks.get(&task_id).cloned() {
+                    let turn = TurnIn {
+                        task: task_id.clone(),
+                        context: context_id,
+                        principal: owner.id.clone(),
+                        parts: message.parts.clone(),
+                    };
+                    let sent = match self.subagents.get(&handle) {
+                        Some(s) => s.process.turn(turn).map_err(|e| e.to_string()),
+                        None => Err(format!("subagent {handle} is gone")),
+                    };
+                    if let Err(e) = sent {
+                        status(inst, &task_id, TaskState::Failed, e, now);
+                    }
+                    return;
+                }
+                if self.conversation.is_none() {
+                    complete(
+                        inst,
+                        Completion::Status {
+                            task_id,
+                            state: TaskState::Rejected,
+                            message: Some(vec![Part::text(NO_AGENT)]),
+                        },
+                        now,
+                    );
+                    return;
+                }
+                if inst.paused {
+                    self.held_turns.push(Effect::Turn {
+                        task_id,
+                        context_id,
+                        message,
+                        owner,
+                    });
+                    return;
+                }
+                self.record_turn(inst, &owner, &context_id, &task_id, &message, now);
+                let turn = TurnIn {
+                    task: task_id.clone(),
+                    context: context_id,
+                    principal: owner.id.clone(),
+                    parts: message.parts.clone(),
+                };
+                let sent = self
+                    .conversation
+                    .as_ref()
+                    .map(|a| a.turn(turn).map_err(|e| e.to_string()))
+                    .unwrap_or(Ok(()));
+                match sent {
+                    Ok(()) => {
+                        self.agent_tasks.insert(task_id, AgentTask::Conversation);
+                    }
+                    Err(e) => status(inst, &task_id, TaskState::Failed, e, now),
+                }
+            }
+            Effect::Cancel { task_id } => {
+                match self.agent_tasks.remove(&task_id) {
+                    Some(AgentTask::Conversation) => {
+                        if let Some(a) = &self.conversation {
+                            a.cancel(&task_id);
+                        }
+                    }
+                    Some(AgentTask::Subagent(h)) => {
+                        if let Some(s) = self.subagents.get(&h) {
+                            s.process.cancel(&task_id);
+                        }
+                    }
+                    None => {}
+                }
+                if let Some(run_id) = self.task_runs.get(&task_id).cloned() {
+                    // The core already moved the task to canceled.
+                    self.cancel_run(inst, &run_id, "the task was canceled", false, now);
+                }
+            }
+            Effect::Deliver {
+                task_id,
+                config_id,
+                url,
+                headers,
+                body,
+            } => {
+                let d = super::push::Delivery {
+                    task_id,
+                    config_id,
+                    url,
+                    headers,
+                    body,
+                };
+                let opts = self.push.clone();
+                let spawned = thread::Builder::new()
+                    .name("agentd-push".into())
+                    .spawn(move || match super::push::deliver(&d, &opts) {
+                        super::push::Outcome::Delivered { attempts, status } => {
+                            tracing::info!(task = %d.task_id, config = %d.config_id, attempts, status, "a2a.push.delivered");
+                        }
+                        super::push::Outcome::Failed { attempts, error } => {
+                            tracing::warn!(task = %d.task_id, config = %d.config_id, url = %d.url, attempts, %error, "a2a.push.failed");
+                        }
+                    });
+                if let Err(e) = spawned {
+                    tracing::warn!(error = %e, "a2a.push.failed: no worker thread");
+                }
+            }
+            Effect::Command {
+                call,
+                op,
+                args,
+                workflow,
+                principal,
+                context_id,
+                task_id,
+                ..
+            } => {
+                let answer = self.command(
+                    inst,
+                    Call {
+                        id: call,
+                        op: &op,
+                        args: &args,
+                        principal: &principal,
+                        context_id: &context_id,
+                        task_id: task_id.as_deref(),
+                        workflow: workflow.as_deref(),
+                    },
+                    now,
+                );
+                self.audit(inst, &principal, &op, &args, answer.as_ref().err(), now);
+                if let Err(err) = answer {
+                    complete(
+                        inst,
+                        Completion::CommandResult {
+                            call,
+                            answer: CommandAnswer::Refused(err),
+                        },
+                        now,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// One command call, as the runtime reads it.
+struct Call<'a> {
+    id: CallId,
+    op: &'a str,
+    args: &'a Map<String, Value>,
+    principal: &'a Principal,
+    context_id: &'a str,
+    task_id: Option<&'a str>,
+    workflow: Option<&'a str>,
+}
+
+fn complete(inst: &mut Inst<'_>, c: Completion, now: Now) {
+    if let Err(e) = inst.handle_completion(c, now) {
+        // A task the client canceled, or a call whose client left: nothing to report to.
+        if !matches!(
+            e,
+            CompletionError::TaskTerminal(_) | CompletionError::UnknownCall
+        ) {
+            tracing::warn!(error = ?e, "completion refused");
+        }
+    }
+}
+
+fn answer(inst: &mut Inst<'_>, call: CallId, doc: Value, now: Now) {
+    complete(
+        inst,
+        Completion::CommandResult {
+            call,
+            answer: CommandAnswer::Document(doc),
+        },
+        now,
+    );
+}
+
+fn done(
+    inst: &mut Inst<'_>,
+    task_id: Option<&str>,
+    result: Option<Value>,
+    message: Option<String>,
+    now: Now,
+) {
+    if let Some(task_id) = task_id {
+        complete(
+            inst,
+            Completion::CommandDone {
+                task_id: task_id.to_owned(),
+                result,
+                message,
+            },
+            now,
+        );
+    }
+}
+
+fn status(inst: &mut Inst<'_>, task_id: &str, state: TaskState, text: String, now: Now) {
+    complete(
+        inst,
+        Completion::Status {
+            task_id: task_id.to_owned(),
+            state,
+            message: Some(vec![Part::text(text)]),
+        },
+        now,
+    );
+}
+
+fn push(inst: &mut Inst<'_>, kind: &'static str, data: Value, owner: Option<String>, now: Now) {
+    if let Err(e) = inst.push_event(FeedEvent::Other { kind, data, owner }, now) {
+        tracing::warn!(error = ?e, kind, "feed event refused");
+    }
+}
+
+fn str_arg<'a>(args: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
+    args.get(key).and_then(Value::as_str)
+}
+
+fn parse_bool(v: &Value) -> Option<bool> {
+    match v {
+        Value::Bool(b) => Some(*b),
+        Value::String(s) if s == "true" => Some(true),
+        Value::String(s) if s == "false" => Some(false),
+        _ => None,
+    }
+}
+
+fn not_found(what: &str) -> RpcError {
+    RpcError::new(ErrorKind::TaskNotFound, format!("no such {what}"))
+}
+
+fn invalid_args(op: &str, field: &str, why: impl Into<String>) -> RpcError {
+    let why = why.into();
+    let mut e = RpcError::new(
+        ErrorKind::InvalidCommandArgs,
+        format!("invalid arguments for {op}: {field}: {why}"),
+    )
+    .with_meta("op", op);
+    e.violations.push(agentd_core::errors::FieldViolation {
+        field: format!("message.parts.data.agentd.{field}"),
+        description: why,
+    });
+    e
+}
+
+fn check_against(schema: &Value, value: &Value, op: &str, field: &str) -> Result<(), RpcError> {
+    let Ok(v) = jsonschema::draft202012::new(schema) else {
+        return Ok(());
+    };
+    let problems: Vec<String> = v
+        .iter_errors(value)
+        .take(4)
+        .map(|e| e.to_string())
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(invalid_args(op, field, problems.join("; ")))
+    }
+}
+
+fn conversation_key(owner: &Principal, context_id: &str) -> String {
+    format!("{}/{}", owner.id, context_id)
+}
+
+fn conversation_doc(c: &Conversation) -> Value {
+    json!({
+        "id": conversation_key(&c.owner, &c.context_id),
+        "contextId": c.context_id,
+        "kind": "a2a",
+        "version": c.version,
+        "messages": c.total_messages,
+        "est_tokens": 0,
+        "turns": c.turns,
+        "principal": c.owner.id,
+        "skills": [],
+        "plan": null,
+        "updated": c.updated,
+    })
+}
+
+fn cut_strings(v: &Value, max: usize) -> Value {
+    match v {
+        Value::String(s) if s.len() > max => {
+            let mut end = max;
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            Value::String(s[..end].to_owned())
+        }
+        Value::Array(a) => Value::Array(a.iter().map(|x| cut_strings(x, max)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, x)| (k.clone(), cut_strings(x, max)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+fn base36(mut n: u64) -> String {
+    const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = Vec::new();
+    loop {
+        out.push(DIGITS[(n % 36) as usize]);
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    out.reverse();
+    String::from_utf8(out).unwrap_or_default()
+}
+
+fn parts_text(parts: &[Part]) -> String {
+    parts
+        .iter()
+        .map(|p| match &p.content {
+            agentd_core::a2a::types::PartContent::Text(t) => t.clone(),
+            agentd_core::a2a::types::PartContent::Data(d) => d.to_string(),
+            _ => String::new(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
