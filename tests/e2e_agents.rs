@@ -307,3 +307,40 @@ fn admin_cancel_stops_an_agent_turn() {
     let t = wait_state(&d, &id, "TASK_STATE_CANCELED");
     assert!(status_text(&t).contains("enough"), "{t}");
 }
+
+#[test]
+fn a_drain_stops_the_agent_processes_too() {
+    // This agent ignores its shutdown line and the end of its stdin: only a kill stops it.
+    let mut d = start("std", "tests/agents/stubborn.py", 20_000);
+    let r = send(&d, None, json!({"text": "hello"}), false);
+    assert_eq!(state(&r["result"]["task"]), "TASK_STATE_COMPLETED", "{r}");
+    let log = d.stderr();
+    let pid: u32 = log
+        .lines()
+        .find(|l| l.contains("agent process started"))
+        .and_then(|l| l.split("pid=").nth(1))
+        .and_then(|p| p.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no agent pid in the log:\n{log}"));
+    assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
+    let c = command(&d, json!({"op": "admin.drain"}), false);
+    assert!(c.get("result").is_some(), "{c}");
+    let status = d
+        .wait_exit(Duration::from_secs(15))
+        .expect("the drained daemon exits");
+    assert!(status.success(), "{status}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    }) {
+        assert!(
+            Instant::now() < deadline,
+            "agent process {pid} outlived the daemon"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

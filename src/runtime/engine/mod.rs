@@ -482,6 +482,15 @@ impl Runtime {
                 if self.drain_done(&mut inst, now) {
                     drop(inst);
                     tracing::info!("drained: every piece of in-flight work ended; exiting");
+                    // Agent processes get their shutdown line and a moment, then are killed:
+                    // none outlives the daemon.
+                    let grace = Duration::from_secs(2);
+                    if let Some(a) = &self.conversation {
+                        a.shutdown(grace);
+                    }
+                    for s in self.subagents.values() {
+                        s.process.shutdown(grace);
+                    }
                     let _ = self.exit.send(Exit::Drained);
                     return;
                 }
