@@ -7,7 +7,11 @@
 # http_connection, `@@0`..`@@7` stand for the ids the instance draws first (@@0 is the first
 # task's id and @@1 its context's), so one seed can create a task and then use it.
 #
-#   fuzz/seeds.sh            # writes fuzz/corpus/{http_connection,request_parser}/seed-*
+#   fuzz/seeds.sh            # writes fuzz/corpus/<target>/seed-* for every target
+#
+# Also: jsonrpc_envelope (request bodies), extensions_header (header lines), command_envelope
+# (command envelopes under several callers) and config_file (the README's configuration
+# examples, tests/e2e_runtime.rs's WORKFLOWS and variations).
 set -euo pipefail
 export LC_ALL=C
 
@@ -265,3 +269,161 @@ cseed truncated '\x04\x00\x02' "HTTP/1.1 200 OK${CRLF}Content-Length: 99${CRLF}$
 cseed small-limits '\x02\x13\x02' "HTTP/1.1 200 OK${CRLF}Transfer-Encoding: chunked${CRLF}${CRLF}1a${CRLF}0123456789abcdef0123456789${CRLF}0${CRLF}${CRLF}"
 cseed http10 '\x03\x00\x02' "HTTP/1.0 200 OK${CRLF}Connection: keep-alive${CRLF}Content-Length: 2${CRLF}${CRLF}{}"
 echo "wrote $cn client_response seeds to $client_dir"
+
+# ---------------------------------------------------------------------------------------
+# jsonrpc_envelope: request bodies as they are, no control bytes.
+env_dir="$here/corpus/jsonrpc_envelope"
+mkdir -p "$env_dir"
+body() { printf '%s' "$2" > "$env_dir/seed-$1"; }
+for m in SendMessage SendStreamingMessage GetTask ListTasks CancelTask SubscribeToTask \
+    CreateTaskPushNotificationConfig GetTaskPushNotificationConfig \
+    ListTaskPushNotificationConfigs DeleteTaskPushNotificationConfig GetExtendedAgentCard; do
+    body "$m" "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"$m\",\"params\":$MSG}"
+done
+body cmd "{\"jsonrpc\":\"2.0\",\"id\":\"c-1\",\"method\":\"SendMessage\",\"params\":$(cmd '{"op":"workflow.run","workflow":"w"}')}"
+body events '{"jsonrpc":"2.0","id":"e","method":"agentd.events/SubscribeToEvents","params":{"fromSeq":3}}'
+body id-string-escapes '{"jsonrpc":"2.0","id":"a\u0041\n\"","method":"GetTask","params":{"id":"x"}}'
+body id-numbers '{"id":-1.5e-3,"jsonrpc":"2.0","method":"GetTask","params":null}'
+body id-huge '{"jsonrpc":"2.0","id":123456789012345678901234567890e400,"method":"GetTask"}'
+body id-null '{"jsonrpc":"2.0","id":null,"method":"GetTask"}'
+body id-object '{"jsonrpc":"2.0","id":{"a":1},"method":"GetTask"}'
+body id-bool '{"jsonrpc":"2.0","id":true,"method":"GetTask"}'
+body no-id '{"jsonrpc":"2.0","method":"GetTask"}'
+body escaped-names '{"jso\u006erpc":"2.0","\u0069d":1,"method":"G\u0065tTask","x\u0000":[]}'
+body dup-id '{"jsonrpc":"2.0","id":1,"id":2,"method":"GetTask"}'
+body dup-escaped '{"jsonrpc":"2.0","id":1,"\u0069d":2,"method":"GetTask"}'
+body version '{"jsonrpc":"2.00","id":1,"method":"GetTask"}'
+body method-empty '{"jsonrpc":"2.0","id":1,"method":""}'
+body method-number '{"jsonrpc":"2.0","id":1,"method":5}'
+body params-array '{"jsonrpc":"2.0","id":1,"method":"GetTask","params":[1]}'
+body params-string '{"jsonrpc":"2.0","id":1,"method":"GetTask","params":"x"}'
+body batch '[{"jsonrpc":"2.0","id":1,"method":"GetTask"},{"jsonrpc":"2.0","id":2,"method":"GetTask"}]'
+body scalar '"hello"'
+body truncated '{"jsonrpc":"2.0","id":1,"meth'
+body whitespace $' \t\r\n{ "jsonrpc" : "2.0" , "id" : 7 , "method" : "ListTasks" , "params" : { } }\n'
+body deep "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"x\",\"y\":$(printf '[%.0s' $(seq 130))$(printf ']%.0s' $(seq 130))}"
+body deep-params "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"x\",\"params\":{\"a\":$(printf '[%.0s' $(seq 200))$(printf ']%.0s' $(seq 200))}}"
+printf '{"jsonrpc":"2.0","id":4,"method":"GetTask","x":"\xff"}' > "$env_dir/seed-bad-utf8"
+
+# ---------------------------------------------------------------------------------------
+# extensions_header: byte 0 the method (low 4 bits; 11+ the events method) and events on
+# (bit 7); byte 1 bit 0 clear: header lines split at \n.
+hdr_dir="$here/corpus/extensions_header"
+mkdir -p "$hdr_dir"
+header() { { printf "$2"; printf '%s' "$3"; } > "$hdr_dir/seed-$1"; }
+header send-all '\x80\x00' "$CMD_URI, $ANN_URI, $EVENTS_URI"
+header get-two-lines '\x02\x00' " $ANN_URI ,https://unknown.example/x"$'\n'"$CMD_URI"
+header events '\x8b\x00' "$EVENTS_URI,$ANN_URI"
+header events-off '\x0b\x00' "$EVENTS_URI"
+header card '\x8a\x00' "$CMD_URI, $ANN_URI, $EVENTS_URI"
+header empties '\x00\x00' ",, ,$CMD_URI,,"
+header many "\x80\x00" "$(printf 'https://example.com/x,%.0s' $(seq 32))$CMD_URI"
+header long '\x00\x00' "$CMD_URI$(head -c 600 /dev/zero | tr '\0' ' ')"
+header case '\x00\x00' "HTTPS://AGENTD.DEV/A2A/EXT/COMMAND, $CMD_URI/"
+# Bit 0 of byte 1 set: each byte picks a token; bit 7 ends a line.
+header picked '\x80\x01\x00\x07\x0e\x81\x15\x16\x17' ''
+header picked-many '\x80\x01\x00' "$(head -c 40 /dev/zero | tr '\0' '\025')"
+
+# ---------------------------------------------------------------------------------------
+# command_envelope: byte 0 the caller (bits 0-2), switches (3-5), activated (6), marked
+# (7); byte 1 bit 0 set: the rest is the envelope as JSON; bits 1-2 carriers; bit 3 a
+# taskId; bits 4-5 accepted output modes. Bit 0 clear: byte 2 picks the op, the rest
+# drives a generator over its schema.
+cmd_dir="$here/corpus/command_envelope"
+mkdir -p "$cmd_dir"
+command_seed() { { printf "$2"; printf '%s' "$3"; } > "$cmd_dir/seed-$1"; }
+i=0
+for env in '{"op":"status"}' '{"op":"config"}' '{"op":"workflow.run","workflow":"w","inputs":{"a":1}}' \
+    '{"op":"deploy","target":"prod","dry_run":true}' '{"op":"build","anything":[1]}' \
+    '{"op":"admin.set","path":"agent.approval","value":"never"}' '{"op":"admin.drain","reason":"r"}' \
+    '{"op":"workflow.status","run":"r1"}' '{"op":"conversation.get","id":"c","limit":3}' \
+    '{"op":"debug.events"}' '{"op":"auth.device.approve","user_code":"ABCD-EFGH","as":"alice","scope":"user"}' \
+    '{"op":"auth.device.approve","user_code":"ABCD-EFGH","as":"operator"}' \
+    '{"op":"auth.device.deny","all":true}' '{"op":"auth.sessions"}' '{"op":"auth.sessions.revoke","all":true}' \
+    '{"op":"_instance.emit","handle":"h","stream":"s","event":{}}' '{"op":"config.set"}' '{"op":"nope"}' \
+    '{"op":"workflow.run","workflow":"","extra":1}' '{"op":""}' '"status"' '{"op":7}'; do
+    i=$((i + 1))
+    # operator with every switch, a user, a granted agent, anonymous; one carrier.
+    for ctl in '\xf8\x03' '\xc1\x03' '\xfa\x03' '\xc4\x03'; do
+        command_seed "json-$i-${ctl//\\x/}" "$ctl" "$env"
+    done
+done
+command_seed not-activated '\x80\x03' '{"op":"status"}'
+command_seed not-marked '\x40\x03' '{"op":"status"}'
+command_seed two '\xc0\x05' '{"op":"status"}'
+command_seed behind '\xc0\x07' '{"op":"status"}'
+command_seed task-id '\xc0\x0b' '{"op":"status"}'
+command_seed text-only '\xc0\x23' '{"op":"status"}'
+command_seed json-params '\xc0\x33' '{"op":"status"}'
+# Generated envelopes: every op by byte 2 (the table, the declared, removed and unknown
+# names), the generator's choices all "present, first value".
+for op in $(seq 0 40); do
+    command_seed "gen-$op" "\\xf8\\x02\\x$(printf %02x "$op")" "$(head -c 64 /dev/zero | tr '\0' '\001')"
+done
+
+# ---------------------------------------------------------------------------------------
+# config_file: the configuration examples of the README and the e2e suite's workflows.
+cfg_dir="$here/corpus/config_file"
+mkdir -p "$cfg_dir"
+root="$here/.."
+awk '/^```toml$/{n++; f=1; next} /^```$/{f=0} f{print > (dir "/seed-readme-" n)}' dir="$cfg_dir" "$root/README.md"
+awk '/^const WORKFLOWS: &str = r#"$/{f=1; next} /^"#;$/{f=0} f' "$root/tests/e2e_runtime.rs" > "$cfg_dir/seed-e2e-workflows"
+awk '/^    const GOOD: &str = r#"$/{f=1; next} /^"#;$/{f=0} f' "$root/src/runtime/workflow.rs" > "$cfg_dir/seed-workflow-good"
+cat > "$cfg_dir/seed-full" <<'TOML'
+[agent]
+name = "reviewer"
+approval = "ask"
+command = ["/usr/bin/agent", "--json"]
+turn_timeout_ms = 1000
+env = { A = "1" }
+
+[[subagents]]
+name = "helper"
+command = ["/usr/bin/helper"]
+
+[a2a]
+listen = ["tcp://127.0.0.1:0", "https://0.0.0.0:8443", "unix:///run/agentd/a.sock"]
+bearer = "{{secret:HOME}}"
+
+[[a2a.principals]]
+id = "peer-a"
+role = "agent"
+grants = ["workflow.*", "deploy"]
+match = { bearer_ref = "{{secret:PATH}}" }
+
+[[a2a.principals]]
+id = "guest"
+role = "user"
+match = { any = true }
+
+[a2a.cors]
+origins = ["https://ui.example.com", "http://localhost:3000"]
+
+[a2a.device_grant]
+enabled = true
+scopes = ["user", "operator"]
+token_ttl_s = 300
+code_ttl_s = 60
+
+[a2a.introspection]
+enabled = true
+
+[a2a.events]
+enabled = true
+ring = 4
+stream_deadline_ms = 800
+
+[limits]
+max_body_bytes = 1
+stream_queue = 4096
+max_tasks = 1
+max_connections = 2
+TOML
+printf '[a2a]\nlisten = "tcp://0.0.0.0:1"\n' > "$cfg_dir/seed-public-plain"
+printf '[a2a]\nlisten = []\n' > "$cfg_dir/seed-listen-none"
+printf '[limits]\nmax_headers = 0\n' > "$cfg_dir/seed-limit-zero"
+printf '[a2a]\nbearer = "{{secret:NOPE_UNSET}}"\n[[a2a.principals]]\nid = "x"\nrole = "operator"\nmatch = { any = true }\n' > "$cfg_dir/seed-bad-rules"
+printf '[[a2a.principals]]\nid = "c"\nrole = "agent"\nmatch = { san = "*.example" }\n[a2a.tls]\nclient_ca = "/nonexistent"\n' > "$cfg_dir/seed-cert-rule"
+printf '[[workflows]]\nname = "w"\n[[workflows.steps]]\nid = "start"\nkind = "a2a"\ncommand = "config.set"\n' > "$cfg_dir/seed-removed-op"
+
+echo "wrote the seeds of jsonrpc_envelope, extensions_header, command_envelope and config_file"

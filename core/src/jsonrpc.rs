@@ -5,6 +5,7 @@
 //! and refuses duplicate envelope members instead of letting the last one win.
 
 use core::fmt;
+use std::borrow::Cow;
 
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Serialize;
@@ -36,7 +37,8 @@ impl RequestId {
 #[derive(Debug)]
 pub struct Request<'a> {
     pub id: RequestId,
-    pub method: &'a str,
+    /// Borrowed from the body, or unescaped when the client wrote it with escapes.
+    pub method: Cow<'a, str>,
     /// The `params` object's JSON text; `None` when absent.
     pub params: Option<&'a RawValue>,
 }
@@ -62,6 +64,29 @@ struct Members<'a> {
     params: Option<&'a RawValue>,
 }
 
+/// A member name: borrowed from the body, or unescaped (`"jso\u006erpc"` is `jsonrpc`), since
+/// JSON names with escapes are the same names.
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for Key<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(core::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = Key<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a member name")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'a>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Key<'a>, E> {
+                Ok(Key(Cow::Owned(v.into())))
+            }
+        }
+        d.deserialize_str(V(core::marker::PhantomData))
+    }
+}
+
 impl<'de: 'a, 'a> serde::Deserialize<'de> for Top<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V<'a>(core::marker::PhantomData<&'a ()>);
@@ -72,8 +97,8 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for Top<'a> {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top<'a>, A::Error> {
                 let mut m = Members::default();
-                while let Some(key) = map.next_key::<&'de str>()? {
-                    let slot = match key {
+                while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
+                    let slot = match &*key {
                         "jsonrpc" => &mut m.jsonrpc,
                         "id" => &mut m.id,
                         "method" => &mut m.method,
@@ -184,8 +209,11 @@ pub fn parse_request(body: &[u8]) -> Result<Request<'_>, Refusal> {
     if m.jsonrpc.map(RawValue::get) != Some("\"2.0\"") {
         return Err(invalid(id, "jsonrpc must be exactly \"2.0\""));
     }
-    let method = match m.method.map(|raw| serde_json::from_str::<&str>(raw.get())) {
-        Some(Ok(method)) if !method.is_empty() => method,
+    let method = match m
+        .method
+        .map(|raw| serde_json::from_str::<Key<'_>>(raw.get()))
+    {
+        Some(Ok(Key(method))) if !method.is_empty() => method,
         _ => return Err(invalid(id, "method must be a non-empty string")),
     };
     let params = match m.params {
@@ -319,6 +347,26 @@ mod tests {
             parse_request(b"{\"jsonrpc\":\"2.0\",\"id\":4,\"method\":\"GetTask\",\"x\":\"\xff\"}")
                 .unwrap_err();
         assert_eq!((r.error.code(), r.id.as_json()), (-32700, "null"));
+    }
+
+    /// Found by the `jsonrpc_envelope` fuzz target: member names and the method were read
+    /// as borrowed strings, so a name written with an escape (the same name, RFC 8259 §7)
+    /// made a valid request -32600.
+    #[test]
+    fn escaped_member_names_and_methods_are_the_same_names() {
+        let r = parse_request(
+            br#"{"jso\u006erpc":"2.0","\u0069d":1,"method":"G\u0065tTask","p\u0061rams":{"id":"x"},"ext\u0061":[1]}"#,
+        )
+        .unwrap();
+        assert_eq!((r.id.as_json(), &*r.method), ("1", "GetTask"));
+        assert_eq!(r.params.unwrap().get(), r#"{"id":"x"}"#);
+        // Still one member, however it is spelled.
+        assert_eq!(
+            refusal(r#"{"jsonrpc":"2.0","id":3,"\u0069d":4,"method":"GetTask"}"#),
+            (-32600, "null".into())
+        );
+        let r = parse_request(br#"{"jsonrpc":"2.0","id":3,"method":"a\nb"}"#).unwrap();
+        assert_eq!(&*r.method, "a\nb");
     }
 
     #[test]

@@ -93,7 +93,7 @@ pub fn call(inst: &mut Instance, ctx: &CallContext<'_>, body: &[u8]) -> Answer {
     };
     let id = req.id.clone();
     let mut activated = ExtSet::EMPTY;
-    let reply = match dispatch(inst, ctx, req.method, req.params, &mut activated) {
+    let reply = match dispatch(inst, ctx, &req.method, req.params, &mut activated) {
         Ok(r) => r,
         Err(e) => Reply::Error(e),
     };

@@ -558,9 +558,18 @@ fn check_command_name(op: &str) -> Result<(), String> {
     if op.is_empty() {
         return Err("command is empty".into());
     }
-    if agentd_core::ext::command::table::is_reserved(op) {
+    use agentd_core::ext::command::table::{is_reserved, REMOVED_OPS};
+    if is_reserved(op) {
         return Err(format!(
             "command {op:?} is a reserved op name; a workflow cannot declare it"
+        ));
+    }
+    // The core refuses to register a removed name too (it would shadow the hint UNKNOWN_OP
+    // gives); found by the `config_file` fuzz target, where such a file passed these checks
+    // and then failed at registration without its file and line.
+    if let Some((_, hint)) = REMOVED_OPS.iter().find(|(name, _)| *name == op) {
+        return Err(format!(
+            "command {op:?} is a removed op name ({hint}); a workflow cannot declare it"
         ));
     }
     Ok(())
@@ -791,6 +800,11 @@ args = { tag = "{{inputs.tag}}" }
                 GOOD.replace("command = \"release.start\"", "command = \"_instance.x\""),
                 "w.toml:5:",
                 "reserved op name",
+            ),
+            (
+                GOOD.replace("command = \"release.start\"", "command = \"config.set\""),
+                "w.toml:5:",
+                "removed op name (use admin.set {path, value})",
             ),
             (
                 GOOD.replace("{{steps.start.output.args.tag}}", "{{steps.nope.output}}"),
