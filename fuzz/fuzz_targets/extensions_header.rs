@@ -14,7 +14,7 @@
 //!
 //! * no panic;
 //! * `requested` is exactly the known URIs among the first 32 non-empty comma-separated
-//!   tokens (trimmed) of the UTF-8 lines; a token past the 32nd or over 512 bytes names
+//!   tokens (spaces and tabs trimmed) of the UTF-8 lines; a token past the 32nd or over 512 bytes names
 //!   nothing; a line that is not UTF-8 adds nothing and uses no token;
 //! * the same tokens on one line or many give the same set;
 //! * the activated set is a subset of requested ∩ declared ∩ applicable to the method;
@@ -40,7 +40,7 @@ fn token_list() -> Vec<String> {
         t.push(u.to_uppercase());
         t.push(format!("{u}/"));
         t.push(u[..u.len() - 1].to_owned());
-        t.push(format!("{u}\u{a0}")); // trimmed by str::trim: Unicode whitespace
+        t.push(format!("{u}\u{a0}")); // not HTTP whitespace: a different token
     }
     t.push("https://example.com/x".into());
     t.push(String::new());
@@ -65,7 +65,7 @@ fn model(lines: &[Vec<u8>]) -> ExtSet {
         .iter()
         .filter_map(|l| std::str::from_utf8(l).ok())
         .flat_map(|l| l.split(','))
-        .map(str::trim)
+        .map(|t| t.trim_matches([' ', '\t']))
         .filter(|t| !t.is_empty())
         .take(MAX_TOKENS)
         .collect();

@@ -60,7 +60,13 @@ pub fn requested<'a>(lines: impl Iterator<Item = &'a [u8]>) -> ExtSet {
         let Ok(text) = core::str::from_utf8(line) else {
             continue;
         };
-        for token in text.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        // HTTP's optional whitespace around list elements is spaces and tabs only: a URI
+        // followed by another kind of space is a different token, not the same URI.
+        for token in text
+            .split(',')
+            .map(|t| t.trim_matches([' ', '\t']))
+            .filter(|t| !t.is_empty())
+        {
             if considered == MAX_TOKENS {
                 return set;
             }
@@ -89,6 +95,15 @@ mod tests {
     use super::*;
     use crate::a2a::CoreMethod;
     use crate::ext::registry::{COMMAND_URI, EVENTS_URI, TASK_ANNOTATIONS_URI};
+
+    #[test]
+    fn only_spaces_and_tabs_are_optional_whitespace() {
+        let uri = crate::ext::COMMAND_URI;
+        let tab = format!("\t{uri} ");
+        assert!(requested([tab.as_bytes()].into_iter()).contains(Ext::Command));
+        let nbsp = format!("{uri}\u{a0}");
+        assert!(!requested([nbsp.as_bytes()].into_iter()).contains(Ext::Command));
+    }
 
     #[test]
     fn header_lines_are_merged_trimmed_and_exact() {
