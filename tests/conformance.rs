@@ -90,7 +90,16 @@ fn the_pages_name_only_what_is_served() {
         .flat_map(|e| [e.uri().to_owned(), e.schema_url()])
         .chain([UNIX_BINDING_URI.to_owned()])
         .collect();
-    for page in ["README.md", "bench/README.md", "fuzz/README.md"] {
+    let pages = [
+        "README.md",
+        "bench/README.md",
+        "fuzz/README.md",
+        "core/README.md",
+        "docs/agent-protocol.md",
+        "examples/delegation/front.toml",
+        "examples/delegation/worker.toml",
+    ];
+    for page in pages {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(page);
         let Ok(text) = std::fs::read_to_string(&path) else {
             continue;
@@ -125,6 +134,13 @@ fn the_pages_name_only_what_is_served() {
         ];
         for span in text.split('`').skip(1).step_by(2) {
             let word = span.trim();
+            // An extension method (`agentd.events/SubscribeToEvents`) must be routed.
+            if word.starts_with("agentd.") && word.contains('/') && !word.contains(' ') {
+                assert!(
+                    Route::from_name(word).is_some(),
+                    "{page} names `{word}`, which is not a served method"
+                );
+            }
             let method_shaped = verbs.iter().any(|v| word.starts_with(v))
                 && word.chars().all(|c| c.is_ascii_alphanumeric())
                 && word.chars().next().is_some_and(|c| c.is_ascii_uppercase());
