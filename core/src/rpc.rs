@@ -1012,15 +1012,7 @@ pub fn gate_answer(message: &Message) -> serde_json::Value {
             return d;
         }
     }
-    let text: String = message
-        .parts
-        .iter()
-        .filter_map(|p| match &p.content {
-            PartContent::Text(t) => Some(t.as_str()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
+    let text = crate::a2a::types::Part::joined_text(&message.parts);
     serde_json::from_str(text.trim()).unwrap_or(serde_json::Value::String(text))
 }
 

@@ -29,7 +29,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use agentd_core::a2a::types::{Artifact, Part, PartContent, TaskState};
+use agentd_core::a2a::types::{Artifact, Part, TaskState};
 use agentd_core::{Completion, Effect};
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 use serde::Deserialize;
@@ -108,15 +108,7 @@ impl TurnIn {
 
     /// The `turn` line written to the agent, newline included.
     fn line(&self) -> Vec<u8> {
-        let text = self
-            .parts
-            .iter()
-            .filter_map(|p| match &p.content {
-                PartContent::Text(t) => Some(t.as_str()),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join("\n");
+        let text = Part::joined_text(&self.parts);
         line_of(&serde_json::json!({
             "type": "turn",
             "task": self.task,

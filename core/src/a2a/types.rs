@@ -156,6 +156,18 @@ pub struct Part {
 }
 
 impl Part {
+    /// The text parts of `parts`, joined with `\n`: what a reader that wants only text sees.
+    pub fn joined_text(parts: &[Part]) -> String {
+        parts
+            .iter()
+            .filter_map(|p| match &p.content {
+                PartContent::Text(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     pub fn text(text: impl Into<String>) -> Self {
         Part {
             content: PartContent::Text(text.into()),

@@ -695,14 +695,7 @@ pub fn card_ttl_secs(head: &ResponseHead, same_host: bool) -> u64 {
 
 /// The text of a message's text parts, joined with newlines (for error reports).
 pub fn message_text(m: &Message) -> String {
-    m.parts
-        .iter()
-        .filter_map(|p| match &p.content {
-            crate::a2a::types::PartContent::Text(t) => Some(t.as_str()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+    crate::a2a::types::Part::joined_text(&m.parts)
 }
 
 #[cfg(test)]
