@@ -284,12 +284,21 @@ fn subagents_are_sent_to_asked_about_and_killed() {
         false,
     );
     assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
+    assert_eq!(
+        unknown["error"]["data"][0]["reason"], "INVALID_COMMAND_ARGS",
+        "{unknown}"
+    );
     let missing = command(
         &d,
         json!({"op": "subagent.status", "handle": "echo:zzz"}),
         false,
     );
     assert_eq!(missing["error"]["message"], "no such subagent");
+    assert_eq!(missing["error"]["code"], -32001, "{missing}");
+    assert_eq!(
+        missing["error"]["data"][0]["reason"], "TASK_NOT_FOUND",
+        "{missing}"
+    );
 }
 
 #[test]

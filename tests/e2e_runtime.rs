@@ -284,10 +284,21 @@ fn a_workflow_runs_exec_and_human_steps_on_std() {
 #[test]
 fn bad_arguments_start_no_run_and_failures_say_why() {
     let d = start("smol", "");
-    let bad = command(&d, json!({"op": "release.start", "tag": 7}));
-    assert_eq!(bad["error"]["code"], -32602, "{bad}");
+    for envelope in [
+        json!({"op": "release.start", "tag": 7}),
+        json!({"op": "workflow.run", "workflow": "quick", "inputs": 3}),
+        json!({"op": "workflow.run", "workflow": "nope"}),
+    ] {
+        let r = command_full(&d, envelope.clone(), Value::Null);
+        assert_eq!(r.status, 200, "{envelope}");
+        let e = &r.json()["error"];
+        assert_eq!(e["code"], -32602, "{envelope}: {e}");
+        assert_eq!(
+            e["data"][0]["reason"], "INVALID_COMMAND_ARGS",
+            "{envelope}: {e}"
+        );
+    }
     let bad = command(&d, json!({"op": "workflow.run", "workflow": "nope"}));
-    assert_eq!(bad["error"]["code"], -32602, "{bad}");
     assert!(bad["error"]["message"]
         .as_str()
         .unwrap()
@@ -614,4 +625,55 @@ fn workflow_mistakes_are_load_errors_naming_file_and_line() {
         assert!(stderr.contains(at) && stderr.contains(what), "{stderr}");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_scoped_grant_limits_which_workflows_a_caller_may_run() {
+    // A user whose only workflow grant is `workflow.run:sl*`: "slow" is its to run, "quick"
+    // is refused with 403 whether or not it exists.
+    let setup = Setup {
+        a2a: "bearer = \"{{secret:E2E_OP}}\"".into(),
+        sections: format!(
+            "[[a2a.principals]]\nid = \"user:ann\"\nrole = \"user\"\ngrants = [\"workflow.run:sl*\"]\n\
+             match = {{ bearer_ref = \"{{{{secret:E2E_ANN}}}}\" }}\n{WORKFLOWS}"
+        ),
+        env: vec![
+            ("E2E_OP".into(), "op-token".into()),
+            ("E2E_ANN".into(), "ann-token".into()),
+        ],
+        ..Setup::default()
+    };
+    let d = Daemon::start_setup("std", &setup);
+    let as_ann = |envelope: Value| {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {
+            "role": "ROLE_USER", "messageId": format!("m-{}", rand_id()), "extensions": [COMMAND_URI],
+            "parts": [{"data": {"agentd": envelope}}]}, "configuration": {"returnImmediately": true}}});
+        let ext = format!("A2A-Extensions: {COMMAND_URI}");
+        let headers = [
+            RPC_HEADERS[0],
+            RPC_HEADERS[1],
+            ext.as_str(),
+            "Authorization: Bearer ann-token",
+        ];
+        d.connect_tcp()
+            .request(&post(&headers, body.to_string().as_bytes()))
+    };
+    for name in ["quick", "no-such-workflow"] {
+        let r = as_ann(json!({"op": "workflow.run", "workflow": name}));
+        assert_eq!(r.status, 403, "{name}: {}", r.body_text());
+        let e = &r.json()["error"];
+        assert_eq!(e["code"], -31403, "{e}");
+        assert_eq!(e["data"][0]["reason"], "PERMISSION_DENIED", "{e}");
+    }
+    let r = as_ann(json!({"op": "workflow.run", "workflow": "slow", "inputs": {"secs": 0}}));
+    assert_eq!(r.status, 200, "{}", r.body_text());
+    assert!(
+        r.json()["result"]["task"]["id"].is_string(),
+        "{}",
+        r.body_text()
+    );
+    // The run is ann's: workflow.status shows it to her, and not the operator's view alone.
+    let runs = as_ann(json!({"op": "workflow.status"})).json();
+    let runs = &runs["result"]["message"]["parts"][0]["data"]["runs"];
+    assert_eq!(runs.as_array().map(Vec::len), Some(1), "{runs}");
 }
