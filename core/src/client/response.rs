@@ -9,6 +9,8 @@
 
 use core::fmt;
 
+use crate::http::parser::{find_head_end, trim};
+
 /// Bounds on what one response may make the client hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ResponseLimits {
@@ -634,49 +636,8 @@ fn parse_trailer(line: &[u8]) -> Result<(String, Vec<u8>), ResponseError> {
 }
 
 fn parse_content_length(value: &[u8]) -> Result<u64, ResponseError> {
-    let bad = ResponseError::BadHead("malformed Content-Length");
-    // A list of identical values ("5, 5") is allowed by RFC 9110 §8.6; anything else is not.
-    let mut result: Option<u64> = None;
-    for part in value.split(|b| *b == b',') {
-        let digits = trim(part);
-        if digits.is_empty() || digits.len() > 18 || !digits.iter().all(u8::is_ascii_digit) {
-            return Err(bad);
-        }
-        let n = digits
-            .iter()
-            .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
-        if result.is_some_and(|r| r != n) {
-            return Err(bad);
-        }
-        result = Some(n);
-    }
-    result.ok_or(bad)
-}
-
-fn trim(mut s: &[u8]) -> &[u8] {
-    while let [b' ' | b'\t', rest @ ..] = s {
-        s = rest;
-    }
-    while let [rest @ .., b' ' | b'\t'] = s {
-        s = rest;
-    }
-    s
-}
-
-/// Index just past the blank line that ends a head, searching from `from`.
-fn find_head_end(buf: &[u8], from: usize) -> Option<usize> {
-    let mut i = from.saturating_sub(3);
-    while i < buf.len() {
-        if buf[i] == b'\n' {
-            match buf.get(i + 1..) {
-                Some([b'\n', ..]) => return Some(i + 2),
-                Some([b'\r', b'\n', ..]) => return Some(i + 3),
-                _ => {}
-            }
-        }
-        i += 1;
-    }
-    None
+    crate::http::parser::content_length(value)
+        .ok_or(ResponseError::BadHead("malformed Content-Length"))
 }
 
 #[cfg(test)]

@@ -482,30 +482,35 @@ fn parse_chunk_size(line: &[u8]) -> Result<usize, HttpError> {
 }
 
 fn parse_content_length(value: &[u8]) -> Result<usize, HttpError> {
-    let bad = HttpError::new(400, "malformed Content-Length");
-    // A list of identical values ("5, 5") is allowed by RFC 9110 §8.6; anything else is not.
-    let mut result: Option<usize> = None;
+    content_length(value)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or(HttpError::new(400, "malformed Content-Length"))
+}
+
+/// A `Content-Length` value: digits, or a list of identical values ("5, 5", allowed by
+/// RFC 9110 §8.6); anything else, or a number past `u64`, is `None`. Requests and the
+/// outbound client's responses are framed by the same rule.
+pub(crate) fn content_length(value: &[u8]) -> Option<u64> {
+    let mut result: Option<u64> = None;
     for part in value.split(|b| *b == b',') {
         let digits = trim(part);
-        if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
-            return Err(bad);
+        if digits.is_empty() || digits.len() > 20 || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
         }
-        let mut n: usize = 0;
+        let mut n: u64 = 0;
         for d in digits {
-            n = n
-                .checked_mul(10)
-                .and_then(|n| n.checked_add(usize::from(d - b'0')))
-                .ok_or(bad)?;
+            n = n.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
         }
         if result.is_some_and(|r| r != n) {
-            return Err(bad);
+            return None;
         }
         result = Some(n);
     }
-    result.ok_or(bad)
+    result
 }
 
-fn trim(mut s: &[u8]) -> &[u8] {
+/// `s` without HTTP optional whitespace (spaces and tabs) at either end.
+pub(crate) fn trim(mut s: &[u8]) -> &[u8] {
     while let [b' ' | b'\t', rest @ ..] = s {
         s = rest;
     }
@@ -516,7 +521,7 @@ fn trim(mut s: &[u8]) -> &[u8] {
 }
 
 /// Index just past the blank line that ends a head, searching from `from`.
-fn find_head_end(buf: &[u8], from: usize) -> Option<usize> {
+pub(crate) fn find_head_end(buf: &[u8], from: usize) -> Option<usize> {
     let start = from.saturating_sub(3);
     let mut i = start;
     while i < buf.len() {
