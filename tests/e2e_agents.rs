@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{post, Daemon, Setup, RPC_HEADERS};
+use common::{post, task_state, Daemon, Setup, RPC_HEADERS};
 use serde_json::{json, Value};
 
 const COMMAND_URI: &str = "https://agentd.dev/a2a/ext/command";
@@ -80,10 +80,6 @@ fn next() -> u64 {
     N.fetch_add(1, Ordering::Relaxed)
 }
 
-fn state(t: &Value) -> &str {
-    t["status"]["state"].as_str().unwrap_or("")
-}
-
 fn status_text(t: &Value) -> String {
     t["status"]["message"]["parts"][0]["text"]
         .as_str()
@@ -91,26 +87,11 @@ fn status_text(t: &Value) -> String {
         .to_owned()
 }
 
-fn wait_state(d: &Daemon, id: &str, want: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let t = d.connect_tcp().rpc_ok("GetTask", json!({"id": id}));
-        if state(&t) == want {
-            return t;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "task {id} never reached {want}: {t}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn turns_are_answered(driver: &str) {
     let mut d = start(driver, "examples/agents/echo_agent.py", 20_000);
     let r = send(&d, None, json!({"text": "hello there"}), false);
     let t = &r["result"]["task"];
-    assert_eq!(state(t), "TASK_STATE_COMPLETED", "{r}");
+    assert_eq!(task_state(t), "TASK_STATE_COMPLETED", "{r}");
     assert_eq!(status_text(t), "echo: hello there");
     assert_eq!(t["artifacts"][0]["name"], "echo");
     assert_eq!(t["artifacts"][0]["parts"][0]["text"], "hello there");
@@ -118,7 +99,7 @@ fn turns_are_answered(driver: &str) {
     // The agent asks; the answer is held to its schema, then continues the task.
     let r = send(&d, None, json!({"text": "confirm the deploy"}), false);
     let t = &r["result"]["task"];
-    assert_eq!(state(t), "TASK_STATE_INPUT_REQUIRED", "{r}");
+    assert_eq!(task_state(t), "TASK_STATE_INPUT_REQUIRED", "{r}");
     assert_eq!(
         t["metadata"][ANNOTATIONS_URI]["askSchema"]["required"],
         json!(["approve"])
@@ -172,7 +153,7 @@ fn a_crashing_agent_fails_its_task_with_the_reason_and_restarts() {
     let mut d = start("smol", "tests/agents/crashy.py", 20_000);
     let r = send(&d, None, json!({"text": "crash"}), false);
     let t = &r["result"]["task"];
-    assert_eq!(state(t), "TASK_STATE_FAILED", "{r}");
+    assert_eq!(task_state(t), "TASK_STATE_FAILED", "{r}");
     assert!(status_text(t).contains("exited with status 3"), "{r}");
     let r = send(&d, None, json!({"text": "again"}), false);
     assert_eq!(
@@ -190,7 +171,7 @@ fn a_hanging_agent_times_out() {
     let started = Instant::now();
     let r = send(&d, None, json!({"text": "anything"}), false);
     let t = &r["result"]["task"];
-    assert_eq!(state(t), "TASK_STATE_FAILED", "{r}");
+    assert_eq!(task_state(t), "TASK_STATE_FAILED", "{r}");
     assert!(status_text(t).contains("timed out"), "{r}");
     assert!(started.elapsed() < Duration::from_secs(15));
     d.assert_alive();
@@ -205,7 +186,7 @@ fn subagents_are_sent_to_asked_about_and_killed() {
         false,
     );
     let t = &r["result"]["task"];
-    assert_eq!(state(t), "TASK_STATE_COMPLETED", "{r}");
+    assert_eq!(task_state(t), "TASK_STATE_COMPLETED", "{r}");
     let id = t["id"].as_str().unwrap();
     let result = t["artifacts"]
         .as_array()
@@ -244,8 +225,12 @@ fn subagents_are_sent_to_asked_about_and_killed() {
         json!({"op": "subagent.kill", "handle": "hang", "reason": "runaway"}),
         false,
     );
-    assert_eq!(state(&k["result"]["task"]), "TASK_STATE_COMPLETED", "{k}");
-    let t = wait_state(&d, &hung, "TASK_STATE_FAILED");
+    assert_eq!(
+        task_state(&k["result"]["task"]),
+        "TASK_STATE_COMPLETED",
+        "{k}"
+    );
+    let t = d.wait_task_state(&hung, "TASK_STATE_FAILED");
     assert!(status_text(&t).contains("runaway"), "{t}");
     let s = command(
         &d,
@@ -264,7 +249,7 @@ fn subagents_are_sent_to_asked_about_and_killed() {
         false,
     );
     let t = &r["result"]["task"];
-    assert_eq!(state(t), "TASK_STATE_FAILED", "{r}");
+    assert_eq!(task_state(t), "TASK_STATE_FAILED", "{r}");
     assert!(status_text(t).contains("exited with status 3"), "{r}");
     let s = command(
         &d,
@@ -306,14 +291,18 @@ fn admin_cancel_stops_an_agent_turn() {
     let d = start("smol", "tests/agents/hang.py", 60_000);
     let r = send(&d, None, json!({"text": "work forever"}), true);
     let id = r["result"]["task"]["id"].as_str().unwrap().to_owned();
-    wait_state(&d, &id, "TASK_STATE_WORKING");
+    d.wait_task_state(&id, "TASK_STATE_WORKING");
     let c = command(
         &d,
         json!({"op": "admin.cancel", "run": id, "reason": "enough"}),
         false,
     );
-    assert_eq!(state(&c["result"]["task"]), "TASK_STATE_COMPLETED", "{c}");
-    let t = wait_state(&d, &id, "TASK_STATE_CANCELED");
+    assert_eq!(
+        task_state(&c["result"]["task"]),
+        "TASK_STATE_COMPLETED",
+        "{c}"
+    );
+    let t = d.wait_task_state(&id, "TASK_STATE_CANCELED");
     assert!(status_text(&t).contains("enough"), "{t}");
 }
 
@@ -322,7 +311,11 @@ fn a_drain_stops_the_agent_processes_too() {
     // This agent ignores its shutdown line and the end of its stdin: only a kill stops it.
     let mut d = start("std", "tests/agents/stubborn.py", 20_000);
     let r = send(&d, None, json!({"text": "hello"}), false);
-    assert_eq!(state(&r["result"]["task"]), "TASK_STATE_COMPLETED", "{r}");
+    assert_eq!(
+        task_state(&r["result"]["task"]),
+        "TASK_STATE_COMPLETED",
+        "{r}"
+    );
     let log = d.stderr();
     let pid: u32 = log
         .lines()

@@ -6,9 +6,9 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{post, Daemon, Setup, RPC_HEADERS};
+use common::{post, task_state, Daemon, Setup, RPC_HEADERS};
 use serde_json::{json, Value};
 
 const COMMAND_URI: &str = "https://agentd.dev/a2a/ext/command";
@@ -148,26 +148,6 @@ fn get_task(d: &Daemon, id: &str) -> Value {
     d.connect_tcp().rpc_ok("GetTask", json!({"id": id}))
 }
 
-fn state(task: &Value) -> &str {
-    task["status"]["state"].as_str().unwrap_or("")
-}
-
-/// Polls GetTask until the task is in `want` (bounded).
-fn wait_state(d: &Daemon, id: &str, want: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let t = get_task(d, id);
-        if state(&t) == want {
-            return t;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "task {id} never reached {want}: {t}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn result_data(task: &Value) -> Value {
     let id = task["id"].as_str().unwrap();
     let a = task["artifacts"]
@@ -199,7 +179,7 @@ fn workflow_with_a_gate(driver: &str) {
     // A unary send blocks until the run reaches its gate.
     let doc = command(&d, json!({"op": "release.start", "tag": "v1.2"}));
     let task = &doc["result"]["task"];
-    assert_eq!(state(task), "TASK_STATE_INPUT_REQUIRED", "{doc}");
+    assert_eq!(task_state(task), "TASK_STATE_INPUT_REQUIRED", "{doc}");
     let id = task["id"].as_str().unwrap().to_owned();
     let question = &task["status"]["message"]["parts"][0]["text"];
     assert_eq!(
@@ -222,12 +202,12 @@ fn workflow_with_a_gate(driver: &str) {
         .as_str()
         .unwrap()
         .contains("askSchema"));
-    assert_eq!(state(&get_task(&d, &id)), "TASK_STATE_INPUT_REQUIRED");
+    assert_eq!(task_state(&get_task(&d, &id)), "TASK_STATE_INPUT_REQUIRED");
 
     // The right one continues the run to its end; the last step's output is the result.
     let answered = send_to_task(&d, &id, json!({"data": {"approve": true}}));
     let t = &answered["result"]["task"];
-    assert_eq!(state(t), "TASK_STATE_COMPLETED", "{answered}");
+    assert_eq!(task_state(t), "TASK_STATE_COMPLETED", "{answered}");
     assert_eq!(result_data(t), json!({"shipped": "v1.2", "approved": true}));
 
     // workflow.status and run.get (introspection is off: refused) tell the same story.
@@ -312,7 +292,7 @@ fn bad_arguments_start_no_run_and_failures_say_why() {
     // A non-zero exit fails the step and the run, quoting stderr.
     let doc = command(&d, json!({"op": "workflow.run", "workflow": "broken"}));
     let t = &doc["result"]["task"];
-    assert_eq!(state(t), "TASK_STATE_FAILED", "{doc}");
+    assert_eq!(task_state(t), "TASK_STATE_FAILED", "{doc}");
     let why = t["status"]["message"]["parts"][0]["text"].as_str().unwrap();
     assert!(
         why.contains("exit status 3") && why.contains("disk on fire"),
@@ -348,11 +328,15 @@ fn one_run_is_cancelled_and_a_signal_wakes_the_other() {
     let runs = read(&d, json!({"op": "workflow.status"}))["runs"].clone();
     assert_eq!(runs.as_array().unwrap().len(), 2);
     let run_a = runs[0]["run"].as_str().unwrap().to_owned();
-    wait_state(&d, &ta, "TASK_STATE_WORKING");
+    d.wait_task_state(&ta, "TASK_STATE_WORKING");
 
     let c = command(&d, json!({"op": "workflow.cancel", "run": run_a}));
-    assert_eq!(state(&c["result"]["task"]), "TASK_STATE_COMPLETED", "{c}");
-    assert_eq!(state(&get_task(&d, &ta)), "TASK_STATE_CANCELED");
+    assert_eq!(
+        task_state(&c["result"]["task"]),
+        "TASK_STATE_COMPLETED",
+        "{c}"
+    );
+    assert_eq!(task_state(&get_task(&d, &ta)), "TASK_STATE_CANCELED");
     let again = command(&d, json!({"op": "workflow.cancel", "run": run_a}));
     assert_eq!(
         again["error"]["code"], -32002,
@@ -369,7 +353,7 @@ fn one_run_is_cancelled_and_a_signal_wakes_the_other() {
         result_data(&s["result"]["task"]),
         json!({"signal": "go", "delivered": 1})
     );
-    let done = wait_state(&d, &tb, "TASK_STATE_COMPLETED");
+    let done = d.wait_task_state(&tb, "TASK_STATE_COMPLETED");
     assert_eq!(
         result_data(&done),
         json!({"x": 1}),
@@ -394,13 +378,13 @@ fn pause_holds_new_steps_until_resume() {
     std::thread::sleep(Duration::from_millis(200));
     let runs = read(&d, json!({"op": "workflow.status"}))["runs"].clone();
     assert_eq!(runs[0]["status"], "paused");
-    assert_ne!(state(&get_task(&d, &id)), "TASK_STATE_COMPLETED");
+    assert_ne!(task_state(&get_task(&d, &id)), "TASK_STATE_COMPLETED");
     let r = command(&d, json!({"op": "admin.resume"}));
     assert_eq!(
         result_data(&r["result"]["task"]),
         json!({"ok": true, "state": "running"})
     );
-    let t = wait_state(&d, &id, "TASK_STATE_COMPLETED");
+    let t = d.wait_task_state(&id, "TASK_STATE_COMPLETED");
     assert_eq!(t["artifacts"][0]["parts"][0]["text"], "hi ann");
     let lifecycle: Vec<Value> = feed(&d)
         .into_iter()
@@ -449,7 +433,7 @@ fn admin_set_turns_introspection_on_and_approval_to_deny() {
         &d,
         json!({"op": "workflow.run", "workflow": "quick", "inputs": {"who": "bo"}}),
     );
-    assert_eq!(state(&q["result"]["task"]), "TASK_STATE_COMPLETED");
+    assert_eq!(task_state(&q["result"]["task"]), "TASK_STATE_COMPLETED");
     let runs = read(&d, json!({"op": "workflow.status"}))["runs"].clone();
     let run = read(&d, json!({"op": "run.get", "run": runs[0]["run"]}));
     assert_eq!(run["run"]["steps"]["say"]["output"], "hi bo", "{run}");
@@ -508,17 +492,21 @@ fn approval_ask_gates_each_exec_step_for_the_operator() {
         json!({"op": "workflow.run", "workflow": "quick", "inputs": {"who": "di"}}),
     );
     let t = &q["result"]["task"];
-    assert_eq!(state(t), "TASK_STATE_INPUT_REQUIRED", "{q}");
+    assert_eq!(task_state(t), "TASK_STATE_INPUT_REQUIRED", "{q}");
     let id = t["id"].as_str().unwrap().to_owned();
     let a = send_to_task(&d, &id, json!({"data": {"approve": true}}));
-    assert_eq!(state(&a["result"]["task"]), "TASK_STATE_COMPLETED", "{a}");
+    assert_eq!(
+        task_state(&a["result"]["task"]),
+        "TASK_STATE_COMPLETED",
+        "{a}"
+    );
     let q = command(
         &d,
         json!({"op": "workflow.run", "workflow": "quick", "inputs": {"who": "ed"}}),
     );
     let id = q["result"]["task"]["id"].as_str().unwrap().to_owned();
     let a = send_to_task(&d, &id, json!({"text": "{\"approve\": false}"}));
-    assert_eq!(state(&a["result"]["task"]), "TASK_STATE_FAILED", "{a}");
+    assert_eq!(task_state(&a["result"]["task"]), "TASK_STATE_FAILED", "{a}");
 }
 
 fn drain(by_signal: bool) {
@@ -526,7 +514,7 @@ fn drain(by_signal: bool) {
     // Parked at a gate: its task waits for a person and cannot end on its own.
     let gated = command(&d, json!({"op": "release.start", "tag": "v9"}));
     assert_eq!(
-        state(&gated["result"]["task"]),
+        task_state(&gated["result"]["task"]),
         "TASK_STATE_INPUT_REQUIRED",
         "{gated}"
     );
@@ -534,7 +522,7 @@ fn drain(by_signal: bool) {
     // clients, so only counting it as in flight keeps the daemon up until it ends.
     let r = command_now(&d, json!({"op": "workflow.run", "workflow": "slow2"}));
     let id = r["result"]["task"]["id"].as_str().unwrap().to_owned();
-    wait_state(&d, &id, "TASK_STATE_WORKING");
+    d.wait_task_state(&id, "TASK_STATE_WORKING");
     // A subscriber to the task in flight: the drain waits for it to be answered.
     let mut watcher = d.connect_tcp();
     let sub = common::rpc_request("4", "SubscribeToTask", &json!({"id": id}));

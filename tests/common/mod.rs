@@ -333,6 +333,26 @@ impl Daemon {
         }
     }
 
+    /// Polls GetTask until task `id` is in state `want` (a `TASK_STATE_*` name); panics
+    /// with the task as it stood after 20 s.
+    #[allow(dead_code)]
+    pub fn wait_task_state(&self, id: &str, want: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let t = self
+                .connect_tcp()
+                .rpc_ok("GetTask", serde_json::json!({"id": id}));
+            if task_state(&t) == want {
+                return t;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "task {id} never reached {want}: {t}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Sends the daemon a signal by name (`TERM`, `INT`, ...).
     #[allow(dead_code)]
     pub fn signal(&self, name: &str) {
@@ -940,4 +960,10 @@ pub fn assert_json_200(resp: &Response, what: &str) {
         "expected content-type application/json for {what}, got {:?}",
         resp.header("content-type")
     );
+}
+
+/// A Task's `status.state` (empty when there is none).
+#[allow(dead_code)]
+pub fn task_state(task: &Value) -> &str {
+    task["status"]["state"].as_str().unwrap_or("")
 }
