@@ -26,14 +26,24 @@ const TOLERATED: &[(&str, &str)] = &[];
 
 /// The reference directory, or `None` (after a notice) when it is absent outside CI.
 fn reference_dir() -> Option<PathBuf> {
-    let dir = Path::new(REFERENCE);
+    // `.ci/run` exports AGENTD_SHARED when the schemas are not beside this clone.
+    let dir = match std::env::var_os("AGENTD_SHARED") {
+        Some(shared) => PathBuf::from(shared).join("reference/agentd/events"),
+        None => PathBuf::from(REFERENCE),
+    };
     if dir.join("schema.json").is_file() {
-        return Some(dir.to_path_buf());
+        return Some(dir);
     }
     if std::env::var_os("CI").is_some() {
-        panic!("the reference events bundle is missing at {REFERENCE}, and CI is set");
+        panic!(
+            "the reference events bundle is missing at {}, and CI is set",
+            dir.display()
+        );
     }
-    eprintln!("notice: no reference events bundle at {REFERENCE}; skipping the agreement check");
+    eprintln!(
+        "notice: no reference events bundle at {}; skipping the agreement check",
+        dir.display()
+    );
     None
 }
 
