@@ -624,8 +624,14 @@ print_report() {
         printf '%-10s %12s %12s %14s  %s\n' "$t" - - - "$st"
       else
         printf '%-10s %12s %12s %14s  %s\n' "$t" "$(fmt_mib "$idle")" "$(fmt_mib "$peak")" "$(fmt_ms "$cold")" "$st"
+        # The aim is an idle daemon under 4 MB; above it, the start-up code has most likely
+        # outgrown footprint/startup.order (see footprint/README.md).
+        if [[ $t != python-sdk ]] && (( idle * 1024 >= 4000000 )); then
+          IDLE_NOTE="idle RSS of $t is above 4 MB: regenerate footprint/startup.order (footprint/make-order.sh)"
+        fi
       fi
     done
+    [[ -n ${IDLE_NOTE:-} ]] && echo "note: $IDLE_NOTE"
   fi
   print_events_report
   echo
