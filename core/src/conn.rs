@@ -764,6 +764,7 @@ impl Connection {
             listener: self.listener,
             head: &head,
             now,
+            sid: sid.as_deref(),
         };
         let before = inst.record_seq();
         let rpc::Answer {

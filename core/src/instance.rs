@@ -195,6 +195,9 @@ pub enum Effect {
         /// The workflow a workflow-declared command starts.
         workflow: Option<String>,
         principal: Principal,
+        /// The caller's session, if it called with a session token: the host's audit event
+        /// of the command carries it.
+        sid: Option<String>,
         context_id: String,
         /// The id the task gets if the host starts it (task ops only).
         task_id: Option<String>,

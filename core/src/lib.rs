@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod a2a;
+pub mod audit;
 pub mod auth;
 pub mod client;
 pub mod conn;

@@ -77,6 +77,8 @@ pub struct CallContext<'a> {
     pub listener: usize,
     pub head: &'a RequestHead,
     pub now: Now,
+    /// The device or launch session the caller's token belongs to (audit events carry it).
+    pub sid: Option<&'a str>,
 }
 
 /// Answers one JSON-RPC request body.
@@ -97,6 +99,7 @@ pub fn call(inst: &mut Instance, ctx: &CallContext<'_>, body: &[u8]) -> Answer {
         Ok(r) => r,
         Err(e) => Reply::Error(e),
     };
+    crate::audit::record(inst, ctx, &req.method, req.params, &reply);
     Answer {
         id,
         activated,
@@ -676,6 +679,7 @@ fn run_command(
         reply: checked.reply,
         workflow: checked.workflow,
         principal,
+        sid: ctx.sid.map(str::to_owned),
         context_id,
         task_id,
     });

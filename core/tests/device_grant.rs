@@ -299,3 +299,95 @@ fn refusals_and_denials() {
     let j = op_call(&mut off, json!({"op": "auth.device.pending"}));
     assert_eq!(j["error"]["data"][0]["reason"], "UNKNOWN_OP");
 }
+
+/// Signs a device in as `name`: the grant, the operator's approval, the token poll.
+fn device_session(h: &mut Harness, name: &str) -> String {
+    let mut device = h.conn_peer(0, Peer::Tcp);
+    let grant =
+        one(&device.feed(h, &form("/oauth2/device_authorization", "client_id=laptop"))).json();
+    let device_code = grant["device_code"].as_str().unwrap().to_owned();
+    let user_code = grant["user_code"].as_str().unwrap().to_owned();
+    op_call(
+        h,
+        json!({"op": "auth.device.approve", "user_code": user_code, "as": name}),
+    );
+    h.advance(5_000);
+    let poll = format!("grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Adevice_code&device_code={device_code}&client_id=laptop");
+    let r = one(&device.feed(h, &form("/oauth2/token", &poll)));
+    r.json()["access_token"].as_str().unwrap().to_owned()
+}
+
+fn audit_events(h: &Harness) -> Vec<Value> {
+    let ring = h.inst.feed().expect("the feed is on");
+    ring.after(0)
+        .filter(|e| e.kind == "audit")
+        .map(|e| serde_json::from_str(&e.data).unwrap())
+        .collect()
+}
+
+/// The core's own answers are audited while introspection is on: writes and refusals, with
+/// the session's sid for a session caller; successful reads are not.
+#[test]
+fn core_answers_are_audited_with_the_session_id() {
+    let mut h = harness(true);
+    let token = device_session(&mut h, "alice");
+    assert!(
+        audit_events(&h).is_empty(),
+        "nothing is audited while introspection is off"
+    );
+    let now = h.now;
+    h.inst.set_introspection(true, "admin.set", now);
+
+    let mut alice = h.conn_peer(0, Peer::Tcp);
+    let send =
+        json!({"message": text_message("hi","m1"), "configuration":{"returnImmediately":true}});
+    let r = one(&alice.feed(&mut h, &bearer(call("SendMessage", 1, send), &token)));
+    let task_id = r.json()["result"]["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    h.take_effects();
+    // A successful read is not mirrored; a refused one is.
+    one(&alice.feed(
+        &mut h,
+        &bearer(call("GetTask", 2, json!({"id": task_id})), &token),
+    ));
+    one(&alice.feed(
+        &mut h,
+        &bearer(call("GetTask", 3, json!({"id": "nope"})), &token),
+    ));
+    // A message-reply op read by the operator is not mirrored either.
+    op_call(&mut h, json!({"op": "auth.sessions"}));
+
+    let events = audit_events(&h);
+    let sessions = op_call(&mut h, json!({"op": "auth.sessions"}));
+    let sid = sessions["result"]["message"]["parts"][0]["data"]["sessions"][0]["sid"].clone();
+    assert!(sid.as_str().is_some_and(|s| s.starts_with("ds_")), "{sid}");
+    let summary: Vec<(Value, Value, Value, Value)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["action"].clone(),
+                e["target"].clone(),
+                e["outcome"].clone(),
+                e.get("sid").cloned().unwrap_or(Value::Null),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (json!("SendMessage"), Value::Null, json!("ok"), sid.clone()),
+            (
+                json!("GetTask"),
+                json!("nope"),
+                json!("refused -32001"),
+                sid
+            ),
+        ],
+        "{events:?}"
+    );
+    assert!(events
+        .iter()
+        .all(|e| e["principal"] == "user:alice" && e["role"] == "user"));
+}

@@ -9,7 +9,7 @@ impl Runtime {
     pub(super) fn audit(
         &self,
         inst: &mut Inst<'_>,
-        p: &Principal,
+        (p, sid): (&Principal, Option<&str>),
         op: &str,
         args: &Map<String, Value>,
         refused: Option<&RpcError>,
@@ -23,7 +23,7 @@ impl Runtime {
         if read && refused.is_none() {
             return;
         }
-        let target = ["run", "handle", "workflow", "path", "id"]
+        let target = agentd_core::audit::TARGET_ARGS
             .iter()
             .find_map(|k| args.get(*k).cloned())
             .unwrap_or(Value::Null);
@@ -31,11 +31,15 @@ impl Runtime {
             None => "ok".to_owned(),
             Some(e) => format!("refused {}", e.code()),
         };
+        let mut data = json!({"ts": now.epoch_ms, "principal": p.id, "role": p.role.as_str(),
+                              "action": op, "target": target, "outcome": outcome});
+        if let (Some(sid), Some(obj)) = (sid, data.as_object_mut()) {
+            obj.insert("sid".into(), Value::String(sid.to_owned()));
+        }
         let _ = inst.push_event(
             FeedEvent::Other {
                 kind: "audit",
-                data: json!({"ts": now.epoch_ms, "principal": p.id, "role": p.role.as_str(),
-                             "action": op, "target": target, "outcome": outcome}),
+                data,
                 owner: None,
             },
             now,

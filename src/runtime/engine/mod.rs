@@ -661,6 +661,7 @@ impl Runtime {
                 args,
                 workflow,
                 principal,
+                sid,
                 context_id,
                 task_id,
                 ..
@@ -678,7 +679,8 @@ impl Runtime {
                     },
                     now,
                 );
-                self.audit(inst, &principal, &op, &args, answer.as_ref().err(), now);
+                let who = (&principal, sid.as_deref());
+                self.audit(inst, who, &op, &args, answer.as_ref().err(), now);
                 if let Err(err) = answer {
                     complete(
                         inst,
