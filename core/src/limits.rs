@@ -131,6 +131,14 @@ impl<K: Clone + Eq + Hash> Lru<K> {
             .0
     }
 
+    /// The key's bucket marked as seen now, if it has one; never adds a key.
+    fn seen(&mut self, key: &K) -> Option<&Bucket> {
+        if !self.map.contains_key(key) {
+            return None;
+        }
+        Some(&*self.touch(key))
+    }
+
     fn get(&self, key: &K) -> Option<&Bucket> {
         self.map.get(key).map(|(b, _)| b)
     }
@@ -197,9 +205,11 @@ impl FailureLimiter {
         }
     }
 
-    /// Milliseconds until `source` may present a credential again; `None` while it may.
-    pub fn refusal(&self, source: Source, now_ms: u64) -> Option<u64> {
-        let wait = self.sources.get(&source)?.wait_ms(FAILURE_RATE, now_ms);
+    /// Milliseconds until `source` may present a credential again; `None` while it may. A
+    /// remembered source counts as seen now, so one that keeps trying is not the first
+    /// evicted.
+    pub fn refusal(&mut self, source: Source, now_ms: u64) -> Option<u64> {
+        let wait = self.sources.seen(&source)?.wait_ms(FAILURE_RATE, now_ms);
         (wait > 0).then_some(wait)
     }
 
