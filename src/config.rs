@@ -175,6 +175,8 @@ pub struct DeviceGrantSection {
     pub token_ttl_s: Option<u64>,
     /// Seconds a device code waits for a decision (default 600; 60 to 1800).
     pub code_ttl_s: Option<u64>,
+    /// `"<burst>/<per>s"`: the request rate of each device name's sessions (unset: none).
+    pub rate: Option<String>,
 }
 
 /// `[a2a.cors]`: browser origins served.
@@ -196,6 +198,17 @@ pub struct PrincipalRule {
     pub role: String,
     #[serde(default)]
     pub grants: Vec<String>,
+    pub quotas: Option<Quotas>,
+}
+
+/// A rule's `quotas`: only `rate` is served. `budget` is read so that it can be refused by
+/// name rather than as an unknown field.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Quotas {
+    /// `"<burst>/<per>s"`, e.g. `"20/60s"`.
+    pub rate: Option<String>,
+    pub budget: Option<toml::Value>,
 }
 
 /// What a rule matches: a bearer credential (a secret reference), or anyone (`any = true`).
@@ -589,6 +602,7 @@ impl Config {
                         "role": r.role,
                         "grants": r.grants,
                         "match": {"bearer_ref": r.matcher.bearer_ref, "any": r.matcher.any},
+                        "quotas": {"rate": r.quotas.as_ref().and_then(|q| q.rate.clone())},
                     })
                 })
                 .collect();
@@ -638,6 +652,12 @@ impl Config {
                 return Err("a2a.device_grant.code_ttl_s: must be 60 to 1800".into());
             }
             g.code_ttl_ms = t * 1000;
+        }
+        if let Some(rate) = &d.rate {
+            g.rate = Some(
+                agentd_core::limits::Rate::parse(rate)
+                    .map_err(|e| format!("a2a.device_grant.rate: {e}"))?,
+            );
         }
         let operator_credential = auth.operator_bearer.is_some()
             || auth.bearers.iter().any(|r| r.principal.is_operator());
@@ -706,9 +726,26 @@ impl Config {
             if !ids.insert(id.clone()) {
                 return Err(format!("{at}.id: {id:?} is declared twice"));
             }
+            let mut rate = None;
+            if let Some(q) = &rule.quotas {
+                if q.budget.is_some() {
+                    return Err(format!(
+                        "{at}.quotas.budget: not supported by this agentd (only quotas.rate is)"
+                    ));
+                }
+                if let Some(spec) = &q.rate {
+                    rate = Some(
+                        agentd_core::limits::Rate::parse(spec)
+                            .map_err(|e| format!("{at}.quotas.rate: {e}"))?,
+                    );
+                }
+            }
             let principal = match role {
+                // Operators are exempt from rates: a rate on an operator rule is kept for the
+                // config op only.
                 Role::Operator => Principal::operator(),
-                r => Principal::new(format!("{}:{id}", r.as_str()), r, rule.grants.clone()),
+                r => Principal::new(format!("{}:{id}", r.as_str()), r, rule.grants.clone())
+                    .with_rate(rate),
             };
             let m = &rule.matcher;
             if m.san.is_some() || m.sub.is_some() {
@@ -814,6 +851,7 @@ fn effective_document(c: &InstanceConfig, max_connections: Option<usize>) -> ser
                 "scopes": c.device_grant.scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
                 "token_ttl_s": c.device_grant.token_ttl_ms / 1000,
                 "code_ttl_s": c.device_grant.code_ttl_ms / 1000,
+                "rate": c.device_grant.rate.map(|r| r.to_string()),
             },
         },
         "limits": {
@@ -956,6 +994,72 @@ match = { bearer_ref = "{{secret:AGENTD_TEST_OP}}" }"#,
             let err = c.instance_config(listener()).map(|_| ()).unwrap_err();
             assert!(err.contains(needle), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn quotas_rate_loads_and_bad_specs_and_budget_are_load_errors() {
+        std::env::set_var("AGENTD_TEST_RATE_OP", "op-token-rate");
+        let listener = || {
+            vec![agentd_core::ListenerInfo {
+                kind: agentd_core::ListenerKind::Tcp,
+                url: "http://127.0.0.1:1/".into(),
+                loopback: true,
+            }]
+        };
+        let good = r#"
+            [a2a]
+            bearer = "{{secret:AGENTD_TEST_RATE_OP}}"
+            device_grant = { enabled = true, rate = "30/60s" }
+            [[a2a.principals]]
+            id = "guest"
+            role = "user"
+            match = { any = true }
+            quotas = { rate = "2/60s" }
+        "#;
+        let c: Config = toml::from_str(good).unwrap();
+        let ic = c.instance_config(listener()).unwrap();
+        let rate = agentd_core::limits::Rate {
+            burst: 2,
+            per_s: 60,
+        };
+        assert_eq!(ic.auth.any.as_ref().unwrap().rate, Some(rate));
+        assert_eq!(
+            ic.device_grant.rate.map(|r| r.to_string()).as_deref(),
+            Some("30/60s")
+        );
+        assert_eq!(
+            ic.config_document["a2a"]["principals"][0]["quotas"]["rate"],
+            "2/60s"
+        );
+        for (quotas, needle) in [
+            (r#"{ rate = "2/60" }"#, "a2a.principals[0].quotas.rate"),
+            (r#"{ rate = "0/60s" }"#, "a2a.principals[0].quotas.rate"),
+            (r#"{ rate = "x" }"#, "<burst>/<per>s"),
+            (
+                r#"{ budget = 100 }"#,
+                "a2a.principals[0].quotas.budget: not supported",
+            ),
+        ] {
+            let text = format!(
+                "[[a2a.principals]]\nid = \"g\"\nrole = \"user\"\nmatch = {{ any = true }}\nquotas = {quotas}\n"
+            );
+            let c: Config = toml::from_str(&text).unwrap();
+            let err = c.instance_config(listener()).map(|_| ()).unwrap_err();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+        let text = "[[a2a.principals]]\nid = \"g\"\nrole = \"user\"\nmatch = { any = true }\nquotas = { burst = 1 }\n";
+        assert!(
+            toml::from_str::<Config>(text).is_err(),
+            "unknown quota keys stay refused"
+        );
+        let text = r#"
+            [a2a]
+            bearer = "{{secret:AGENTD_TEST_RATE_OP}}"
+            device_grant = { enabled = true, rate = "fast" }
+        "#;
+        let c: Config = toml::from_str(text).unwrap();
+        let err = c.instance_config(listener()).map(|_| ()).unwrap_err();
+        assert!(err.starts_with("a2a.device_grant.rate: "), "{err}");
     }
 
     #[test]

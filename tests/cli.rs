@@ -74,6 +74,16 @@ fn configurations_it_cannot_honour_stop_startup() {
             "expected tcp://",
         ),
         ("zero", "[limits]\nmax_body_bytes = 0\n", "greater than 0"),
+        (
+            "rate-spec",
+            "[a2a]\nlisten = \"tcp://127.0.0.1:0\"\n[[a2a.principals]]\nid = \"g\"\nrole = \"user\"\nmatch = { any = true }\nquotas = { rate = \"20 per minute\" }\n",
+            "a2a.principals[0].quotas.rate",
+        ),
+        (
+            "budget",
+            "[a2a]\nlisten = \"tcp://127.0.0.1:0\"\n[[a2a.principals]]\nid = \"g\"\nrole = \"user\"\nmatch = { any = true }\nquotas = { budget = 100 }\n",
+            "a2a.principals[0].quotas.budget: not supported",
+        ),
     ];
     for (name, text, needle) in cases {
         let path = temp_config(name, text);

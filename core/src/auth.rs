@@ -35,6 +35,9 @@ pub struct Principal {
     /// Op names or patterns (`*`, `workflow.*`, `workflow.run:<pattern>`) beyond the role's
     /// defaults.
     pub grants: Vec<String>,
+    /// The rule's `quotas.rate`: requests allowed per period (§7.5). Operators are exempt
+    /// whatever it says.
+    pub rate: Option<crate::limits::Rate>,
 }
 
 impl Principal {
@@ -43,6 +46,7 @@ impl Principal {
             id: "operator".into(),
             role: Role::Operator,
             grants: Vec::new(),
+            rate: None,
         }
     }
 
@@ -51,7 +55,14 @@ impl Principal {
             id: id.into(),
             role,
             grants,
+            rate: None,
         }
+    }
+
+    /// The same principal under a request rate.
+    pub fn with_rate(mut self, rate: Option<crate::limits::Rate>) -> Self {
+        self.rate = rate;
+        self
     }
 
     pub fn is_operator(&self) -> bool {
@@ -290,6 +301,12 @@ impl Via {
     pub fn declared_scheme(self) -> bool {
         matches!(self, Via::Bearer | Via::Session | Via::Cert | Via::Fixed)
     }
+}
+
+/// Whether an `Authorization` value is a session token (`Bearer agentd_at_…`), which only
+/// the session store decides.
+pub fn is_session_bearer(value: &[u8]) -> bool {
+    bearer_token(value).is_some_and(|t| t.starts_with(crate::sessions::TOKEN_PREFIX.as_bytes()))
 }
 
 fn bearer_token(value: &[u8]) -> Option<&[u8]> {

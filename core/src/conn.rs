@@ -123,6 +123,10 @@ pub struct Connection {
     listener: usize,
     /// What the transport proved about the peer; each request is resolved from it.
     peer: Peer,
+    /// The TCP peer's address as the failure limiter keys it (never `X-Forwarded-For`).
+    /// `None` for unix peers and embedders that give none: such a connection is neither
+    /// counted nor refused by the failure limiter.
+    source: Option<crate::limits::Source>,
     limits: ConnLimits,
     waker: Waker,
     parser: RequestParser,
@@ -171,6 +175,7 @@ impl Connection {
         Connection {
             listener,
             peer,
+            source: None,
             limits,
             waker,
             parser: RequestParser::new(limits.http),
@@ -188,6 +193,15 @@ impl Connection {
             tls: None,
             tls_checked: false,
             holds: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// The TCP peer's address, for the failure limiter (an IPv4 address, or the IPv6 /64 it
+    /// is in). A driver calls it once, right after [`Connection::new`]; the unix-socket
+    /// driver never does (its peers are the operator, decided by the kernel).
+    pub fn set_source(&mut self, addr: std::net::IpAddr) {
+        if matches!(self.peer, Peer::Tcp | Peer::Cert(_)) {
+            self.source = Some(crate::limits::Source::of(addr));
         }
     }
 
@@ -741,17 +755,53 @@ impl Connection {
             .listeners
             .get(self.listener)
             .is_some_and(|l| l.loopback);
+        let authorization = head.header("authorization");
+        if let Some(source) = self.source {
+            // A source over its failure limit presents no more configured credentials: they
+            // are refused before they are checked. Session tokens (the store decides them,
+            // and a live one is served), certificates and requests presenting nothing pass.
+            let checked = authorization.is_some_and(|value| {
+                inst.config().auth.has_bearer() && !crate::auth::is_session_bearer(value)
+            });
+            if checked {
+                if let Some(wait) = inst.limits.failures.refusal(source, now.mono_ms) {
+                    let secs = crate::limits::retry_after_secs(wait);
+                    let err = RpcError::rate_limited(
+                        format!(
+                            "too many failed credentials from this address: try again in {secs} s"
+                        ),
+                        secs,
+                    );
+                    self.write_error_reply(
+                        &err,
+                        &RequestId::null(),
+                        head.keep_alive,
+                        head.minor_version,
+                        now,
+                    );
+                    return false;
+                }
+            }
+        }
         let resolved = crate::auth::resolve_with_sessions(
             &inst.config().auth,
             Some((&inst.sessions, now.epoch_ms)),
             &self.peer,
             loopback,
-            head.header("authorization"),
+            authorization,
             head.header("origin").is_some(),
         );
         let (principal, via, sid) = match resolved {
             Ok(found) => found,
             Err(why) => {
+                // A presented credential that failed, and a certificate no rule gives a role,
+                // count against the source; presenting nothing (or a browser refused the
+                // implicit operator) does not.
+                if let (Some(source), Unauthenticated::InvalidToken | Unauthenticated::NoRole) =
+                    (self.source, why)
+                {
+                    inst.limits.failures.count(source, now.mono_ms);
+                }
                 // Nothing costly runs before the caller is known: refused before the body is
                 // read as JSON, so the id is null.
                 self.write_unauthenticated(why, &head, now);

@@ -50,6 +50,9 @@ pub enum ErrorKind {
     Unauthenticated,
     /// The instance drains: no new work (HTTP 200, with `Retry-After`).
     Draining,
+    /// A rate or failure limit: HTTP 429 with `Retry-After`, and the same seconds as
+    /// `retryAfterSeconds` in the metadata.
+    RateLimited,
 }
 
 /// What the table says about a kind.
@@ -172,6 +175,12 @@ impl ErrorKind {
                 AGENTD_DOMAIN,
             ),
             Draining => (-32603, "Internal error", Some("DRAINING"), AGENTD_DOMAIN),
+            RateLimited => (
+                -32603,
+                "Internal error",
+                Some("RATE_LIMITED"),
+                AGENTD_DOMAIN,
+            ),
             Unauthenticated => (
                 -31401,
                 "Unauthenticated",
@@ -189,6 +198,7 @@ impl ErrorKind {
             http_status: match self {
                 PermissionDenied => 403,
                 Unauthenticated => 401,
+                RateLimited => 429,
                 _ => 200,
             },
         }
@@ -248,10 +258,23 @@ impl RpcError {
         Self::new(ErrorKind::TaskNotFound, format!("task not found: {id}")).with_meta("taskId", id)
     }
 
+    /// A rate or failure limit: try again in `secs` seconds (at least 1).
+    pub fn rate_limited(message: impl Into<String>, secs: u32) -> Self {
+        Self::new(ErrorKind::RateLimited, message)
+            .with_meta("retryAfterSeconds", secs.max(1).to_string())
+    }
+
     /// Seconds a client should wait before trying again, sent as `Retry-After`.
     pub fn retry_after(&self) -> Option<u32> {
         match self.kind {
             ErrorKind::Draining => Some(5),
+            ErrorKind::RateLimited => Some(
+                self.metadata
+                    .iter()
+                    .find(|(k, _)| *k == "retryAfterSeconds")
+                    .and_then(|(_, v)| v.parse().ok())
+                    .unwrap_or(1),
+            ),
             _ => None,
         }
     }
@@ -333,11 +356,27 @@ mod tests {
             (ErrorKind::PermissionDenied, -31403),
         ];
         assert_eq!(ErrorKind::PermissionDenied.row().http_status, 403);
+        assert_eq!(ErrorKind::RateLimited.row().http_status, 429);
+        assert_eq!(ErrorKind::RateLimited.row().code, -32603);
+        assert_eq!(ErrorKind::RateLimited.row().reason, Some("RATE_LIMITED"));
         assert_eq!(ErrorKind::ContentTypeNotSupported.row().domain, A2A_DOMAIN);
         assert_eq!(ErrorKind::UnknownOp.row().domain, AGENTD_DOMAIN);
         for (kind, code) in expect {
             assert_eq!(kind.row().code, code, "{kind:?}");
         }
+    }
+
+    #[test]
+    fn rate_limited_carries_its_seconds_twice() {
+        let e = RpcError::rate_limited("slow down", 7);
+        assert_eq!(e.retry_after(), Some(7));
+        assert_eq!(e.http_status(), 429);
+        let j = e.to_json();
+        assert_eq!(j["code"], -32603);
+        assert_eq!(j["data"][0]["reason"], "RATE_LIMITED");
+        assert_eq!(j["data"][0]["domain"], AGENTD_DOMAIN);
+        assert_eq!(j["data"][0]["metadata"]["retryAfterSeconds"], "7");
+        assert_eq!(RpcError::rate_limited("x", 0).retry_after(), Some(1));
     }
 
     #[test]

@@ -363,6 +363,8 @@ pub struct Instance {
     pub(crate) push_configs: crate::push::PushConfigs,
     /// Write-ahead durability (see [`Instance::set_write_ahead`]).
     wal: WriteAhead,
+    /// The failure limiter and the per-principal rates (§7.5).
+    pub(crate) limits: crate::limits::Limits,
 }
 
 /// The instance's side of write-ahead durability: what the host has confirmed durable, and
@@ -442,6 +444,7 @@ impl Instance {
             view: crate::view::RuntimeView::default(),
             push_configs: crate::push::PushConfigs::default(),
             wal: WriteAhead::default(),
+            limits: crate::limits::Limits::default(),
         }
     }
 
@@ -701,6 +704,11 @@ impl Instance {
         for w in self.feed_watchers.values() {
             w.wake_by_ref();
         }
+    }
+
+    /// The failure limiter and the per-principal rates, for inspection.
+    pub fn limits(&self) -> &crate::limits::Limits {
+        &self.limits
     }
 
     /// Whether a session is still open.

@@ -41,6 +41,7 @@ pub mod http;
 pub mod ids;
 pub mod instance;
 pub mod jsonrpc;
+pub mod limits;
 pub mod oauth;
 pub mod push;
 pub mod rpc;

@@ -125,6 +125,7 @@ fn dispatch(
         )
         .with_meta("supportedVersions", PROTOCOL_VERSION));
     }
+    rate_check(inst, ctx)?;
     let Some(route) = Route::from_name(method) else {
         return Err(RpcError::new(
             ErrorKind::MethodNotFound,
@@ -987,6 +988,37 @@ fn status_document(inst: &Instance, ctx: &CallContext<'_>) -> serde_json::Value 
             "pendingCommands": inst.pending_calls(),
         },
     })
+}
+
+/// Step 7 of the pipeline: one token from the caller's rate, before anything is routed, so
+/// a refused request reaches neither a handler nor the runtime. Operators are exempt; a
+/// device session's rate is `a2a.device_grant.rate`, a rule's is its `quotas.rate`.
+fn rate_check(inst: &mut Instance, ctx: &CallContext<'_>) -> Result<(), RpcError> {
+    let p = ctx.principal;
+    if p.is_operator() {
+        return Ok(());
+    }
+    let rate = if ctx.via == crate::auth::Via::Session {
+        inst.config.device_grant.rate
+    } else {
+        p.rate
+    };
+    let Some(rate) = rate else {
+        return Ok(());
+    };
+    inst.limits
+        .rates
+        .take(&p.id, rate, ctx.now.mono_ms)
+        .map_err(|wait| {
+            let secs = crate::limits::retry_after_secs(wait);
+            RpcError::rate_limited(
+                format!(
+                    "rate limit {rate} reached for {}: try again in {secs} s",
+                    p.id
+                ),
+                secs,
+            )
+        })
 }
 
 /// The refusal of new work while the instance drains.

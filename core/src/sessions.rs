@@ -54,6 +54,8 @@ pub struct DeviceGrantConfig {
     pub scopes: Vec<Scope>,
     pub token_ttl_ms: u64,
     pub code_ttl_ms: u64,
+    /// `a2a.device_grant.rate`: one bucket per device name (its principal), operators exempt.
+    pub rate: Option<crate::limits::Rate>,
 }
 
 impl Default for DeviceGrantConfig {
@@ -63,6 +65,7 @@ impl Default for DeviceGrantConfig {
             scopes: vec![Scope::User],
             token_ttl_ms: 8 * 3600 * 1000,
             code_ttl_ms: 10 * 60 * 1000,
+            rate: None,
         }
     }
 }

@@ -118,6 +118,7 @@ mod tests {
             id: "user:ann".into(),
             role: Role::User,
             grants: grants.iter().map(|g| g.to_string()).collect(),
+            rate: None,
         }
     }
 

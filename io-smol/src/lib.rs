@@ -159,8 +159,8 @@ impl Ctx {
 
     async fn accept_tcp(self, listener: Async<std::net::TcpListener>) {
         loop {
-            let mut stream = match listener.accept().await {
-                Ok((s, _)) => s,
+            let (mut stream, source) = match listener.accept().await {
+                Ok((s, addr)) => (s, addr.ip()),
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
                     Timer::after(Duration::from_millis(50)).await;
@@ -172,7 +172,7 @@ impl Ctx {
             self.executor
                 .spawn(async move {
                     if ctx.admit(&mut stream).await {
-                        ctx.clone().serve(stream, Peer::Tcp).await;
+                        ctx.clone().serve(stream, Peer::Tcp, Some(source)).await;
                         ctx.active.fetch_sub(1, Ordering::SeqCst);
                     }
                 })
@@ -209,7 +209,7 @@ impl Ctx {
             self.executor
                 .spawn(async move {
                     if ctx.admit(&mut stream).await {
-                        ctx.clone().serve(stream, Peer::Unix { uid }).await;
+                        ctx.clone().serve(stream, Peer::Unix { uid }, None).await;
                         ctx.active.fetch_sub(1, Ordering::SeqCst);
                     }
                 })
@@ -217,11 +217,20 @@ impl Ctx {
         }
     }
 
-    async fn serve<S: AsyncWrite + Unpin + ReadyRead>(self, mut stream: S, peer: Peer) {
+    async fn serve<S: AsyncWrite + Unpin + ReadyRead>(
+        self,
+        mut stream: S,
+        peer: Peer,
+        source: Option<std::net::IpAddr>,
+    ) {
         let (wake_tx, wake_rx) = async_channel::bounded::<()>(1);
         let waker = Waker::from(Arc::new(ChannelWake(wake_tx)));
         let limits = self.lock().config().conn;
         let mut conn = Connection::new(self.index, peer, limits, waker, self.clock.now());
+        // The failure limiter keys on the socket's own peer address; unix peers have none.
+        if let Some(ip) = source {
+            conn.set_source(ip);
+        }
         let read_buffer = self.options.read_buffer;
         let write_timeout = Duration::from_millis(limits.write_timeout_ms.max(1));
         'conn: loop {

@@ -195,9 +195,11 @@ impl AcceptContext {
                     match accepted {
                         Accepted::Tcp(s) => {
                             let _ = s.set_nodelay(true);
-                            ctx.serve(s, peer)
+                            // The failure limiter keys on the socket's own peer address.
+                            let source = s.peer_addr().ok().map(|a| a.ip());
+                            ctx.serve(s, peer, source)
                         }
-                        Accepted::Unix(s) => ctx.serve(s, peer),
+                        Accepted::Unix(s) => ctx.serve(s, peer, None),
                     }
                     active.fetch_sub(1, Ordering::SeqCst);
                 });
@@ -214,7 +216,7 @@ impl AcceptContext {
         self.instance.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn serve<S: Stream>(self, mut stream: S, peer: Peer) {
+    fn serve<S: Stream>(self, mut stream: S, peer: Peer, source: Option<std::net::IpAddr>) {
         let notify = Arc::new(ThreadNotify {
             thread: thread::current(),
             woken: AtomicBool::new(false),
@@ -225,6 +227,9 @@ impl AcceptContext {
         let _ =
             stream.set_write_timeout(Some(Duration::from_millis(limits.write_timeout_ms.max(1))));
         let mut conn = Connection::new(self.index, peer, limits, waker, now);
+        if let Some(ip) = source {
+            conn.set_source(ip);
+        }
         let mut buf = vec![0u8; self.options.read_buffer];
         loop {
             {
