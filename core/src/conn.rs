@@ -81,6 +81,8 @@ enum State {
     /// An SSE stream is open; without a subscription its first frame was the whole stream.
     Streaming {
         sub: Option<SubId>,
+        /// The task whose events these are: frames carry SSE ids. None: a message reply.
+        task_id: Option<String>,
         id: RequestId,
         chunked: bool,
         keep_alive: bool,
@@ -815,8 +817,14 @@ impl Connection {
                 };
                 true
             }
-            Reply::Stream { sub, first } => {
-                self.start_stream(inst, id, sub, &first, keep_alive, minor, activated, now);
+            Reply::Stream {
+                sub,
+                task_id,
+                frames,
+            } => {
+                self.start_stream(
+                    inst, id, sub, task_id, frames, keep_alive, minor, activated, now,
+                );
                 // The first frame of a stream that created or changed a task.
                 if let Some(seq) = changed {
                     self.hold_from(inst, start, seq);
@@ -866,7 +874,8 @@ impl Connection {
         inst: &mut Instance,
         id: RequestId,
         sub: Option<SubId>,
-        first: &StreamResponse,
+        task_id: Option<String>,
+        frames: Vec<(u64, StreamResponse)>,
         keep_alive: bool,
         minor: u8,
         activated: ExtSet,
@@ -878,12 +887,23 @@ impl Connection {
         let chunked = self.write_stream_head(minor, keep_alive, activated, now);
         self.state = State::Streaming {
             sub,
+            task_id,
             id,
             chunked,
             keep_alive: keep_alive && chunked,
             last_write: now.mono_ms,
         };
-        self.write_stream_event(inst, first, now);
+        for (seq, frame) in &frames {
+            if self.write_stream_event(inst, *seq, frame, now) {
+                return;
+            }
+        }
+        // Without a subscription the frames were the whole stream (a replay that ended
+        // before a terminal state was reached cannot happen: a terminal task's last event
+        // is its terminal status; nothing at all is left when it was already read).
+        if sub.is_none() {
+            self.end_stream(inst, None);
+        }
     }
 
     /// The head of an SSE answer: the echo, CORS, and chunked transfer (HTTP/1.0 has no
@@ -1127,7 +1147,8 @@ impl Connection {
                         inst,
                         id,
                         None,
-                        &response,
+                        None,
+                        vec![(0, response)],
                         keep_alive,
                         minor_version,
                         activated,
@@ -1150,13 +1171,15 @@ impl Connection {
                 task_id,
                 sub,
                 first,
+                first_seq,
             }) => match sub {
                 Some(sub) if streaming => {
                     self.start_stream(
                         inst,
                         id,
                         Some(sub),
-                        &StreamResponse::Task(*first),
+                        Some(task_id),
+                        vec![(first_seq, StreamResponse::Task(*first))],
                         keep_alive,
                         minor_version,
                         activated,
@@ -1258,8 +1281,8 @@ impl Connection {
                 return true;
             };
             match s.queue.pop_front() {
-                Some(event) => {
-                    if self.write_stream_event(inst, &event, now) {
+                Some((seq, event)) => {
+                    if self.write_stream_event(inst, seq, &event, now) {
                         return true;
                     }
                 }
@@ -1276,16 +1299,19 @@ impl Connection {
         }
     }
 
-    /// Writes one stream event; ends the stream after a terminal or interrupted status.
+    /// Writes one stream event, `seq` its number in the task's sequence (the SSE id of a
+    /// task stream's frame); ends the stream after a terminal or interrupted status.
     /// True when the stream ended.
     fn write_stream_event(
         &mut self,
         inst: &mut Instance,
+        seq: u64,
         event: &StreamResponse,
         now: Now,
     ) -> bool {
         let State::Streaming {
             ref id,
+            ref task_id,
             chunked,
             ref mut last_write,
             ..
@@ -1296,7 +1322,8 @@ impl Connection {
         let mut doc = Vec::with_capacity(512);
         jsonrpc::write_result(&mut doc, id, event);
         let start = self.out.len();
-        response::write_sse_event(&mut self.out, &doc, chunked);
+        let event_id = task_id.as_deref().map(|t| inst.stream_event_id(t, seq));
+        response::write_sse_event_with_id(&mut self.out, event_id.as_deref(), &doc, chunked);
         *last_write = now.mono_ms;
         let ends = match event {
             StreamResponse::StatusUpdate(u) => u.status.state.ends_a_turn(),
