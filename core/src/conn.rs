@@ -898,9 +898,8 @@ impl Connection {
                 return;
             }
         }
-        // Without a subscription the frames were the whole stream (a replay that ended
-        // before a terminal state was reached cannot happen: a terminal task's last event
-        // is its terminal status; nothing at all is left when it was already read).
+        // Without a subscription the frames were the whole stream (they end at a terminal
+        // state anyway: a finished task's last event is its terminal status).
         if sub.is_none() {
             self.end_stream(inst, None);
         }

@@ -628,6 +628,9 @@ fn subscribe(
         }
         None => vec![(last, snapshot)],
         Some(Resume::After(n)) => match inst.replay.after(&req.id, n) {
+            // A finished task the client has read to the end: its final snapshot (with the
+            // id the client already holds), so that the request still gets a response.
+            Some(events) if events.is_empty() && terminal => vec![(last, snapshot)],
             Some(events) => events,
             // Some of the events after `n` are no longer kept: the task as it stands now
             // stands in for all of them.
