@@ -18,6 +18,8 @@
 //! hold, so the order stays the request order. Reads change nothing and hold nothing.
 
 use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::sync::Arc;
 use std::task::Waker;
 
 use crate::a2a::types::StreamResponse;
@@ -83,6 +85,8 @@ enum State {
         sub: Option<SubId>,
         /// The task whose events these are: frames carry SSE ids. None: a message reply.
         task_id: Option<String>,
+        /// Frames of the answer not yet written (a replay), before the subscription's.
+        pending: VecDeque<(u64, Arc<StreamResponse>)>,
         id: RequestId,
         chunked: bool,
         keep_alive: bool,
@@ -875,7 +879,7 @@ impl Connection {
         id: RequestId,
         sub: Option<SubId>,
         task_id: Option<String>,
-        frames: Vec<(u64, StreamResponse)>,
+        frames: Vec<(u64, Arc<StreamResponse>)>,
         keep_alive: bool,
         minor: u8,
         activated: ExtSet,
@@ -888,21 +892,14 @@ impl Connection {
         self.state = State::Streaming {
             sub,
             task_id,
+            pending: frames.into(),
             id,
             chunked,
             keep_alive: keep_alive && chunked,
             last_write: now.mono_ms,
         };
-        for (seq, frame) in &frames {
-            if self.write_stream_event(inst, *seq, frame, now) {
-                return;
-            }
-        }
-        // Without a subscription the frames were the whole stream (they end at a terminal
-        // state anyway: a finished task's last event is its terminal status).
-        if sub.is_none() {
-            self.end_stream(inst, None);
-        }
+        // As much as the output bound allows now; the rest as the peer reads.
+        self.pump_stream(inst, now);
     }
 
     /// The head of an SSE answer: the echo, CORS, and chunked transfer (HTTP/1.0 has no
@@ -1147,7 +1144,7 @@ impl Connection {
                         id,
                         None,
                         None,
-                        vec![(0, response)],
+                        vec![(0, Arc::new(response))],
                         keep_alive,
                         minor_version,
                         activated,
@@ -1178,7 +1175,7 @@ impl Connection {
                         id,
                         Some(sub),
                         Some(task_id),
-                        vec![(first_seq, StreamResponse::Task(*first))],
+                        vec![(first_seq, Arc::new(StreamResponse::Task(*first)))],
                         keep_alive,
                         minor_version,
                         activated,
@@ -1266,7 +1263,8 @@ impl Connection {
         self.hold_from(inst, start, seq);
     }
 
-    /// Writes queued stream events. True when the stream ended.
+    /// Writes the answer's own frames, then queued stream events. True when the stream
+    /// ended.
     fn pump_stream(&mut self, inst: &mut Instance, now: Now) -> bool {
         let State::Streaming { sub, .. } = self.state else {
             return false;
@@ -1275,6 +1273,20 @@ impl Connection {
             if self.backlog() >= self.limits.max_output_bytes {
                 return false;
             }
+            let State::Streaming {
+                ref mut pending, ..
+            } = self.state
+            else {
+                return true;
+            };
+            if let Some((seq, frame)) = pending.pop_front() {
+                if self.write_stream_event(inst, seq, &frame, now) {
+                    return true;
+                }
+                continue;
+            }
+            // Without a subscription the answer's frames were the whole stream (they end at
+            // a terminal state anyway: a finished task's last event is its terminal status).
             let Some(s) = sub.and_then(|sub| inst.subscription(sub)) else {
                 self.end_stream(inst, None);
                 return true;

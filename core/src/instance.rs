@@ -283,7 +283,7 @@ pub(crate) struct Subscription {
     pub(crate) task_id: String,
     /// Events not yet written, each with its number in the task's sequence; bounded by
     /// `ConnLimits::stream_queue`.
-    pub(crate) queue: VecDeque<(u64, StreamResponse)>,
+    pub(crate) queue: VecDeque<(u64, std::sync::Arc<StreamResponse>)>,
     /// The queue overflowed: the reader is too slow and its stream ends.
     pub(crate) overflowed: bool,
     /// The task reached a terminal or interrupted state.
@@ -1131,6 +1131,7 @@ impl Instance {
     /// Numbers a task's event, keeps it for reconnecting streams, and queues it for every
     /// stream of the task.
     fn publish(&mut self, task_id: &str, event: StreamResponse, settles: bool) {
+        let event = std::sync::Arc::new(event);
         let seq = self.replay.record(task_id, &event);
         let Some(ids) = self.watchers.get(task_id) else {
             return;

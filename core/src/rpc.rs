@@ -19,6 +19,8 @@ use crate::ext::registry::{declared, Ext, Route, EVENTS_URI};
 use crate::http::RequestHead;
 use crate::instance::{CallId, CallMode, Effect, Instance, PendingCall, SubId};
 use crate::jsonrpc::{self, RequestId};
+use std::sync::Arc;
+
 use crate::tasks::replay::Resume;
 use crate::tasks::{decode_page_token, encode_page_token, StoreError};
 use crate::time::{parse_rfc3339, Now};
@@ -54,7 +56,7 @@ pub enum Reply {
         task_id: Option<String>,
         /// Each frame with its event's number in the task's sequence (a `{task}` snapshot:
         /// the newest event it reflects).
-        frames: Vec<(u64, StreamResponse)>,
+        frames: Vec<(u64, Arc<StreamResponse>)>,
     },
     /// The events feed from a cursor: `hello`, the replay, live events, `goodbye`.
     Feed {
@@ -465,7 +467,7 @@ fn send(
         return Ok(Reply::Stream {
             sub: Some(sub),
             task_id: Some(task_id),
-            frames: vec![(seq, first)],
+            frames: vec![(seq, Arc::new(first))],
         });
     }
     if config.return_immediately == Some(true) {
@@ -598,7 +600,7 @@ fn subscribe(
         .visible(&req.id, ctx.principal)
         .ok_or_else(|| RpcError::task_not_found(&req.id))?;
     let terminal = t.state.is_terminal();
-    let snapshot = StreamResponse::Task(t.view(None, true, annotate));
+    let snapshot = Arc::new(StreamResponse::Task(t.view(None, true, annotate)));
     // SSE reconnection: the events after the client's last one, then live. An empty header
     // names no event (as an SSE client's empty last event id does).
     let resume = match ctx.head.header("last-event-id") {
@@ -681,7 +683,7 @@ fn run_command(
             Reply::Stream {
                 sub: None,
                 task_id: None,
-                frames: vec![(0, response)],
+                frames: vec![(0, Arc::new(response))],
             }
         } else {
             serialize(&response)
@@ -969,7 +971,7 @@ fn complete_locally(
     Ok(if mode == CallMode::Stream {
         Reply::Stream {
             sub: None,
-            frames: vec![(inst.replay.last(&task_id), response)],
+            frames: vec![(inst.replay.last(&task_id), Arc::new(response))],
             task_id: Some(task_id),
         }
     } else {

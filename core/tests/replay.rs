@@ -473,3 +473,40 @@ fn a_command_message_reply_carries_no_id() {
     assert_eq!(kind(&f[0].1), "message");
     assert_eq!(f[0].0, None);
 }
+
+#[test]
+fn a_long_replay_is_written_as_the_peer_reads() {
+    let mut h = Harness::with(|c| c.conn.max_output_bytes = 1024);
+    let mut c = h.conn();
+    let (t, _) = start(&mut h, &mut c);
+    complete(&mut h, &t, TaskState::Working);
+    for i in 0..20 {
+        artifact(&mut h, &t, &format!("a{i}"));
+    }
+    complete(&mut h, &t, TaskState::Completed);
+    c.conn.close(&mut h.inst);
+
+    let mut r = h.conn();
+    let mut out = r.feed(
+        &mut h,
+        &call_resuming("SubscribeToTask", 2, json!({"id": t}), &eid(&t, 0)),
+    );
+    let first = frames(&first_head(&out).body).len();
+    assert!(
+        (1..22).contains(&first),
+        "the output bound holds the replay back: {first} frames at once"
+    );
+    for _ in 0..100 {
+        let more = r.poll(&mut h);
+        if more.is_empty() {
+            break;
+        }
+        out.extend(more);
+    }
+    let ids: Vec<Option<String>> = frames(&one(&out).body)
+        .into_iter()
+        .map(|(i, _)| i)
+        .collect();
+    let want: Vec<Option<String>> = (1..=22).map(|n| Some(eid(&t, n))).collect();
+    assert_eq!(ids, want);
+}

@@ -15,6 +15,9 @@
 //! events after the id are no longer all kept (dropped, or from an earlier run), the
 //! reconnect gets a fresh `{task}` snapshot instead, which stands in for every event up to its
 //! own id.
+//!
+//! Events are shared (`Arc`) between this store and the streams' queues, so neither a
+//! replay nor many readers copy them.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -46,7 +49,7 @@ struct Log {
     /// The newest event's number (0: none yet).
     last: u64,
     /// Kept events, oldest first: (number, serialized size, event).
-    kept: VecDeque<(u64, usize, StreamResponse)>,
+    kept: VecDeque<(u64, usize, Arc<StreamResponse>)>,
 }
 
 /// Where a `Last-Event-ID` points in its task's sequence.
@@ -85,8 +88,8 @@ impl Replay {
     }
 
     /// Numbers and keeps one event of `task_id`; returns its number.
-    pub fn record(&mut self, task_id: &str, event: &StreamResponse) -> u64 {
-        let size = serde_json::to_vec(event).map(|v| v.len()).unwrap_or(0);
+    pub fn record(&mut self, task_id: &str, event: &Arc<StreamResponse>) -> u64 {
+        let size = serde_json::to_vec(&**event).map(|v| v.len()).unwrap_or(0);
         let key: Arc<str> = match self.logs.get_key_value(task_id) {
             Some((k, _)) => k.clone(),
             None => Arc::from(task_id),
@@ -153,7 +156,7 @@ impl Replay {
     }
 
     /// The events after `n`, oldest first, when every one of them is still kept.
-    pub fn after(&self, task_id: &str, n: u64) -> Option<Vec<(u64, StreamResponse)>> {
+    pub fn after(&self, task_id: &str, n: u64) -> Option<Vec<(u64, Arc<StreamResponse>)>> {
         let Some(log) = self.logs.get(task_id) else {
             return (n == 0).then(Vec::new);
         };
@@ -230,8 +233,8 @@ mod tests {
     use super::*;
     use crate::a2a::types::{TaskState, TaskStatusUpdateEvent};
 
-    fn ev(task: &str) -> StreamResponse {
-        StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+    fn ev(task: &str) -> Arc<StreamResponse> {
+        Arc::new(StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
             context_id: "c".into(),
             metadata: None,
             status: crate::a2a::types::TaskStatus {
@@ -240,7 +243,7 @@ mod tests {
                 timestamp: String::new(),
             },
             task_id: task.into(),
-        })
+        }))
     }
 
     #[test]
@@ -282,7 +285,7 @@ mod tests {
 
     #[test]
     fn the_byte_bound_holds() {
-        let size = serde_json::to_vec(&ev("a")).unwrap().len();
+        let size = serde_json::to_vec(&*ev("a")).unwrap().len();
         let mut r = Replay::new(
             ReplayLimits {
                 per_task: 100,
