@@ -257,6 +257,12 @@ pub struct LimitsSection {
     pub write_timeout_ms: Option<u64>,
     pub sse_keepalive_ms: Option<u64>,
     pub stream_queue: Option<usize>,
+    /// Stream events kept per task for `Last-Event-ID` reconnection.
+    pub replay_events_per_task: Option<usize>,
+    /// Stream events kept over all tasks.
+    pub replay_events: Option<usize>,
+    /// Serialized bytes of stream events kept over all tasks.
+    pub replay_bytes: Option<usize>,
     pub max_tasks: Option<usize>,
     pub max_connections: Option<usize>,
 }
@@ -566,6 +572,21 @@ impl Config {
             }
             c.tasks.max_tasks = n;
         }
+        for (name, value, field) in [
+            (
+                "replay_events_per_task",
+                l.replay_events_per_task,
+                &mut c.replay.per_task,
+            ),
+            ("replay_events", l.replay_events, &mut c.replay.events),
+            ("replay_bytes", l.replay_bytes, &mut c.replay.bytes),
+        ] {
+            match value {
+                Some(0) => return Err(format!("limits.{name}: must be greater than 0")),
+                Some(n) => *field = n,
+                None => {}
+            }
+        }
         c.introspection_enabled = self.a2a.introspection.enabled;
         c.push = agentd_core::push::PushPolicy {
             enabled: self.a2a.push.enabled,
@@ -865,6 +886,9 @@ fn effective_document(c: &InstanceConfig, max_connections: Option<usize>) -> ser
             "write_timeout_ms": l.write_timeout_ms,
             "sse_keepalive_ms": l.sse_keepalive_ms,
             "stream_queue": l.stream_queue,
+            "replay_events_per_task": c.replay.per_task,
+            "replay_events": c.replay.events,
+            "replay_bytes": c.replay.bytes,
             "max_tasks": c.tasks.max_tasks,
             "max_connections": max_connections,
         },
@@ -894,6 +918,31 @@ mod tests {
             d["limits"]["idle_timeout_ms"], 60_000,
             "defaults are filled in"
         );
+        assert_eq!(d["limits"]["replay_events_per_task"], 64);
+    }
+
+    #[test]
+    fn replay_bounds_are_read_and_zero_is_refused() {
+        let listener = || {
+            vec![agentd_core::ListenerInfo {
+                kind: agentd_core::ListenerKind::Tcp,
+                url: "http://127.0.0.1:1/".into(),
+                loopback: true,
+            }]
+        };
+        let c: Config = toml::from_str(
+            "[limits]\nreplay_events_per_task = 8\nreplay_events = 100\nreplay_bytes = 5000",
+        )
+        .unwrap();
+        let ic = c.instance_config(listener()).unwrap();
+        assert_eq!(
+            (ic.replay.per_task, ic.replay.events, ic.replay.bytes),
+            (8, 100, 5000)
+        );
+        assert_eq!(ic.config_document["limits"]["replay_bytes"], 5000);
+        let c: Config = toml::from_str("[limits]\nreplay_events = 0").unwrap();
+        let err = c.instance_config(listener()).unwrap_err();
+        assert!(err.contains("limits.replay_events"), "{err}");
     }
 
     #[test]

@@ -18,6 +18,8 @@
 //! hold, so the order stays the request order. Reads change nothing and hold nothing.
 
 use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::sync::Arc;
 use std::task::Waker;
 
 use crate::a2a::types::StreamResponse;
@@ -81,6 +83,10 @@ enum State {
     /// An SSE stream is open; without a subscription its first frame was the whole stream.
     Streaming {
         sub: Option<SubId>,
+        /// The task whose events these are: frames carry SSE ids. None: a message reply.
+        task_id: Option<String>,
+        /// Frames of the answer not yet written (a replay), before the subscription's.
+        pending: VecDeque<(u64, Arc<StreamResponse>)>,
         id: RequestId,
         chunked: bool,
         keep_alive: bool,
@@ -866,8 +872,14 @@ impl Connection {
                 };
                 true
             }
-            Reply::Stream { sub, first } => {
-                self.start_stream(inst, id, sub, &first, keep_alive, minor, activated, now);
+            Reply::Stream {
+                sub,
+                task_id,
+                frames,
+            } => {
+                self.start_stream(
+                    inst, id, sub, task_id, frames, keep_alive, minor, activated, now,
+                );
                 // The first frame of a stream that created or changed a task.
                 if let Some(seq) = changed {
                     self.hold_from(inst, start, seq);
@@ -917,7 +929,8 @@ impl Connection {
         inst: &mut Instance,
         id: RequestId,
         sub: Option<SubId>,
-        first: &StreamResponse,
+        task_id: Option<String>,
+        frames: Vec<(u64, Arc<StreamResponse>)>,
         keep_alive: bool,
         minor: u8,
         activated: ExtSet,
@@ -929,12 +942,15 @@ impl Connection {
         let chunked = self.write_stream_head(minor, keep_alive, activated, now);
         self.state = State::Streaming {
             sub,
+            task_id,
+            pending: frames.into(),
             id,
             chunked,
             keep_alive: keep_alive && chunked,
             last_write: now.mono_ms,
         };
-        self.write_stream_event(inst, first, now);
+        // As much as the output bound allows now; the rest as the peer reads.
+        self.pump_stream(inst, now);
     }
 
     /// The head of an SSE answer: the echo, CORS, and chunked transfer (HTTP/1.0 has no
@@ -1178,7 +1194,8 @@ impl Connection {
                         inst,
                         id,
                         None,
-                        &response,
+                        None,
+                        vec![(0, Arc::new(response))],
                         keep_alive,
                         minor_version,
                         activated,
@@ -1201,13 +1218,15 @@ impl Connection {
                 task_id,
                 sub,
                 first,
+                first_seq,
             }) => match sub {
                 Some(sub) if streaming => {
                     self.start_stream(
                         inst,
                         id,
                         Some(sub),
-                        &StreamResponse::Task(*first),
+                        Some(task_id),
+                        vec![(first_seq, Arc::new(StreamResponse::Task(*first)))],
                         keep_alive,
                         minor_version,
                         activated,
@@ -1295,7 +1314,8 @@ impl Connection {
         self.hold_from(inst, start, seq);
     }
 
-    /// Writes queued stream events. True when the stream ended.
+    /// Writes the answer's own frames, then queued stream events. True when the stream
+    /// ended.
     fn pump_stream(&mut self, inst: &mut Instance, now: Now) -> bool {
         let State::Streaming { sub, .. } = self.state else {
             return false;
@@ -1304,13 +1324,27 @@ impl Connection {
             if self.backlog() >= self.limits.max_output_bytes {
                 return false;
             }
+            let State::Streaming {
+                ref mut pending, ..
+            } = self.state
+            else {
+                return true;
+            };
+            if let Some((seq, frame)) = pending.pop_front() {
+                if self.write_stream_event(inst, seq, &frame, now) {
+                    return true;
+                }
+                continue;
+            }
+            // Without a subscription the answer's frames were the whole stream (they end at
+            // a terminal state anyway: a finished task's last event is its terminal status).
             let Some(s) = sub.and_then(|sub| inst.subscription(sub)) else {
                 self.end_stream(inst, None);
                 return true;
             };
             match s.queue.pop_front() {
-                Some(event) => {
-                    if self.write_stream_event(inst, &event, now) {
+                Some((seq, event)) => {
+                    if self.write_stream_event(inst, seq, &event, now) {
                         return true;
                     }
                 }
@@ -1327,16 +1361,19 @@ impl Connection {
         }
     }
 
-    /// Writes one stream event; ends the stream after a terminal or interrupted status.
+    /// Writes one stream event, `seq` its number in the task's sequence (the SSE id of a
+    /// task stream's frame); ends the stream after a terminal or interrupted status.
     /// True when the stream ended.
     fn write_stream_event(
         &mut self,
         inst: &mut Instance,
+        seq: u64,
         event: &StreamResponse,
         now: Now,
     ) -> bool {
         let State::Streaming {
             ref id,
+            ref task_id,
             chunked,
             ref mut last_write,
             ..
@@ -1347,7 +1384,8 @@ impl Connection {
         let mut doc = Vec::with_capacity(512);
         jsonrpc::write_result(&mut doc, id, event);
         let start = self.out.len();
-        response::write_sse_event(&mut self.out, &doc, chunked);
+        let event_id = task_id.as_deref().map(|t| inst.stream_event_id(t, seq));
+        response::write_sse_event_with_id(&mut self.out, event_id.as_deref(), &doc, chunked);
         *last_write = now.mono_ms;
         let ends = match event {
             StreamResponse::StatusUpdate(u) => u.status.state.ends_a_turn(),

@@ -98,6 +98,8 @@ pub struct InstanceConfig {
     pub listeners: Vec<ListenerInfo>,
     pub conn: ConnLimits,
     pub tasks: TaskLimits,
+    /// Stream events kept for SSE reconnection (`Last-Event-ID`).
+    pub replay: crate::tasks::replay::ReplayLimits,
     /// `a2a.events.enabled`: declares the events extension.
     pub events_enabled: bool,
     /// `a2a.introspection.enabled`: serves the introspection ops.
@@ -147,6 +149,7 @@ impl InstanceConfig {
             listeners,
             conn: ConnLimits::DEFAULT,
             tasks: TaskLimits::DEFAULT,
+            replay: crate::tasks::replay::ReplayLimits::DEFAULT,
             events_enabled: false,
             introspection_enabled: false,
             device_grant: crate::sessions::DeviceGrantConfig::default(),
@@ -281,8 +284,9 @@ pub type SubId = u64;
 #[derive(Debug)]
 pub(crate) struct Subscription {
     pub(crate) task_id: String,
-    /// Events not yet written; bounded by `ConnLimits::stream_queue`.
-    pub(crate) queue: VecDeque<StreamResponse>,
+    /// Events not yet written, each with its number in the task's sequence; bounded by
+    /// `ConnLimits::stream_queue`.
+    pub(crate) queue: VecDeque<(u64, std::sync::Arc<StreamResponse>)>,
     /// The queue overflowed: the reader is too slow and its stream ends.
     pub(crate) overflowed: bool,
     /// The task reached a terminal or interrupted state.
@@ -310,6 +314,8 @@ pub(crate) enum CallOutcome {
         task_id: String,
         sub: Option<SubId>,
         first: Box<crate::a2a::types::Task>,
+        /// The number of the newest event `first` reflects.
+        first_seq: u64,
     },
 }
 
@@ -334,6 +340,8 @@ pub struct Instance {
     pub(crate) config: InstanceConfig,
     pub(crate) cards: Vec<CachedCard>,
     pub(crate) tasks: TaskStore,
+    /// Recent stream events per task, for reconnecting streams.
+    pub(crate) replay: crate::tasks::replay::Replay,
     pub(crate) entropy: Box<dyn Entropy>,
     subs: HashMap<SubId, Subscription>,
     watchers: HashMap<String, Vec<SubId>>,
@@ -422,6 +430,7 @@ impl Instance {
             .then(|| crate::feed::Ring::new(config.events_ring));
         Instance {
             tasks: TaskStore::new(config.tasks),
+            replay: crate::tasks::replay::Replay::new(config.replay, now.epoch_ms),
             feed,
             config,
             cards,
@@ -666,6 +675,7 @@ impl Instance {
         self.announce_records();
         for (id, owner) in self.tasks.take_evicted() {
             self.push_configs.forget_task(&id);
+            self.replay.forget(&id);
             let _ = self.push_feed(
                 crate::feed::FeedEvent::TaskRemoved {
                     id,
@@ -837,6 +847,7 @@ impl Instance {
                 .map(|t| t.view(history, true, annotate))
                 .ok_or(CompletionError::UnknownTask)?,
         );
+        let first_seq = self.replay.last(&task_id);
         let sub = match mode {
             CallMode::Stream => Some(self.subscribe(&task_id, false)),
             CallMode::Wait => Some(self.subscribe(&task_id, true)),
@@ -852,6 +863,7 @@ impl Instance {
             task_id,
             sub,
             first,
+            first_seq,
         });
         if let Some(w) = &call.waker {
             w.wake_by_ref();
@@ -1127,7 +1139,11 @@ impl Instance {
         }
     }
 
+    /// Numbers a task's event, keeps it for reconnecting streams, and queues it for every
+    /// stream of the task.
     fn publish(&mut self, task_id: &str, event: StreamResponse, settles: bool) {
+        let event = std::sync::Arc::new(event);
+        let seq = self.replay.record(task_id, &event);
         let Some(ids) = self.watchers.get(task_id) else {
             return;
         };
@@ -1143,7 +1159,7 @@ impl Instance {
                 if sub.queue.len() >= cap {
                     sub.overflowed = true;
                 } else {
-                    sub.queue.push_back(event.clone());
+                    sub.queue.push_back((seq, event.clone()));
                 }
             }
             if let Some(w) = &sub.waker {
@@ -1187,6 +1203,16 @@ impl Instance {
                 }
             }
         }
+    }
+
+    /// The SSE id of event `n` of a task's stream (see [`crate::tasks::replay`]).
+    pub fn stream_event_id(&self, task_id: &str, n: u64) -> String {
+        self.replay.event_id(task_id, n)
+    }
+
+    /// Stream events kept for reconnection, over all tasks: (events, serialized bytes).
+    pub fn replay_kept(&self) -> (usize, usize) {
+        (self.replay.kept_events(), self.replay.kept_bytes())
     }
 
     pub(crate) fn new_id(&mut self) -> String {

@@ -19,6 +19,9 @@ use crate::ext::registry::{declared, Ext, Route, EVENTS_URI};
 use crate::http::RequestHead;
 use crate::instance::{CallId, CallMode, Effect, Instance, PendingCall, SubId};
 use crate::jsonrpc::{self, RequestId};
+use std::sync::Arc;
+
+use crate::tasks::replay::Resume;
 use crate::tasks::{decode_page_token, encode_page_token, StoreError};
 use crate::time::{parse_rfc3339, Now};
 use crate::view::RuntimeView;
@@ -44,10 +47,16 @@ pub enum Reply {
         task_id: String,
         history_length: Option<usize>,
     },
-    /// A stream: `first` now, then the events of `sub` (none: `first` is the whole stream).
+    /// A stream: `frames` now, then the events of `sub` (none: `frames` are the whole
+    /// stream).
     Stream {
         sub: Option<SubId>,
-        first: Box<StreamResponse>,
+        /// The task whose stream this is: each frame's SSE id names its event in the task's
+        /// sequence. None for a command's message reply, whose one frame has no id.
+        task_id: Option<String>,
+        /// Each frame with its event's number in the task's sequence (a `{task}` snapshot:
+        /// the newest event it reflects).
+        frames: Vec<(u64, Arc<StreamResponse>)>,
     },
     /// The events feed from a cursor: `hello`, the replay, live events, `goodbye`.
     Feed {
@@ -457,10 +466,12 @@ fn send(
     };
     if streaming {
         let first = StreamResponse::Task(snapshot(inst)?);
+        let seq = inst.replay.last(&task_id);
         let sub = inst.subscribe(&task_id, false);
         return Ok(Reply::Stream {
             sub: Some(sub),
-            first: Box::new(first),
+            task_id: Some(task_id),
+            frames: vec![(seq, Arc::new(first))],
         });
     }
     if config.return_immediately == Some(true) {
@@ -592,22 +603,53 @@ fn subscribe(
         .tasks
         .visible(&req.id, ctx.principal)
         .ok_or_else(|| RpcError::task_not_found(&req.id))?;
-    if t.state.is_terminal() {
-        return Err(RpcError::new(
-            ErrorKind::UnsupportedOperation,
-            format!(
-                "task {} is {}; there is nothing left to subscribe to",
-                req.id,
-                t.state.as_str()
-            ),
-        )
-        .with_meta("taskId", &req.id));
-    }
-    let first = StreamResponse::Task(t.view(None, true, annotate));
-    let sub = inst.subscribe(&req.id, false);
+    let terminal = t.state.is_terminal();
+    let snapshot = Arc::new(StreamResponse::Task(t.view(None, true, annotate)));
+    // SSE reconnection: the events after the client's last one, then live. An empty header
+    // names no event (as an SSE client's empty last event id does).
+    let resume = match ctx.head.header("last-event-id") {
+        Some(v) if !v.trim_ascii().is_empty() => {
+            let v = std::str::from_utf8(v.trim_ascii()).map_err(|_| {
+                RpcError::invalid_field("Last-Event-ID", "is not UTF-8")
+                    .with_meta("taskId", &req.id)
+            })?;
+            Some(inst.replay.parse(&req.id, v).map_err(|why| {
+                RpcError::invalid_field("Last-Event-ID", why).with_meta("taskId", &req.id)
+            })?)
+        }
+        _ => None,
+    };
+    let last = inst.replay.last(&req.id);
+    let frames = match resume {
+        None if terminal => {
+            return Err(RpcError::new(
+                ErrorKind::UnsupportedOperation,
+                format!(
+                    "task {} is {}; there is nothing left to subscribe to",
+                    req.id,
+                    t.state.as_str()
+                ),
+            )
+            .with_meta("taskId", &req.id));
+        }
+        None => vec![(last, snapshot)],
+        Some(Resume::After(n)) => match inst.replay.after(&req.id, n) {
+            // A finished task the client has read to the end: its final snapshot (with the
+            // id the client already holds), so that the request still gets a response.
+            Some(events) if events.is_empty() && terminal => vec![(last, snapshot)],
+            Some(events) => events,
+            // Some of the events after `n` are no longer kept: the task as it stands now
+            // stands in for all of them.
+            None => vec![(last, snapshot)],
+        },
+        // The daemon restarted since: its numbering started again.
+        Some(Resume::EarlierRun) => vec![(last, snapshot)],
+    };
+    let sub = (!terminal).then(|| inst.subscribe(&req.id, false));
     Ok(Reply::Stream {
-        sub: Some(sub),
-        first: Box::new(first),
+        sub,
+        task_id: Some(req.id),
+        frames,
     })
 }
 
@@ -644,7 +686,8 @@ fn run_command(
         return Ok(if mode == CallMode::Stream {
             Reply::Stream {
                 sub: None,
-                first: Box::new(response),
+                task_id: None,
+                frames: vec![(0, Arc::new(response))],
             }
         } else {
             serialize(&response)
@@ -933,7 +976,8 @@ fn complete_locally(
     Ok(if mode == CallMode::Stream {
         Reply::Stream {
             sub: None,
-            first: Box::new(response),
+            frames: vec![(inst.replay.last(&task_id), Arc::new(response))],
+            task_id: Some(task_id),
         }
     } else {
         serialize(&response)

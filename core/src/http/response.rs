@@ -109,10 +109,23 @@ impl<'a> Head<'a> {
 /// One SSE event holding one JSON document on a single `data:` line. JSON text from
 /// serde_json never contains a raw newline, so one line always suffices.
 pub fn write_sse_event(out: &mut Vec<u8>, json: &[u8], chunked: bool) {
+    write_sse_event_with_id(out, None, json, chunked)
+}
+
+/// An SSE event with an `id:` line first when `id` is given (a task stream's frame, so that a
+/// client can reconnect with `Last-Event-ID`). The id holds no line break.
+pub fn write_sse_event_with_id(out: &mut Vec<u8>, id: Option<&str>, json: &[u8], chunked: bool) {
     debug_assert!(!json.contains(&b'\n'));
-    let len = json.len() + b"data: \n\n".len();
+    debug_assert!(id.is_none_or(|i| !i.contains(['\n', '\r'])));
+    let id_len = id.map_or(0, |i| i.len() + b"id: \n".len());
+    let len = id_len + json.len() + b"data: \n\n".len();
     if chunked {
         let _ = write!(out, "{len:x}\r\n");
+    }
+    if let Some(i) = id {
+        out.extend_from_slice(b"id: ");
+        out.extend_from_slice(i.as_bytes());
+        out.push(b'\n');
     }
     out.extend_from_slice(b"data: ");
     out.extend_from_slice(json);

@@ -8,6 +8,7 @@ use crate::ext::annotations::{Link, LinkKind};
 use crate::time::rfc3339_ms;
 
 pub mod persist;
+pub mod replay;
 pub(crate) use persist::PrincipalDoc;
 pub use persist::TASK_KIND;
 
