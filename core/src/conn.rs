@@ -1185,7 +1185,7 @@ impl Connection {
             Some(CallOutcome::Answered(CommandAnswer::Document(result))) => {
                 let message = crate::ext::command::reply_message(
                     format!("msg-{}", inst.new_id()),
-                    pending.context_id,
+                    pending.context.name,
                     result,
                 );
                 let response = StreamResponse::Message(message);

@@ -22,7 +22,7 @@ use crate::ext::command::table::ReplyKind;
 use crate::ext::command::{Commands, DeclaredCommand, RegisterError, Switches};
 use crate::http::HttpLimits;
 use crate::ids::Entropy;
-use crate::tasks::{StoreError, TaskLimits, TaskStore};
+use crate::tasks::{ContextIds, StoreError, TaskLimits, TaskStore};
 use crate::time::Now;
 
 /// What kind of socket a listener serves.
@@ -170,7 +170,11 @@ pub enum Effect {
     /// A conversation turn: answer `message` on task `task_id` with completions.
     Turn {
         task_id: String,
+        /// The conversation's internal key (§7.6): `ctx-<32 hex>` for a non-operator's, so
+        /// two owners' same-named contexts never meet. `message.contextId` carries it too.
         context_id: String,
+        /// The owner's own name for the context, for showing back to the owner.
+        context_name: String,
         message: Box<Message>,
         owner: Principal,
     },
@@ -201,7 +205,10 @@ pub enum Effect {
         /// The caller's session, if it called with a session token: the host's audit event
         /// of the command carries it.
         sid: Option<String>,
+        /// The conversation's internal key (§7.6), as for [`Effect::Turn`].
         context_id: String,
+        /// The caller's own name for the context.
+        context_name: String,
         /// The id the task gets if the host starts it (task ops only).
         task_id: Option<String>,
     },
@@ -325,7 +332,7 @@ pub(crate) struct PendingCall {
     pub(crate) reply: ReplyKind,
     pub(crate) mode: CallMode,
     pub(crate) principal: Principal,
-    pub(crate) context_id: String,
+    pub(crate) context: ContextIds,
     pub(crate) task_id: Option<String>,
     pub(crate) message: Message,
     /// The request activated task annotations.
@@ -821,8 +828,8 @@ impl Instance {
             .task_id
             .clone()
             .ok_or(CompletionError::WrongReplyKind)?;
-        let (context_id, principal, message, op, mode, annotate, history) = (
-            call.context_id.clone(),
+        let (context, principal, message, op, mode, annotate, history) = (
+            call.context.clone(),
             call.principal.clone(),
             call.message.clone(),
             call.op.clone(),
@@ -831,13 +838,7 @@ impl Instance {
             call.history,
         );
         self.tasks
-            .create(
-                task_id.clone(),
-                context_id,
-                principal,
-                message,
-                now.epoch_ms,
-            )
+            .create(task_id.clone(), context, principal, message, now.epoch_ms)
             .map_err(|_| CompletionError::UnknownTask)?;
         self.tasks.set_origin(&task_id, link, Some(op));
         self.task_changed(&task_id, now);
@@ -1217,6 +1218,33 @@ impl Instance {
 
     pub(crate) fn new_id(&mut self) -> String {
         crate::ids::uuid_v4(self.entropy.as_mut())
+    }
+
+    /// The conversation a caller's `contextId` names (§7.6 "contextId namespace"). An
+    /// operator's is taken as the internal key as is. A non-operator's is mapped, per
+    /// principal, to an internal key `ctx-<32 hex>` minted on first use, so two callers who
+    /// choose the same name get separate conversations. A missing one gets a UUIDv4 name,
+    /// bound the same way.
+    pub(crate) fn resolve_context(&mut self, principal: &Principal, name: &str) -> ContextIds {
+        let name = if name.is_empty() {
+            self.new_id()
+        } else {
+            name.to_owned()
+        };
+        if principal.is_operator() {
+            return ContextIds::plain(name);
+        }
+        if let Some(key) = self.tasks.context_key(&principal.id, &name) {
+            return ContextIds {
+                key: key.to_owned(),
+                name,
+            };
+        }
+        let mut bytes = [0u8; 16];
+        self.entropy.fill(&mut bytes);
+        let key = format!("ctx-{}", crate::ids::hex(&bytes));
+        self.tasks.bind_context(&principal.id, &name, &key);
+        ContextIds { name, key }
     }
 }
 

@@ -375,13 +375,10 @@ fn send(
             return Err(draining(inst));
         }
         let task_id = inst.new_id();
-        if message.context_id.is_empty() {
-            message.context_id = inst.new_id();
-        }
-        let context_id = message.context_id.clone();
+        let context = inst.resolve_context(ctx.principal, &message.context_id);
         match inst.tasks.create(
             task_id.clone(),
-            context_id.clone(),
+            context.clone(),
             ctx.principal.clone(),
             message.clone(),
             ctx.now.epoch_ms,
@@ -395,10 +392,12 @@ fn send(
             }
         }
         message.task_id = task_id.clone();
+        message.context_id = context.key.clone();
         inst.task_changed(&task_id, ctx.now);
         inst.push_effect(Effect::Turn {
             task_id: task_id.clone(),
-            context_id,
+            context_id: context.key,
+            context_name: context.name,
             message: Box::new(message),
             owner: ctx.principal.clone(),
         });
@@ -419,7 +418,14 @@ fn send(
             )
             .with_meta("taskId", &task_id));
         }
-        if !message.context_id.is_empty() && message.context_id != t.context_id {
+        // In the caller's namespace: the owner names the context by its own name, an
+        // operator by the internal key (its own tasks' keys are their names).
+        let named = if ctx.principal.is_operator() {
+            &t.context_key
+        } else {
+            &t.context_id
+        };
+        if !message.context_id.is_empty() && message.context_id != *named {
             return Err(RpcError::invalid_field(
                 "message.contextId",
                 format!("task {task_id} belongs to another context"),
@@ -430,7 +436,10 @@ fn send(
                 check_gate_answer(schema, &message)?;
             }
         }
-        let context_id = t.context_id.clone();
+        let context = crate::tasks::ContextIds {
+            name: t.context_id.clone(),
+            key: t.context_key.clone(),
+        };
         let owner = t.owner.clone();
         inst.tasks
             .append_message(&task_id, message.clone())
@@ -442,10 +451,12 @@ fn send(
         }
         inst.set_status(&task_id, TaskState::Working, None, ctx.now)
             .map_err(|_| RpcError::task_not_found(&task_id))?;
-        message.context_id = context_id.clone();
+        message.task_id = task_id.clone();
+        message.context_id = context.key.clone();
         inst.push_effect(Effect::Turn {
             task_id: task_id.clone(),
-            context_id,
+            context_id: context.key,
+            context_name: context.name,
             message: Box::new(message),
             owner,
         });
@@ -531,7 +542,9 @@ fn list_tasks(
     let include_artifacts = req.include_artifacts == Some(true);
     let matches = |t: &&crate::tasks::TaskRecord| {
         ctx.principal.may_see(&t.owner)
-            && (req.context_id.is_empty() || t.context_id == req.context_id)
+            && (req.context_id.is_empty()
+                || t.context_id == req.context_id
+                || (ctx.principal.is_operator() && t.context_key == req.context_id))
             && status.is_none_or(|s| t.state == s)
             && since.is_none_or(|ms| t.status_ms >= ms)
     };
@@ -664,11 +677,8 @@ fn run_command(
     history: Option<usize>,
     annotate: bool,
 ) -> Result<Reply, RpcError> {
-    let context_id = if message.context_id.is_empty() {
-        inst.new_id()
-    } else {
-        message.context_id.clone()
-    };
+    let context = inst.resolve_context(ctx.principal, &message.context_id);
+    let context_id = context.name.clone();
     message.context_id = context_id.clone();
     if let Some(result) = sign_in_op(inst, ctx, &checked)? {
         return complete_locally(inst, ctx, checked, message, mode, history, annotate, result);
@@ -707,7 +717,7 @@ fn run_command(
         reply: checked.reply,
         mode,
         principal: ctx.principal.clone(),
-        context_id: context_id.clone(),
+        context: context.clone(),
         task_id: task_id.clone(),
         message,
         annotate: checked_annotate,
@@ -724,7 +734,8 @@ fn run_command(
         workflow: checked.workflow,
         principal,
         sid: ctx.sid.map(str::to_owned),
-        context_id,
+        context_id: context.key,
+        context_name: context.name,
         task_id,
     });
     Ok(Reply::Call {
@@ -933,11 +944,11 @@ fn complete_locally(
     result: serde_json::Value,
 ) -> Result<Reply, RpcError> {
     let task_id = inst.new_id();
-    let context_id = message.context_id.clone();
+    let context = inst.resolve_context(ctx.principal, &message.context_id);
     inst.tasks
         .create(
             task_id.clone(),
-            context_id,
+            context,
             ctx.principal.clone(),
             message,
             ctx.now.epoch_ms,

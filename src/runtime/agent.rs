@@ -96,6 +96,7 @@ impl TurnIn {
                 context_id,
                 message,
                 owner,
+                ..
             } => Some(TurnIn {
                 task: task_id.clone(),
                 context: context_id.clone(),

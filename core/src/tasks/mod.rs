@@ -35,11 +35,35 @@ impl TaskLimits {
     };
 }
 
+/// The conversation a task belongs to, under both of its names (§7.6 "contextId
+/// namespace"): `name` is the owner's own `contextId`, the only one the wire ever shows for
+/// the task; `key` is the internal key the host keys the conversation by (`ctx-<32 hex>`
+/// for a non-operator's, the name itself for an operator's).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContextIds {
+    pub name: String,
+    pub key: String,
+}
+
+impl ContextIds {
+    /// A context whose internal key is its name (an operator's).
+    pub fn plain(name: impl Into<String>) -> Self {
+        let name = name.into();
+        ContextIds {
+            key: name.clone(),
+            name,
+        }
+    }
+}
+
 /// Everything the instance knows about one task.
 #[derive(Clone, Debug)]
 pub struct TaskRecord {
     pub id: String,
+    /// The owner's own name for the task's context: what `Task.contextId` shows.
     pub context_id: String,
+    /// The internal key of the task's conversation: what the host sees.
+    pub context_key: String,
     pub owner: Principal,
     pub state: TaskState,
     pub status_message: Option<Message>,
@@ -170,6 +194,12 @@ pub struct TaskStore {
     dirty: BTreeSet<String>,
     /// Counts changes while tracking; part of the instance's record sequence.
     changes: u64,
+    /// The contextId namespace: (owner id, the owner's name) to the internal key, with the
+    /// number of held tasks in that context. Rebuilt from the tasks at restore.
+    contexts: HashMap<(String, String), (String, usize)>,
+    /// Names no held task uses any more (or bound before their first task), oldest first:
+    /// kept while there is room, so a conversation outlives its tasks' eviction for a while.
+    unused_contexts: VecDeque<(String, String)>,
 }
 
 impl TaskStore {
@@ -184,6 +214,65 @@ impl TaskStore {
             track: false,
             dirty: BTreeSet::new(),
             changes: 0,
+            contexts: HashMap::new(),
+            unused_contexts: VecDeque::new(),
+        }
+    }
+
+    /// The internal key `owner` has bound to its context name `name`, if any.
+    pub fn context_key(&self, owner: &str, name: &str) -> Option<&str> {
+        self.contexts
+            .get(&(owner.to_owned(), name.to_owned()))
+            .map(|(k, _)| k.as_str())
+    }
+
+    /// Binds `owner`'s context name `name` to `key` before any task uses it. The namespace is
+    /// bounded by `max_tasks` besides the names held tasks use: past it the oldest unused
+    /// name is forgotten.
+    pub fn bind_context(&mut self, owner: &str, name: &str, key: &str) {
+        let k = (owner.to_owned(), name.to_owned());
+        if self.contexts.contains_key(&k) {
+            return;
+        }
+        self.contexts.insert(k.clone(), (key.to_owned(), 0));
+        self.unused_contexts.push_back(k);
+        self.trim_unused_contexts();
+    }
+
+    fn trim_unused_contexts(&mut self) {
+        while self.unused_contexts.len() > self.limits.max_tasks.max(1) {
+            let Some(k) = self.unused_contexts.pop_front() else {
+                break;
+            };
+            if self.contexts.get(&k).is_some_and(|(_, n)| *n == 0) {
+                self.contexts.remove(&k);
+            }
+        }
+    }
+
+    fn context_used(&mut self, rec: &TaskRecord) {
+        let k = (rec.owner.id.clone(), rec.context_id.clone());
+        let entry = self
+            .contexts
+            .entry(k.clone())
+            .or_insert_with(|| (rec.context_key.clone(), 0));
+        if entry.0 != rec.context_key {
+            // Two keys for one name (only after an operator rewrote the store by hand): the
+            // newest task's wins, as a continuation of it would use it.
+            entry.0 = rec.context_key.clone();
+        }
+        // A name left in `unused_contexts` is skipped when its turn comes while in use.
+        entry.1 += 1;
+    }
+
+    fn context_released(&mut self, rec: &TaskRecord) {
+        let k = (rec.owner.id.clone(), rec.context_id.clone());
+        if let Some(entry) = self.contexts.get_mut(&k) {
+            entry.1 = entry.1.saturating_sub(1);
+            if entry.1 == 0 {
+                self.unused_contexts.push_back(k);
+                self.trim_unused_contexts();
+            }
         }
     }
 
@@ -232,6 +321,7 @@ impl TaskStore {
         if rec.state.is_terminal() {
             self.terminal.insert((rec.created_ms, rec.id.clone()));
         }
+        self.context_used(&rec);
         self.tasks.insert(rec.id.clone(), rec);
     }
 
@@ -276,7 +366,7 @@ impl TaskStore {
     pub fn create(
         &mut self,
         id: String,
-        context_id: String,
+        context: ContextIds,
         owner: Principal,
         mut first: Message,
         now_ms: u64,
@@ -292,10 +382,11 @@ impl TaskStore {
             self.touch(&oldest.1);
         }
         first.task_id = id.clone();
-        first.context_id = context_id.clone();
+        first.context_id = context.name.clone();
         let mut rec = TaskRecord {
             id: id.clone(),
-            context_id,
+            context_id: context.name,
+            context_key: context.key,
             owner,
             state: TaskState::Submitted,
             status_message: None,
@@ -316,6 +407,7 @@ impl TaskStore {
             ask_channel: None,
         };
         rec.push_history(first, &self.limits);
+        self.context_used(&rec);
         self.order.insert((now_ms, rec.status_seq), id.clone());
         self.touch(&id);
         Ok(self.tasks.entry(id).or_insert(rec))
@@ -330,6 +422,7 @@ impl TaskStore {
         let t = self.tasks.remove(id)?;
         self.order.remove(&(t.status_ms, t.status_seq));
         self.terminal.remove(&(t.created_ms, t.id.clone()));
+        self.context_released(&t);
         Some(t)
     }
 
@@ -489,8 +582,14 @@ mod tests {
             history_messages: 3,
             ..TaskLimits::DEFAULT
         });
-        s.create("t".into(), "c".into(), Principal::operator(), msg("m0"), 10)
-            .unwrap();
+        s.create(
+            "t".into(),
+            ContextIds::plain("c"),
+            Principal::operator(),
+            msg("m0"),
+            10,
+        )
+        .unwrap();
         s.set_status(
             "t",
             TaskState::InputRequired,
@@ -527,8 +626,14 @@ mod tests {
             history_messages: 2,
             ..TaskLimits::DEFAULT
         });
-        s.create("t".into(), "c".into(), Principal::operator(), msg("a"), 1)
-            .unwrap();
+        s.create(
+            "t".into(),
+            ContextIds::plain("c"),
+            Principal::operator(),
+            msg("a"),
+            1,
+        )
+        .unwrap();
         s.append_message("t", msg("b")).unwrap();
         s.append_message("t", msg("c")).unwrap();
         let ids: Vec<_> = s
@@ -548,18 +653,42 @@ mod tests {
             max_tasks: 2,
             ..TaskLimits::DEFAULT
         });
-        s.create("a".into(), "c".into(), Principal::operator(), msg("1"), 1)
-            .unwrap();
-        s.create("b".into(), "c".into(), Principal::operator(), msg("2"), 2)
-            .unwrap();
+        s.create(
+            "a".into(),
+            ContextIds::plain("c"),
+            Principal::operator(),
+            msg("1"),
+            1,
+        )
+        .unwrap();
+        s.create(
+            "b".into(),
+            ContextIds::plain("c"),
+            Principal::operator(),
+            msg("2"),
+            2,
+        )
+        .unwrap();
         assert_eq!(
-            s.create("c".into(), "c".into(), Principal::operator(), msg("3"), 3)
-                .unwrap_err(),
+            s.create(
+                "c".into(),
+                ContextIds::plain("c"),
+                Principal::operator(),
+                msg("3"),
+                3
+            )
+            .unwrap_err(),
             StoreError::Full
         );
         s.set_status("b", TaskState::Rejected, None, 4).unwrap();
-        s.create("c".into(), "c".into(), Principal::operator(), msg("3"), 5)
-            .unwrap();
+        s.create(
+            "c".into(),
+            ContextIds::plain("c"),
+            Principal::operator(),
+            msg("3"),
+            5,
+        )
+        .unwrap();
         assert!(s.get("b").is_none());
         assert_eq!(s.len(), 2);
     }
@@ -568,7 +697,13 @@ mod tests {
     fn page_tokens_round_trip_and_refuse_garbage() {
         let mut s = TaskStore::new(TaskLimits::DEFAULT);
         let t = s
-            .create("t".into(), "c".into(), Principal::operator(), msg("m"), 42)
+            .create(
+                "t".into(),
+                ContextIds::plain("c"),
+                Principal::operator(),
+                msg("m"),
+                42,
+            )
             .unwrap();
         assert_eq!(decode_page_token(&encode_page_token(t)), Some((42, 1)));
         for bad in [

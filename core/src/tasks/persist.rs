@@ -20,6 +20,10 @@ struct TaskDoc {
     v: u32,
     id: String,
     context_id: String,
+    /// The internal key of the task's conversation (§7.6); absent in records written before
+    /// the namespace existed, whose context ids were used as keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    context_key: Option<String>,
     owner: PrincipalDoc,
     state: TaskState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -78,6 +82,7 @@ impl TaskRecord {
             v: 1,
             id: self.id.clone(),
             context_id: self.context_id.clone(),
+            context_key: Some(self.context_key.clone()),
             owner: PrincipalDoc::from(&self.owner),
             state: self.state,
             status_message: self.status_message.clone(),
@@ -121,6 +126,7 @@ impl TaskRecord {
             history_bytes: history.iter().map(|(_, s)| s).sum(),
             history,
             id: d.id,
+            context_key: d.context_key.unwrap_or_else(|| d.context_id.clone()),
             context_id: d.context_id,
             owner: d.owner.into_principal()?,
             state: d.state,

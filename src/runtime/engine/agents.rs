@@ -8,7 +8,7 @@ impl Runtime {
         &mut self,
         inst: &mut Inst<'_>,
         owner: &Principal,
-        context_id: &str,
+        (context_id, name): (&str, &str),
         task_id: &str,
         message: &Message,
         now: Now,
@@ -19,6 +19,7 @@ impl Runtime {
             .entry(key)
             .or_insert_with(|| Conversation {
                 context_id: context_id.to_owned(),
+                name: name.to_owned(),
                 owner: owner.clone(),
                 messages: VecDeque::new(),
                 total_messages: 0,
@@ -51,7 +52,7 @@ impl Runtime {
         c.task = Some(task_id.to_owned());
         c.updated = now.epoch_ms;
         let doc = conversation_doc(c);
-        let id = conversation_key(&c.owner, &c.context_id);
+        let id = conversation_key(c);
         inst.view.conversations.insert(
             id,
             ViewItem {
@@ -274,7 +275,7 @@ impl Runtime {
         c.updated = now.epoch_ms;
         let doc = conversation_doc(c);
         let owner = c.owner.id.clone();
-        let id = conversation_key(&c.owner, &c.context_id);
+        let id = conversation_key(c);
         inst.view.conversations.insert(
             id,
             ViewItem {

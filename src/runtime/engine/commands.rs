@@ -167,11 +167,17 @@ impl Runtime {
             }
             "plan.get" => {
                 let p = call.principal;
+                // `id` names the conversation in the caller's namespace (§7.6): its own
+                // name for it, or (for an operator) the internal key.
                 let run = match str_arg(call.args, "id") {
                     Some(ctx) => self
                         .runs
                         .values()
-                        .filter(|r| r.context_id == ctx && p.may_see(&r.owner))
+                        .filter(|r| {
+                            ((r.context_name == ctx && r.owner.id == p.id)
+                                || (p.is_operator() && r.context_id == ctx))
+                                && p.may_see(&r.owner)
+                        })
                         .max_by_key(|r| r.created),
                     None => self
                         .runs
@@ -181,12 +187,18 @@ impl Runtime {
                 };
                 let doc = match (run, str_arg(call.args, "id")) {
                     (Some(r), _) => {
-                        json!({"conversation": r.context_id, "plan": r.plan(), "progress": r.progress()})
+                        let name = if r.owner.id == p.id {
+                            &r.context_name
+                        } else {
+                            &r.context_id
+                        };
+                        json!({"conversation": name, "plan": r.plan(), "progress": r.progress()})
                     }
                     (None, Some(ctx)) => {
                         if !self
                             .conversations
-                            .contains_key(&(p.id.clone(), ctx.to_owned()))
+                            .values()
+                            .any(|c| c.owner.id == p.id && c.name == ctx)
                             && !p.is_operator()
                         {
                             return Err(not_found("conversation"));
@@ -234,8 +246,10 @@ impl Runtime {
                 let c = self
                     .conversations
                     .values()
+                    // The caller's own name for it, or the internal key (how operators
+                    // address conversations, §7.6).
                     .find(|c| {
-                        (c.context_id == id || conversation_key(&c.owner, &c.context_id) == id)
+                        ((c.name == id && c.owner.id == p.id) || c.context_id == id)
                             && p.may_see(&c.owner)
                     })
                     .ok_or_else(|| not_found("conversation"))?;
@@ -247,7 +261,7 @@ impl Runtime {
                     .map(|m| cut_strings(m, 4096))
                     .collect();
                 let doc = json!({"conversation": {
-                    "id": conversation_key(&c.owner, &c.context_id),
+                    "id": conversation_key(c),
                     "kind": "a2a",
                     "version": c.version,
                     "turns": c.turns,

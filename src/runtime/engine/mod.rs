@@ -303,7 +303,10 @@ struct Run {
     workflow: Arc<Workflow>,
     owner: Principal,
     task_id: String,
+    /// The internal key of the conversation it runs in (§7.6).
     context_id: String,
+    /// The owner's own name for that conversation.
+    context_name: String,
     /// How it was started: `workflow.run` or the declared command's op.
     start: String,
     inputs: Value,
@@ -391,7 +394,11 @@ impl Run {
 
 /// A conversation: the turns one principal sent under one contextId.
 struct Conversation {
+    /// The internal key (§7.6 "contextId namespace"): what the agent is told and what
+    /// operators address the conversation by.
     context_id: String,
+    /// The owner's own name for it (its `contextId`).
+    name: String,
     owner: Principal,
     messages: VecDeque<Value>,
     total_messages: u64,
@@ -543,6 +550,7 @@ impl Runtime {
             Effect::Turn {
                 task_id,
                 context_id,
+                context_name,
                 message,
                 owner,
             } => {
@@ -583,12 +591,14 @@ impl Runtime {
                     self.held_turns.push(Effect::Turn {
                         task_id,
                         context_id,
+                        context_name,
                         message,
                         owner,
                     });
                     return;
                 }
-                self.record_turn(inst, &owner, &context_id, &task_id, &message, now);
+                let context = (context_id.as_str(), context_name.as_str());
+                self.record_turn(inst, &owner, context, &task_id, &message, now);
                 let turn = TurnIn {
                     task: task_id.clone(),
                     context: context_id,
@@ -663,6 +673,7 @@ impl Runtime {
                 principal,
                 sid,
                 context_id,
+                context_name,
                 task_id,
                 ..
             } => {
@@ -674,6 +685,7 @@ impl Runtime {
                         args: &args,
                         principal: &principal,
                         context_id: &context_id,
+                        context_name: &context_name,
                         task_id: task_id.as_deref(),
                         workflow: workflow.as_deref(),
                     },
@@ -702,7 +714,10 @@ struct Call<'a> {
     op: &'a str,
     args: &'a Map<String, Value>,
     principal: &'a Principal,
+    /// The conversation's internal key.
     context_id: &'a str,
+    /// The caller's own name for it.
+    context_name: &'a str,
     task_id: Option<&'a str>,
     workflow: Option<&'a str>,
 }
@@ -815,14 +830,15 @@ fn check_against(schema: &Value, value: &Value, op: &str, field: &str) -> Result
     }
 }
 
-fn conversation_key(owner: &Principal, context_id: &str) -> String {
-    format!("{}/{}", owner.id, context_id)
+/// A conversation's id in the feed, `status` and `conversation.get`: its internal key.
+fn conversation_key(c: &Conversation) -> String {
+    c.context_id.clone()
 }
 
 fn conversation_doc(c: &Conversation) -> Value {
     json!({
-        "id": conversation_key(&c.owner, &c.context_id),
-        "contextId": c.context_id,
+        "id": conversation_key(c),
+        "contextId": c.name,
         "kind": "a2a",
         "version": c.version,
         "messages": c.total_messages,

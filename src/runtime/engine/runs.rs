@@ -32,6 +32,7 @@ impl Runtime {
             owner: call.principal.clone(),
             task_id: task_id.clone(),
             context_id: call.context_id.to_owned(),
+            context_name: call.context_name.to_owned(),
             start,
             inputs,
             status: RunStatus::Running,
