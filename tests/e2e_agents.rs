@@ -346,3 +346,118 @@ fn a_drain_stops_the_agent_processes_too() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// §7.6: two bearers who both name their context `root` get two conversations, each keyed by
+/// its own internal key; each sees only its own turns and its own name, and an operator sees
+/// both under their internal keys in `status`.
+#[test]
+fn two_principals_root_conversations_stay_separate() {
+    let sections = format!(
+        "[agent]\ncommand = [\"python3\", \"{}\"]\nturn_timeout_ms = 20000\n\n\
+         [a2a.introspection]\nenabled = true\n\n\
+         [[a2a.principals]]\nid = \"ann\"\nrole = \"user\"\nmatch = {{ bearer_ref = \"{{{{secret:E2E_ANN}}}}\" }}\n\n\
+         [[a2a.principals]]\nid = \"bob\"\nrole = \"user\"\nmatch = {{ bearer_ref = \"{{{{secret:E2E_BOB}}}}\" }}\n",
+        script("examples/agents/echo_agent.py"),
+    );
+    let mut d = Daemon::start_setup(
+        "smol",
+        &Setup {
+            a2a: "bearer = \"{{secret:E2E_OP}}\"".into(),
+            sections,
+            env: vec![
+                ("E2E_OP".into(), "op-token".into()),
+                ("E2E_ANN".into(), "ann-token".into()),
+                ("E2E_BOB".into(), "bob-token".into()),
+            ],
+            ..Setup::default()
+        },
+    );
+    let rpc = |token: &str, message: Value| -> Value {
+        let auth = format!("Authorization: Bearer {token}");
+        let ext = format!("A2A-Extensions: {COMMAND_URI}");
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+            "params": {"message": message}});
+        d.connect_tcp()
+            .request(&post(
+                &[RPC_HEADERS[0], RPC_HEADERS[1], &auth, &ext],
+                body.to_string().as_bytes(),
+            ))
+            .json()
+    };
+    let turn = |token: &str, text: &str| -> Value {
+        let r = rpc(
+            token,
+            json!({"role": "ROLE_USER", "messageId": format!("m-{}", next()),
+                "contextId": "root", "parts": [{"text": text}]}),
+        );
+        let t = r["result"]["task"].clone();
+        assert_eq!(task_state(&t), "TASK_STATE_COMPLETED", "{r}");
+        assert_eq!(t["contextId"], "root", "each owner sees its own name: {r}");
+        t
+    };
+    let op = |token: &str, envelope: Value| -> Value {
+        let r = rpc(
+            token,
+            json!({"role": "ROLE_USER", "messageId": format!("c-{}", next()),
+                "extensions": [COMMAND_URI], "parts": [{"data": {"agentd": envelope}}]}),
+        );
+        r["result"]["message"]["parts"][0]["data"].clone()
+    };
+    turn("ann-token", "ann's secret");
+    turn("bob-token", "bob's note");
+    turn("ann-token", "ann again");
+
+    // Each principal's `root` holds only its own turns.
+    let texts = |conv: &Value| -> Vec<String> {
+        conv["messages"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{conv}"))
+            .iter()
+            .map(|m| m["text"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let ann =
+        op("ann-token", json!({"op": "conversation.get", "id": "root"}))["conversation"].clone();
+    let bob =
+        op("bob-token", json!({"op": "conversation.get", "id": "root"}))["conversation"].clone();
+    assert_eq!(ann["turns"], 2, "{ann}");
+    assert_eq!(bob["turns"], 1, "{bob}");
+    assert!(texts(&ann).iter().all(|t| !t.contains("bob")), "{ann}");
+    assert!(texts(&bob).iter().all(|t| !t.contains("ann")), "{bob}");
+    let (ka, kb) = (ann["id"].as_str().unwrap(), bob["id"].as_str().unwrap());
+    for k in [ka, kb] {
+        assert!(k.starts_with("ctx-") && k.len() == 36, "{k}");
+    }
+    assert_ne!(ka, kb);
+
+    // The operator sees both under their internal keys, and addresses them by those keys.
+    let status = op("op-token", json!({"op": "status"}));
+    let mut listed: Vec<(String, String, String)> = status["conversations"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{status}"))
+        .iter()
+        .map(|c| {
+            let s = |k: &str| c[k].as_str().unwrap_or("").to_owned();
+            (s("id"), s("contextId"), s("principal"))
+        })
+        .collect();
+    listed.sort_by(|a, b| a.2.cmp(&b.2));
+    assert_eq!(
+        listed,
+        [
+            (ka.to_owned(), "root".to_owned(), "user:ann".to_owned()),
+            (kb.to_owned(), "root".to_owned(), "user:bob".to_owned()),
+        ]
+    );
+    let by_key =
+        op("op-token", json!({"op": "conversation.get", "id": kb}))["conversation"].clone();
+    assert_eq!(texts(&by_key), texts(&bob));
+    // A user cannot reach the other's conversation by its key.
+    let r = rpc(
+        "ann-token",
+        json!({"role": "ROLE_USER", "messageId": "c-x", "extensions": [COMMAND_URI],
+            "parts": [{"data": {"agentd": {"op": "conversation.get", "id": kb}}}]}),
+    );
+    assert_eq!(r["error"]["code"], -32001, "{r}");
+    d.assert_alive();
+}
