@@ -141,11 +141,11 @@ fn list_tasks_filters_a_user_by_its_own_name_and_an_operator_by_key_or_name() {
 
     assert_eq!(
         list(&mut h, &mut a, json!({"contextId": "root"})),
-        [ta.clone()]
+        std::slice::from_ref(&ta)
     );
     assert_eq!(
         list(&mut h, &mut b, json!({"contextId": "root"})),
-        [tb.clone()]
+        std::slice::from_ref(&tb)
     );
     assert_eq!(list(&mut h, &mut a, json!({"contextId": "other"})), [tc]);
     // A non-operator's filter matches only its own wire names, never an internal key.
@@ -155,11 +155,11 @@ fn list_tasks_filters_a_user_by_its_own_name_and_an_operator_by_key_or_name() {
     let mut op = h.conn();
     assert_eq!(
         list(&mut h, &mut op, json!({"contextId": ka})),
-        [ta.clone()]
+        std::slice::from_ref(&ta)
     );
     assert_eq!(
         list(&mut h, &mut op, json!({"contextId": kb})),
-        [tb.clone()]
+        std::slice::from_ref(&tb)
     );
     let mut by_name = list(&mut h, &mut op, json!({"contextId": "root"}));
     by_name.sort();
