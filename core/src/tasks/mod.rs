@@ -175,6 +175,16 @@ pub enum StoreError {
     TooManyArtifacts,
 }
 
+/// One name of the contextId namespace.
+#[derive(Debug)]
+struct ContextEntry {
+    key: String,
+    /// Held tasks in this context.
+    tasks: usize,
+    /// While no task uses it: its place in `unused_contexts`.
+    unused_at: Option<u64>,
+}
+
 /// The in-memory task store, with the order ListTasks pages through.
 #[derive(Debug)]
 pub struct TaskStore {
@@ -194,12 +204,14 @@ pub struct TaskStore {
     dirty: BTreeSet<String>,
     /// Counts changes while tracking; part of the instance's record sequence.
     changes: u64,
-    /// The contextId namespace: (owner id, the owner's name) to the internal key, with the
-    /// number of held tasks in that context. Rebuilt from the tasks at restore.
-    contexts: HashMap<(String, String), (String, usize)>,
-    /// Names no held task uses any more (or bound before their first task), oldest first:
-    /// kept while there is room, so a conversation outlives its tasks' eviction for a while.
-    unused_contexts: VecDeque<(String, String)>,
+    /// The contextId namespace: (owner id, the owner's name) to its internal key. Rebuilt
+    /// from the tasks at restore.
+    contexts: HashMap<(String, String), ContextEntry>,
+    /// Names no held task uses any more (or bound before their first task), by when they
+    /// became unused: kept while there is room, so a conversation outlives its tasks'
+    /// eviction for a while.
+    unused_contexts: BTreeMap<u64, (String, String)>,
+    unused_seq: u64,
 }
 
 impl TaskStore {
@@ -215,7 +227,8 @@ impl TaskStore {
             dirty: BTreeSet::new(),
             changes: 0,
             contexts: HashMap::new(),
-            unused_contexts: VecDeque::new(),
+            unused_contexts: BTreeMap::new(),
+            unused_seq: 0,
         }
     }
 
@@ -223,57 +236,72 @@ impl TaskStore {
     pub fn context_key(&self, owner: &str, name: &str) -> Option<&str> {
         self.contexts
             .get(&(owner.to_owned(), name.to_owned()))
-            .map(|(k, _)| k.as_str())
+            .map(|e| e.key.as_str())
     }
 
-    /// Binds `owner`'s context name `name` to `key` before any task uses it. The namespace is
-    /// bounded by `max_tasks` besides the names held tasks use: past it the oldest unused
-    /// name is forgotten.
+    /// Binds `owner`'s context name `name` to `key` before any task uses it. Names held tasks
+    /// use are kept as long as those tasks; unused ones up to `max_tasks` of them, past which
+    /// the one unused the longest is forgotten.
     pub fn bind_context(&mut self, owner: &str, name: &str, key: &str) {
         let k = (owner.to_owned(), name.to_owned());
         if self.contexts.contains_key(&k) {
             return;
         }
-        self.contexts.insert(k.clone(), (key.to_owned(), 0));
-        self.unused_contexts.push_back(k);
-        self.trim_unused_contexts();
+        self.contexts.insert(
+            k.clone(),
+            ContextEntry {
+                key: key.to_owned(),
+                tasks: 0,
+                unused_at: None,
+            },
+        );
+        self.mark_unused(k);
     }
 
-    fn trim_unused_contexts(&mut self) {
+    fn mark_unused(&mut self, k: (String, String)) {
+        self.unused_seq += 1;
+        if let Some(e) = self.contexts.get_mut(&k) {
+            e.unused_at = Some(self.unused_seq);
+        }
+        self.unused_contexts.insert(self.unused_seq, k);
         while self.unused_contexts.len() > self.limits.max_tasks.max(1) {
-            let Some(k) = self.unused_contexts.pop_front() else {
+            let Some((_, old)) = self.unused_contexts.pop_first() else {
                 break;
             };
-            if self.contexts.get(&k).is_some_and(|(_, n)| *n == 0) {
-                self.contexts.remove(&k);
-            }
+            self.contexts.remove(&old);
         }
     }
 
     fn context_used(&mut self, rec: &TaskRecord) {
         let k = (rec.owner.id.clone(), rec.context_id.clone());
-        let entry = self
-            .contexts
-            .entry(k.clone())
-            .or_insert_with(|| (rec.context_key.clone(), 0));
-        if entry.0 != rec.context_key {
-            // Two keys for one name (only after an operator rewrote the store by hand): the
-            // newest task's wins, as a continuation of it would use it.
-            entry.0 = rec.context_key.clone();
+        let e = self.contexts.entry(k).or_insert_with(|| ContextEntry {
+            key: rec.context_key.clone(),
+            tasks: 0,
+            unused_at: None,
+        });
+        // Two keys for one name happen only in a store written by hand: the newest task's
+        // wins, as a continuation of it would use it.
+        e.key.clone_from(&rec.context_key);
+        e.tasks += 1;
+        if let Some(at) = e.unused_at.take() {
+            self.unused_contexts.remove(&at);
         }
-        // A name left in `unused_contexts` is skipped when its turn comes while in use.
-        entry.1 += 1;
     }
 
     fn context_released(&mut self, rec: &TaskRecord) {
         let k = (rec.owner.id.clone(), rec.context_id.clone());
-        if let Some(entry) = self.contexts.get_mut(&k) {
-            entry.1 = entry.1.saturating_sub(1);
-            if entry.1 == 0 {
-                self.unused_contexts.push_back(k);
-                self.trim_unused_contexts();
-            }
+        let Some(e) = self.contexts.get_mut(&k) else {
+            return;
+        };
+        e.tasks = e.tasks.saturating_sub(1);
+        if e.tasks == 0 {
+            self.mark_unused(k);
         }
+    }
+
+    /// How many context names the namespace holds (used and unused).
+    pub fn context_count(&self) -> usize {
+        self.contexts.len()
     }
 
     /// Starts (or stops) remembering which tasks changed, for [`TaskStore::take_dirty`].
@@ -691,6 +719,43 @@ mod tests {
         .unwrap();
         assert!(s.get("b").is_none());
         assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn the_context_namespace_lives_with_its_tasks_then_is_bounded() {
+        let mut s = TaskStore::new(TaskLimits {
+            max_tasks: 2,
+            ..TaskLimits::DEFAULT
+        });
+        let alice = Principal::new("user:alice", crate::auth::Role::User, vec![]);
+        let ctx = |name: &str, key: &str| ContextIds {
+            name: name.into(),
+            key: key.into(),
+        };
+        s.bind_context("user:alice", "a", "ctx-a");
+        s.create("t1".into(), ctx("a", "ctx-a"), alice.clone(), msg("1"), 1)
+            .unwrap();
+        s.create("t2".into(), ctx("a", "ctx-a"), alice.clone(), msg("2"), 2)
+            .unwrap();
+        assert_eq!(s.context_key("user:alice", "a"), Some("ctx-a"));
+        assert_eq!(s.context_key("user:bob", "a"), None);
+        // Both tasks of `a` end and are evicted: the name is still remembered, unused.
+        s.set_status("t1", TaskState::Completed, None, 3).unwrap();
+        s.set_status("t2", TaskState::Completed, None, 4).unwrap();
+        s.create("t3".into(), ctx("b", "ctx-b"), alice.clone(), msg("3"), 5)
+            .unwrap();
+        s.create("t4".into(), ctx("b", "ctx-b"), alice.clone(), msg("4"), 6)
+            .unwrap();
+        assert!(s.get("t1").is_none() && s.get("t2").is_none());
+        assert_eq!(s.context_key("user:alice", "a"), Some("ctx-a"));
+        // Unused names are bounded by max_tasks: the one unused longest goes first, and a
+        // name in use is never forgotten.
+        s.bind_context("user:alice", "c", "ctx-c");
+        assert_eq!(s.context_key("user:alice", "a"), Some("ctx-a"));
+        s.bind_context("user:alice", "d", "ctx-d");
+        assert_eq!(s.context_key("user:alice", "a"), None);
+        assert_eq!(s.context_key("user:alice", "b"), Some("ctx-b"));
+        assert_eq!(s.context_count(), 3);
     }
 
     #[test]
