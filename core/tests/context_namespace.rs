@@ -298,3 +298,60 @@ fn the_namespace_survives_a_restart_through_the_task_records() {
     let (_, [_, kb, _, _]) = send(&mut h2, &mut b2, message("hi", "m3", Some("root")));
     assert_ne!(kb, key);
 }
+
+#[test]
+fn stream_frames_show_the_owner_its_name() {
+    let mut h = Harness::new();
+    let mut a = h.conn_as(0, user("alice"));
+    let mut out = a.feed(
+        &mut h,
+        &call(
+            "SendStreamingMessage",
+            7,
+            json!({"message": message("hi", "m1", Some("root"))}),
+        ),
+    );
+    let (id, key) = match h.take_effects().as_slice() {
+        [Effect::Turn {
+            task_id,
+            context_id,
+            ..
+        }] => (task_id.clone(), context_id.clone()),
+        other => panic!("{other:?}"),
+    };
+    h.inst
+        .handle_completion(
+            Completion::Artifact {
+                task_id: id.clone(),
+                artifact: serde_json::from_value(
+                    json!({"artifactId": "a1", "parts": [{"text": "x"}]}),
+                )
+                .unwrap(),
+                append: false,
+                last_chunk: true,
+            },
+            h.now,
+        )
+        .unwrap();
+    h.inst
+        .handle_completion(
+            Completion::Status {
+                task_id: id,
+                state: TaskState::Completed,
+                message: Some(vec![Part::text("done")]),
+            },
+            h.now,
+        )
+        .unwrap();
+    out.extend(a.poll(&mut h));
+    let events = one(&out).events();
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert_eq!(events[0]["result"]["task"]["contextId"], "root");
+    assert_eq!(events[1]["result"]["artifactUpdate"]["contextId"], "root");
+    assert_eq!(events[2]["result"]["statusUpdate"]["contextId"], "root");
+    assert_eq!(
+        events[2]["result"]["statusUpdate"]["status"]["message"]["contextId"],
+        "root"
+    );
+    assert!(!String::from_utf8_lossy(&out).contains(&key));
+}
