@@ -1,5 +1,5 @@
 //! Configuration reload on SIGHUP, on the real binary, both drivers: a rewritten file swaps
-//! the bearer rules and CORS origins and announces them with one `config` feed event; a
+//! the bearer rules, CORS origins and approval and announces them with one `config` feed event; a
 //! broken file changes nothing; a restart-only key is reported, not applied, and the
 //! daemon keeps serving.
 
@@ -84,8 +84,8 @@ fn swaps_rules_and_origins(driver: &str) {
     assert_eq!(list(&d, "old-token", &[&origin]).status, 403, "{driver}");
 
     let text = std::fs::read_to_string(config_path(&d)).unwrap();
-    let text =
-        text.replace("E2E_OLD", "E2E_NEW") + &format!("\n[a2a.cors]\norigins = [\"{ORIGIN}\"]\n");
+    let text = text.replace("E2E_OLD", "E2E_NEW")
+        + &format!("\n[a2a.cors]\norigins = [\"{ORIGIN}\"]\n[agent]\napproval = \"deny\"\n");
     std::fs::write(config_path(&d), text).unwrap();
     d.signal("HUP");
 
@@ -99,7 +99,10 @@ fn swaps_rules_and_origins(driver: &str) {
     let events = config_events(&d);
     assert_eq!(
         events,
-        vec![json!({"paths": ["a2a.principals", "a2a.cors.origins"], "source": "reload"})],
+        vec![json!({
+            "paths": ["a2a.principals", "a2a.cors.origins", "agent.approval"],
+            "source": "reload"
+        })],
         "{driver}"
     );
     assert!(d.stderr().contains("configuration reloaded"), "{driver}");
