@@ -508,6 +508,28 @@ impl Config {
             .collect()
     }
 
+    /// Refuses a memory store behind a listener other clients reach.
+    pub fn check_store(
+        &self,
+        store: &crate::durable::StoreKind,
+        endpoints: &[Endpoint],
+    ) -> Result<(), String> {
+        if *store != crate::durable::StoreKind::Memory {
+            return Ok(());
+        }
+        // Whatever a remote client is told was done must survive a restart.
+        if let Some(ep) = endpoints.iter().find(|ep| match ep {
+            Endpoint::Tcp(a) | Endpoint::Https(a) => !a.ip().is_loopback(),
+            Endpoint::Unix(_) => false,
+        }) {
+            return Err(format!(
+                "store.kind = \"memory\" loses every task at a restart; {ep} is not loopback: \
+                 use the file store for a listener other clients reach"
+            ));
+        }
+        Ok(())
+    }
+
     /// The TLS of each `https://` endpoint, by listener index.
     pub fn tls_listeners(
         &self,

@@ -4,5 +4,6 @@
 
 pub mod config;
 pub mod durable;
+pub mod reload;
 pub mod runtime;
 pub mod store;

@@ -138,20 +138,9 @@ fn run(args: Args) -> Result<(), Failure> {
     let settings = config.runtime_settings().map_err(Failure::Config)?;
     let declared = config.declared_commands().map_err(Failure::Config)?;
     let store_kind = config.store.resolve().map_err(Failure::Config)?;
-    if store_kind == durable::StoreKind::Memory {
-        // Whatever a remote client is told was done must survive a restart.
-        if let Some(ep) = endpoints.iter().find(|ep| match ep {
-            agentd_io_std::Endpoint::Tcp(a) | agentd_io_std::Endpoint::Https(a) => {
-                !a.ip().is_loopback()
-            }
-            agentd_io_std::Endpoint::Unix(_) => false,
-        }) {
-            return Err(Failure::Config(format!(
-                "store.kind = \"memory\" loses every task at a restart; {ep} is not loopback: \
-                 use the file store for a listener other clients reach"
-            )));
-        }
-    }
+    config
+        .check_store(&store_kind, &endpoints)
+        .map_err(Failure::Config)?;
     let mut listeners = Vec::with_capacity(endpoints.len());
     for ep in &endpoints {
         listeners.push(
@@ -216,6 +205,7 @@ fn run(args: Args) -> Result<(), Failure> {
     let runtime = runtime::spawn(instance.clone(), clock, settings)
         .map_err(|e| Failure::Runtime(format!("runtime thread: {e}")))?;
     let max_connections = config.limits.max_connections;
+    let reload_instance = instance.clone();
     match args.driver {
         Driver::Smol => {
             let mut opts = agentd_io_smol::DriverOptions::default();
@@ -250,6 +240,24 @@ fn run(args: Args) -> Result<(), Failure> {
         signal_hook::consts::SIGINT,
     ])
     .map_err(|e| Failure::Runtime(format!("signal handlers: {e}")))?;
+    // SIGHUP reloads the configuration (see `agentd::reload`); registered before the
+    // listeners are announced, so an early SIGHUP never takes the default action (exit).
+    let mut hangups = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])
+        .map_err(|e| Failure::Runtime(format!("signal handlers: {e}")))?;
+    {
+        let mut state = agentd::reload::State::new(args.config.clone(), &config);
+        let reloader = runtime.reload_handle();
+        let instance = reload_instance;
+        std::thread::Builder::new()
+            .name("agentd-reload".into())
+            .spawn(move || {
+                for _ in hangups.forever() {
+                    tracing::info!("SIGHUP: reloading the configuration");
+                    agentd::reload::reload(&mut state, &instance, &reloader);
+                }
+            })
+            .map_err(|e| Failure::Runtime(format!("reload thread: {e}")))?;
+    }
     let drainer = runtime.drain_handle();
     let exit = runtime.exit;
     let drain_tx = {

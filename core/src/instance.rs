@@ -164,6 +164,20 @@ impl InstanceConfig {
     }
 }
 
+/// The keys a reload (SIGHUP) applies to a running instance: one value, swapped in one step
+/// by [`Instance::reload`], so no request sees half of it.
+#[derive(Clone, Debug)]
+pub struct Reloadable {
+    /// `a2a.principals` (and the credentials they reference): rules and posture together.
+    pub auth: crate::auth::AuthConfig,
+    /// `a2a.cors.origins`.
+    pub cors: crate::http::cors::CorsPolicy,
+    /// `a2a.introspection.enabled`: overwrites what `admin.set` made of it.
+    pub introspection_enabled: bool,
+    /// The effective configuration the `config` op reports from now on.
+    pub config_document: serde_json::Value,
+}
+
 /// Work the instance asks the host to do.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Effect {
@@ -419,19 +433,7 @@ pub struct Records {
 
 impl Instance {
     pub fn new(config: InstanceConfig, entropy: Box<dyn Entropy>, now: Now) -> Self {
-        let cards = config
-            .listeners
-            .iter()
-            .enumerate()
-            .map(|(i, _)| {
-                let body = serde_json::to_vec(&build_card(&config, i)).unwrap_or_default();
-                let digest = crate::digest::sha256(&body);
-                CachedCard {
-                    etag: format!("\"{}\"", &crate::ids::hex(&digest)[..32]),
-                    body,
-                }
-            })
-            .collect();
+        let cards = build_cards(&config);
         let feed = config
             .events_enabled
             .then(|| crate::feed::Ring::new(config.events_ring));
@@ -920,6 +922,31 @@ impl Instance {
         );
     }
 
+    /// Applies a reload: rules, posture, CORS origins and introspection are swapped together
+    /// and the cards rebuilt, under the one lock the caller holds, so a request is resolved
+    /// entirely under the old value or entirely under the new one. Returns the configuration
+    /// paths whose value changed (empty: nothing did). The host announces them (a `config`
+    /// feed event with `source: "reload"`), together with its own reloaded paths.
+    pub fn reload(&mut self, new: Reloadable) -> Vec<&'static str> {
+        let mut changed = Vec::new();
+        if new.auth != self.config.auth {
+            changed.push("a2a.principals");
+        }
+        if new.cors != self.config.cors {
+            changed.push("a2a.cors.origins");
+        }
+        if new.introspection_enabled != self.config.introspection_enabled {
+            changed.push("a2a.introspection.enabled");
+        }
+        self.config.auth = new.auth;
+        self.config.cors = new.cors;
+        self.config.introspection_enabled = new.introspection_enabled;
+        self.config.config_document = new.config_document;
+        // The card's security fields follow the rules (a first bearer rule declares `bearer`).
+        self.cards = build_cards(&self.config);
+        changed
+    }
+
     /// Tasks still being worked on (submitted or working): what a drain waits for.
     pub fn tasks_in_flight(&self) -> usize {
         self.tasks
@@ -1269,6 +1296,20 @@ pub(crate) fn result_artifact(task_id: &str, result: serde_json::Value) -> Optio
         name: "result".into(),
         parts: vec![part],
     })
+}
+
+/// The pre-serialized card of every listener.
+fn build_cards(config: &InstanceConfig) -> Vec<CachedCard> {
+    (0..config.listeners.len())
+        .map(|i| {
+            let body = serde_json::to_vec(&build_card(config, i)).unwrap_or_default();
+            let digest = crate::digest::sha256(&body);
+            CachedCard {
+                etag: format!("\"{}\"", &crate::ids::hex(&digest)[..32]),
+                body,
+            }
+        })
+        .collect()
 }
 
 /// The card of a listener as the public sees it.

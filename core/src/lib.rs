@@ -54,6 +54,6 @@ pub mod view;
 pub use conn::Connection;
 pub use instance::{
     CallId, CommandAnswer, Completion, CompletionError, ConnLimits, Effect, Instance,
-    InstanceConfig, ListenerInfo, ListenerKind, Record, Records,
+    InstanceConfig, ListenerInfo, ListenerKind, Record, Records, Reloadable,
 };
 pub use time::Now;

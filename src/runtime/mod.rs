@@ -22,7 +22,10 @@ pub mod workflow;
 
 mod engine;
 
-pub use engine::{spawn, Approval, DrainHandle, Exit, RuntimeHandle, Settings, CONVERSATION_AGENT};
+pub use engine::{
+    spawn, Approval, DrainHandle, Exit, Reload, ReloadHandle, RuntimeHandle, Settings,
+    CONVERSATION_AGENT,
+};
 
 /// The status message of a turn no agent can answer.
 pub const NO_AGENT: &str =

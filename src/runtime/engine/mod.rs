@@ -108,6 +108,35 @@ impl RuntimeHandle {
     pub fn drain_handle(&self) -> DrainHandle {
         DrainHandle(Mutex::new(self.tx.clone()))
     }
+
+    /// A handle that hands reloaded configuration to the runtime, for the SIGHUP thread.
+    pub fn reload_handle(&self) -> ReloadHandle {
+        ReloadHandle(Mutex::new(self.tx.clone()))
+    }
+}
+
+/// What a reload (SIGHUP) applies: the core's reloadable keys and the runtime's own. The
+/// runtime applies it all under one hold of the instance lock and announces it with one
+/// `config` feed event.
+pub struct Reload {
+    pub core: agentd_core::Reloadable,
+    /// `agent.approval`: overwrites what `admin.set` made of it.
+    pub approval: Approval,
+    /// `a2a.peers`, when they changed: calls already made finish on the old clients.
+    pub peers: Option<Vec<PeerClient>>,
+}
+
+/// Hands a reload to the runtime thread.
+pub struct ReloadHandle(Mutex<Sender<Msg>>);
+
+impl ReloadHandle {
+    pub fn reload(&self, r: Reload) {
+        let _ = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(Msg::Reload(Box::new(r)));
+    }
 }
 
 /// Asks the runtime for a graceful drain.
@@ -134,6 +163,8 @@ pub(crate) enum Msg {
         result: Result<Value, String>,
     },
     Drain(String),
+    /// SIGHUP: a reloaded configuration, already checked.
+    Reload(Box<Reload>),
     /// An agent process spoke, or its process changed.
     Agent(AgentEvent),
 }
@@ -522,9 +553,41 @@ impl Runtime {
                     result,
                 } => self.on_step_done(&mut inst, &run, step, attempt, result, now),
                 Msg::Drain(reason) => self.start_drain(&mut inst, &reason, now),
+                Msg::Reload(r) => self.apply_reload(&mut inst, *r, now),
                 Msg::Agent(ev) => self.on_agent_event(&mut inst, ev, now),
             }
         }
+    }
+
+    /// Applies a reload: the core's keys swap in one step, then the runtime's, all under the
+    /// lock the caller holds; one `config` event names what changed.
+    fn apply_reload(&mut self, inst: &mut Inst<'_>, r: Reload, now: Now) {
+        let mut paths = inst.reload(r.core);
+        logring::set_recording(inst.config().introspection_enabled);
+        if r.approval != self.approval {
+            self.approval = r.approval;
+            paths.push("agent.approval");
+        }
+        if let Some(peers) = r.peers {
+            self.peers = peers
+                .into_iter()
+                .map(|p| (p.name().to_owned(), Arc::new(p)))
+                .collect();
+            paths.push("a2a.peers");
+        }
+        if paths.is_empty() {
+            tracing::info!("configuration reloaded: no reloadable key changed");
+            return;
+        }
+        let _ = inst.push_event(
+            FeedEvent::Other {
+                kind: "config",
+                data: json!({"paths": paths, "source": "reload"}),
+                owner: None,
+            },
+            now,
+        );
+        tracing::info!(paths = %paths.join(", "), "configuration reloaded");
     }
 
     fn next_timer(&self) -> Duration {
