@@ -836,7 +836,21 @@ fn check_responses(out: &[u8], reader_may_stall: bool) {
                 if out.len() < at + size + 2 {
                     return;
                 }
-                let data = &out[at..at + size];
+                let chunk = &out[at..at + size];
+                // A task stream event may open with its SSE id (`<taskId>:<run>:<n>`): one
+                // line, no carriage return, before the data.
+                let data = match chunk.strip_prefix(b"id: ") {
+                    Some(rest) => {
+                        let end = find(rest, b"\n").expect("the id line ends");
+                        let id = std::str::from_utf8(&rest[..end]).expect("the id is text");
+                        assert!(
+                            !id.contains('\r') && id.split(':').count() == 3,
+                            "bad SSE id {id:?}"
+                        );
+                        &rest[end + 1..]
+                    }
+                    None => chunk,
+                };
                 assert!(
                     data.starts_with(b"data: ") || data.starts_with(b": "),
                     "chunk is not an SSE event: {:?}",
