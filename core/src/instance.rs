@@ -1243,6 +1243,12 @@ impl Instance {
         (self.replay.kept_events(), self.replay.kept_bytes())
     }
 
+    /// Tasks whose stream sequence the instance keeps: never more than the held tasks, as an
+    /// evicted task's sequence goes with it.
+    pub fn replay_tasks(&self) -> usize {
+        self.replay.tasks()
+    }
+
     pub(crate) fn new_id(&mut self) -> String {
         crate::ids::uuid_v4(self.entropy.as_mut())
     }

@@ -247,6 +247,42 @@ fn visibility_gives_a_non_operator_gaps() {
 }
 
 #[test]
+fn an_evicted_task_is_reported_removed_to_its_owner() {
+    let mut h = Harness::with(|c| {
+        c.events_enabled = true;
+        c.events_ring = 64;
+        c.events_stream_deadline_ms = 10_000;
+        c.tasks.max_tasks = 2;
+    });
+    let alice = Principal::new("user:alice", Role::User, vec![]);
+    let mut a = h.conn_as(0, alice.clone());
+    // A millisecond apart: the oldest terminal task goes first, by creation time.
+    let first = task_round(&mut h, &mut a); // 1, 2
+    h.advance(1);
+    task_round(&mut h, &mut a); // 3, 4
+    h.advance(1);
+    let third = task_round(&mut h, &mut a); // 5: the first is evicted to make room, 6, 7
+    let mut sa = h.conn_as(0, alice);
+    let f = frames(&subscribe(
+        &mut h,
+        &mut sa,
+        json!({"fromSeq": 4}),
+        &[EVENTS],
+    ));
+    let events: Vec<(String, Value)> = f
+        .iter()
+        .filter(|f| frame_kind(f) == "event")
+        .map(|f| {
+            let e = &f["result"]["event"];
+            (e["kind"].as_str().unwrap().to_owned(), e["data"].clone())
+        })
+        .collect();
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert_eq!(events[0], ("task.removed".into(), json!({"id": first})));
+    assert_eq!(events[1].1["task"]["id"], json!(third));
+}
+
+#[test]
 fn task_events_carry_annotations_only_when_activated() {
     let mut h = feed_harness(64);
     let mut w = h.conn();

@@ -367,6 +367,36 @@ fn the_global_bound_holds_over_many_tasks() {
 }
 
 #[test]
+fn an_evicted_task_takes_its_sequence_with_it() {
+    // Regression: evictions were never reported by the task store, so every task's sequence
+    // (and kept events) outlived the task and memory grew with every SendMessage.
+    let mut h = Harness::with(|c| c.tasks.max_tasks = 4);
+    let mut c = h.conn();
+    let mut first = None;
+    for _ in 0..40 {
+        let (t, _) = start(&mut h, &mut c);
+        complete(&mut h, &t, TaskState::Completed);
+        c.poll(&mut h);
+        first.get_or_insert(t);
+        assert!(h.inst.replay_tasks() <= 4, "{}", h.inst.replay_tasks());
+    }
+    assert_eq!(h.inst.replay_tasks(), 4);
+    assert!(
+        h.inst.replay_kept().0 <= 4 * 2,
+        "{:?}",
+        h.inst.replay_kept()
+    );
+    // The evicted task is gone for a resuming client too.
+    let first = first.unwrap();
+    let mut r = h.conn();
+    let gone = one(&r.feed(
+        &mut h,
+        &call_resuming("SubscribeToTask", 9, json!({"id": first}), &eid(&first, 1)),
+    ));
+    assert_rpc_error(&gone, -32001, None);
+}
+
+#[test]
 fn bad_last_event_ids_are_invalid_params_as_plain_json() {
     let mut h = Harness::new();
     let mut c = h.conn();

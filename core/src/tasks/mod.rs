@@ -360,6 +360,8 @@ impl TaskStore {
             let Some((_, id)) = self.terminal.iter().next().cloned() else {
                 break;
             };
+            // Not reported as evicted: nothing of this run saw the task yet (the caller
+            // drops its push configs).
             self.remove(&id);
             self.touch(&id);
         }
@@ -406,8 +408,7 @@ impl TaskStore {
                 .next()
                 .cloned()
                 .ok_or(StoreError::Full)?;
-            self.remove(&oldest.1);
-            self.touch(&oldest.1);
+            self.evict(&oldest.1);
         }
         first.task_id = id.clone();
         first.context_id = context.name.clone();
@@ -452,6 +453,16 @@ impl TaskStore {
         self.terminal.remove(&(t.created_ms, t.id.clone()));
         self.context_released(&t);
         Some(t)
+    }
+
+    /// Drops a terminal task to make room. The instance learns of it through
+    /// [`TaskStore::take_evicted`] and forgets what it keeps per task (stream events for
+    /// reconnection, push configs), and the feed reports it (`task.removed`).
+    fn evict(&mut self, id: &str) {
+        if let Some(t) = self.remove(id) {
+            self.touch(id);
+            self.evicted.push((t.id, t.owner));
+        }
     }
 
     /// Tasks evicted since the last call, oldest first.
@@ -719,6 +730,11 @@ mod tests {
         .unwrap();
         assert!(s.get("b").is_none());
         assert_eq!(s.len(), 2);
+        // The instance hears of the eviction (to forget the task's stream events and push
+        // configs, and to report it on the feed), once.
+        let evicted: Vec<String> = s.take_evicted().into_iter().map(|(id, _)| id).collect();
+        assert_eq!(evicted, ["b"]);
+        assert!(s.take_evicted().is_empty());
     }
 
     #[test]

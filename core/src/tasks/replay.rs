@@ -89,7 +89,7 @@ impl Replay {
 
     /// Numbers and keeps one event of `task_id`; returns its number.
     pub fn record(&mut self, task_id: &str, event: &Arc<StreamResponse>) -> u64 {
-        let size = serde_json::to_vec(&**event).map(|v| v.len()).unwrap_or(0);
+        let size = serialized_len(&**event);
         let key: Arc<str> = match self.logs.get_key_value(task_id) {
             Some((k, _)) => k.clone(),
             None => Arc::from(task_id),
@@ -217,6 +217,11 @@ impl Replay {
         }
     }
 
+    /// Tasks with a sequence (held tasks that published an event).
+    pub fn tasks(&self) -> usize {
+        self.logs.len()
+    }
+
     /// Events kept over all tasks.
     pub fn kept_events(&self) -> usize {
         self.events
@@ -226,6 +231,24 @@ impl Replay {
     pub fn kept_bytes(&self) -> usize {
         self.bytes
     }
+}
+
+/// The length of a value's JSON, counted without building it.
+fn serialized_len(value: &impl serde::Serialize) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing to a counter cannot fail; a value that cannot serialize counts what it wrote.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
 }
 
 #[cfg(test)]
@@ -281,6 +304,12 @@ mod tests {
         }
         assert!(r.kept_events() <= 5);
         assert!(r.order.len() <= 2 * 5 + 64 + 1);
+    }
+
+    #[test]
+    fn sizes_are_the_serialized_lengths() {
+        let e = ev("t");
+        assert_eq!(serialized_len(&*e), serde_json::to_vec(&*e).unwrap().len());
     }
 
     #[test]
