@@ -8,7 +8,9 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::Path;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 use super::frame::{self, Damage, FrameReader, Next};
 use super::{Error, Op, Record, Truncation};
@@ -98,14 +100,22 @@ pub(crate) fn lock(dir: &Path) -> Result<File, Error> {
 
 /// The live state while replaying: the last write per (kind, key), with the order of that
 /// write so recovery hands records back in the order they were last written.
-#[derive(Default)]
-pub(crate) struct State {
-    map: HashMap<(String, String), (u64, serde_json::Value)>,
+pub(crate) struct State<B = serde_json::Value> {
+    map: HashMap<(String, String), (u64, B)>,
     next: u64,
 }
 
-impl State {
-    pub(crate) fn apply(&mut self, rec: Record) {
+impl<B> Default for State<B> {
+    fn default() -> Self {
+        State {
+            map: HashMap::new(),
+            next: 0,
+        }
+    }
+}
+
+impl<B> State<B> {
+    pub(crate) fn apply(&mut self, rec: Record<B>) {
         let key = (rec.kind, rec.key);
         match rec.op {
             Op::Put(body) => {
@@ -118,7 +128,7 @@ impl State {
         }
     }
 
-    pub(crate) fn into_records(self) -> Vec<Record> {
+    pub(crate) fn into_records(self) -> Vec<Record<B>> {
         let mut v: Vec<_> = self.map.into_iter().collect();
         v.sort_unstable_by_key(|(_, (order, _))| *order);
         v.into_iter()
@@ -141,8 +151,8 @@ struct SnapshotHeader {
 }
 
 /// What replay found on disk.
-pub(crate) struct Replay {
-    pub state: State,
+pub(crate) struct Replay<B = serde_json::Value> {
+    pub state: State<B>,
     /// Segments below this are covered by the snapshot (0: no snapshot).
     pub snapshot_gen: u64,
     pub snapshot_bytes: u64,
@@ -162,7 +172,7 @@ pub(crate) enum Mode {
     Compact { upto: u64 },
 }
 
-pub(crate) fn replay(dir: &Path, mode: Mode) -> Result<Replay, Error> {
+pub(crate) fn replay<B: DeserializeOwned>(dir: &Path, mode: Mode) -> Result<Replay<B>, Error> {
     let mut tidied = false;
     if mode == Mode::Open {
         // A leftover temp snapshot is an interrupted compaction that never committed.
@@ -267,7 +277,7 @@ pub(crate) fn replay(dir: &Path, mode: Mode) -> Result<Replay, Error> {
     })
 }
 
-fn decode_records(payload: &[u8]) -> Result<Vec<Record>, Damage> {
+fn decode_records<B: DeserializeOwned>(payload: &[u8]) -> Result<Vec<Record<B>>, Damage> {
     serde_json::from_slice(payload).map_err(|e| Damage::BadPayload(e.to_string()))
 }
 
@@ -280,7 +290,10 @@ struct SegmentRead {
 }
 
 /// Replays one segment into `state`.
-fn read_segment(path: &Path, state: &mut State) -> Result<SegmentRead, Error> {
+fn read_segment<B: DeserializeOwned>(
+    path: &Path,
+    state: &mut State<B>,
+) -> Result<SegmentRead, Error> {
     let file = File::open(path).map_err(io_err("open", path))?;
     let len = file.metadata().map_err(io_err("stat", path))?.len();
     let mut r = FrameReader::new(BufReader::with_capacity(1 << 16, file), len);
@@ -320,7 +333,10 @@ fn read_segment(path: &Path, state: &mut State) -> Result<SegmentRead, Error> {
 
 /// Loads the snapshot into `state`; returns its generation (0 if there is none) and size.
 /// A snapshot is only ever renamed into place after its fsync, so any damage is refused.
-fn read_snapshot(dir: &Path, state: &mut State) -> Result<(u64, u64), Error> {
+fn read_snapshot<B: DeserializeOwned>(
+    dir: &Path,
+    state: &mut State<B>,
+) -> Result<(u64, u64), Error> {
     let path = dir.join(SNAPSHOT);
     let file = match File::open(&path) {
         Ok(f) => f,
@@ -389,7 +405,9 @@ pub(crate) struct Compacted {
 /// segments are untouched (a stray tmp is deleted at open); after it the new snapshot says
 /// "segments below `upto` are in me" and replay ignores (and removes) them.
 pub(crate) fn compact(dir: &Path, upto: u64, stop: Option<Step>) -> Result<Compacted, Error> {
-    let replay = replay(dir, Mode::Compact { upto })?;
+    // Bodies are only copied, so they stay raw JSON text: a parsed tree of every record
+    // would cost several times the store's size at each compaction.
+    let replay = replay::<Box<RawValue>>(dir, Mode::Compact { upto })?;
     let covered = replay.segments;
     let records = replay.state.into_records();
     let count = records.len();

@@ -104,14 +104,16 @@ pub use frame::{crc32, Damage, MAX_FRAME};
 /// restart, so nothing compares them across one).
 pub type Ticket = u64;
 
-/// One write: a put or a removal of `(kind, key)`.
+/// One write: a put or a removal of `(kind, key)`. The body is a JSON value; compaction,
+/// which only copies bodies, reads them as raw JSON text (`Box<RawValue>`) instead, a
+/// fraction of a parsed tree's memory.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Record {
+pub struct Record<B = serde_json::Value> {
     /// The family: `"task"`, `"push"`, `"session"`, ...
     pub kind: String,
     /// The key within the family.
     pub key: String,
-    pub op: Op,
+    pub op: Op<B>,
 }
 
 /// A put carries the new body, a removal nothing. A separate enum rather than kinds like
@@ -119,8 +121,8 @@ pub struct Record {
 /// still a put.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Op {
-    Put(serde_json::Value),
+pub enum Op<B = serde_json::Value> {
+    Put(B),
     Remove,
 }
 
