@@ -175,6 +175,23 @@ pub enum StoreError {
     TooManyArtifacts,
 }
 
+/// Entries a task's `statusHistory` keeps: the first (its submission) and the newest.
+pub const STATUS_HISTORY_KEPT: usize = 256;
+
+/// Adds a state to a task's `statusHistory`: only a change of state is an entry (an agent's
+/// progress updates in WORKING are one stay in WORKING), and past [`STATUS_HISTORY_KEPT`]
+/// the oldest entry after the first is dropped, so a long-lived task cannot grow it, nor
+/// every feed event and stored record that carries it, without end.
+fn record_transition(history: &mut Vec<(TaskState, u64)>, state: TaskState, at_ms: u64) {
+    if history.last().is_some_and(|(s, _)| *s == state) {
+        return;
+    }
+    if history.len() >= STATUS_HISTORY_KEPT {
+        history.remove(1);
+    }
+    history.push((state, at_ms));
+}
+
 /// One name of the contextId namespace.
 #[derive(Debug)]
 struct ContextEntry {
@@ -523,7 +540,7 @@ impl TaskStore {
         // Status times never go backwards, so the listing order stays a total order.
         t.status_ms = now_ms.max(t.status_ms);
         t.status_seq = seq;
-        t.status_history.push((state, t.status_ms));
+        record_transition(&mut t.status_history, state, t.status_ms);
         let new_key = (t.status_ms, t.status_seq);
         let terminal_key = state.is_terminal().then(|| (t.created_ms, t.id.clone()));
         self.seq = seq;
@@ -772,6 +789,29 @@ mod tests {
         assert_eq!(s.context_key("user:alice", "a"), None);
         assert_eq!(s.context_key("user:alice", "b"), Some("ctx-b"));
         assert_eq!(s.context_count(), 3);
+    }
+
+    #[test]
+    fn status_history_holds_changes_of_state_and_is_bounded() {
+        let mut h = vec![(TaskState::Submitted, 1)];
+        record_transition(&mut h, TaskState::Working, 2);
+        record_transition(&mut h, TaskState::Working, 3);
+        assert_eq!(h, [(TaskState::Submitted, 1), (TaskState::Working, 2)]);
+        for i in 0..1000u64 {
+            let s = if i % 2 == 0 {
+                TaskState::InputRequired
+            } else {
+                TaskState::Working
+            };
+            record_transition(&mut h, s, 10 + i);
+        }
+        assert_eq!(h.len(), STATUS_HISTORY_KEPT);
+        assert_eq!(h[0], (TaskState::Submitted, 1), "the submission stays");
+        assert_eq!(
+            h.last(),
+            Some(&(TaskState::Working, 1009)),
+            "the newest is kept"
+        );
     }
 
     #[test]
