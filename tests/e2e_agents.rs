@@ -18,6 +18,10 @@ fn script(path: &str) -> String {
 }
 
 fn start(driver: &str, agent: &str, timeout_ms: u64) -> Daemon {
+    start_with_limits(driver, agent, timeout_ms, "")
+}
+
+fn start_with_limits(driver: &str, agent: &str, timeout_ms: u64, limits: &str) -> Daemon {
     let sections = format!(
         "[agent]\ncommand = [\"python3\", \"{}\"]\nturn_timeout_ms = {timeout_ms}\n\n\
          [a2a.introspection]\nenabled = true\n\n\
@@ -33,6 +37,7 @@ fn start(driver: &str, agent: &str, timeout_ms: u64) -> Daemon {
         driver,
         &Setup {
             sections,
+            limits: limits.to_owned(),
             ..Setup::default()
         },
     )
@@ -146,6 +151,77 @@ fn the_example_agent_answers_turns_on_smol() {
 #[test]
 fn the_example_agent_answers_turns_on_std() {
     turns_are_answered("std");
+}
+
+/// Every turn without a `contextId` starts a conversation; the runtime keeps at most
+/// `max_tasks` of them, dropping the least recently active. Regression: they were never
+/// dropped, so memory grew with every such turn.
+#[test]
+fn conversations_are_bounded_by_the_task_bound() {
+    let mut d = start_with_limits(
+        "smol",
+        "examples/agents/echo_agent.py",
+        20_000,
+        "max_tasks = 3",
+    );
+    let mut contexts = Vec::new();
+    for i in 0..6 {
+        let r = send(&d, None, json!({"text": format!("turn {i}")}), false);
+        let t = &r["result"]["task"];
+        assert_eq!(task_state(t), "TASK_STATE_COMPLETED", "{r}");
+        contexts.push(t["contextId"].as_str().unwrap().to_owned());
+    }
+    let s = command(&d, json!({"op": "status"}), false);
+    let listed: Vec<&str> = s["result"]["message"]["parts"][0]["data"]["conversations"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{s}"))
+        .iter()
+        .map(|c| c["contextId"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    for kept in &contexts[3..] {
+        assert!(listed.contains(&kept.as_str()), "{kept} in {listed:?}");
+    }
+    let gone = command(
+        &d,
+        json!({"op": "conversation.get", "id": contexts[0]}),
+        false,
+    );
+    assert_eq!(gone["error"]["code"], -32001, "{gone}");
+    let kept = command(
+        &d,
+        json!({"op": "conversation.get", "id": contexts[5]}),
+        false,
+    );
+    let conv = &kept["result"]["message"]["parts"][0]["data"]["conversation"];
+    assert_eq!(conv["messages"][0]["text"], "turn 5", "{kept}");
+    d.assert_alive();
+}
+
+/// A turn held while paused and then canceled is never sent to the agent on resume (and
+/// the held list does not keep it).
+#[test]
+fn a_canceled_held_turn_is_dropped_not_sent_on_resume() {
+    let mut d = start("std", "examples/agents/echo_agent.py", 20_000);
+    let p = command(&d, json!({"op": "admin.pause", "reason": "test"}), false);
+    assert!(p["result"].is_object(), "{p}");
+    let r = send(&d, None, json!({"text": "held"}), true);
+    let t = &r["result"]["task"];
+    let (id, ctx) = (t["id"].as_str().unwrap(), t["contextId"].as_str().unwrap());
+    let c = d.connect_tcp().rpc("2", "CancelTask", json!({ "id": id }));
+    assert_eq!(task_state(&c["result"]), "TASK_STATE_CANCELED", "{c}");
+    let r = command(&d, json!({"op": "admin.resume"}), false);
+    assert!(r["result"].is_object(), "{r}");
+    // A turn after the resume is answered; the canceled one never reached the agent.
+    let after = send(&d, None, json!({"text": "after"}), false);
+    assert_eq!(
+        task_state(&after["result"]["task"]),
+        "TASK_STATE_COMPLETED",
+        "{after}"
+    );
+    let gone = command(&d, json!({"op": "conversation.get", "id": ctx}), false);
+    assert_eq!(gone["error"]["code"], -32001, "{gone}");
+    d.assert_alive();
 }
 
 #[test]

@@ -970,6 +970,11 @@ impl Instance {
         self.cards.get(listener)
     }
 
+    /// The state of a held task (`None`: unknown, or evicted).
+    pub fn task_state(&self, task_id: &str) -> Option<TaskState> {
+        self.tasks.get(task_id).map(|t| t.state)
+    }
+
     /// Tasks held.
     pub fn task_count(&self) -> usize {
         self.tasks.len()

@@ -14,14 +14,19 @@ impl Runtime {
         now: Now,
     ) {
         let key = (owner.id.clone(), context_id.to_owned());
+        if !self.conversations.contains_key(&key) {
+            self.make_room_for_conversation(inst, now);
+        }
+        let max_bytes = inst.config().tasks.history_bytes;
         let c = self
             .conversations
-            .entry(key)
+            .entry(key.clone())
             .or_insert_with(|| Conversation {
                 context_id: context_id.to_owned(),
                 name: name.to_owned(),
                 owner: owner.clone(),
                 messages: VecDeque::new(),
+                bytes: 0,
                 total_messages: 0,
                 turns: 0,
                 version: 0,
@@ -40,23 +45,22 @@ impl Runtime {
                 _ => String::new(),
             })
             .collect();
-        if c.messages.len() == CONVERSATION_MESSAGES_KEPT {
-            c.messages.pop_front();
-        }
-        c.messages.push_back(
+        c.keep(
             json!({"role": "user", "task": task_id, "text": text.join("\n"), "ts": now.epoch_ms}),
+            max_bytes,
         );
-        c.total_messages += 1;
         c.turns += 1;
         c.version += 1;
         c.task = Some(task_id.to_owned());
-        c.updated = now.epoch_ms;
+        let was = std::mem::replace(&mut c.updated, now.epoch_ms);
         let doc = conversation_doc(c);
         let id = conversation_key(c);
+        self.conversation_lru.remove(&(was, key.clone()));
+        self.conversation_lru.insert((now.epoch_ms, key));
         inst.view.conversations.insert(
             id,
             ViewItem {
-                owner: Some(c.owner.id.clone()),
+                owner: Some(owner.id.clone()),
                 doc: doc.clone(),
             },
         );
@@ -64,10 +68,31 @@ impl Runtime {
             FeedEvent::Other {
                 kind: "conversation",
                 data: doc,
-                owner: Some(c.owner.id.clone()),
+                owner: Some(owner.id.clone()),
             },
             now,
         );
+    }
+
+    /// Drops the least recently active conversations while `max_tasks` of them are kept.
+    fn make_room_for_conversation(&mut self, inst: &mut Inst<'_>, now: Now) {
+        let max = inst.config().tasks.max_tasks.max(1);
+        while self.conversations.len() >= max {
+            let Some((_, key)) = self.conversation_lru.pop_first() else {
+                break;
+            };
+            if let Some(c) = self.conversations.remove(&key) {
+                let id = conversation_key(&c);
+                inst.view.conversations.remove(&id);
+                push(
+                    inst,
+                    "conversation.removed",
+                    json!({ "id": id }),
+                    Some(c.owner.id.clone()),
+                    now,
+                );
+            }
+        }
     }
 
     /// The subagent a handle names for this caller, starting its process on first use.
@@ -259,20 +284,22 @@ impl Runtime {
         parts: &[Part],
         now: Now,
     ) {
-        let Some(c) = self
+        let max_bytes = inst.config().tasks.history_bytes;
+        let Some((key, c)) = self
             .conversations
-            .values_mut()
-            .find(|c| c.task.as_deref() == Some(task_id))
+            .iter_mut()
+            .find(|(_, c)| c.task.as_deref() == Some(task_id))
         else {
             return;
         };
-        if c.messages.len() == CONVERSATION_MESSAGES_KEPT {
-            c.messages.pop_front();
-        }
-        c.messages.push_back(json!({"role": "agent", "task": task_id, "text": parts_text(parts), "ts": now.epoch_ms}));
-        c.total_messages += 1;
+        c.keep(
+            json!({"role": "agent", "task": task_id, "text": parts_text(parts), "ts": now.epoch_ms}),
+            max_bytes,
+        );
         c.version += 1;
-        c.updated = now.epoch_ms;
+        let was = std::mem::replace(&mut c.updated, now.epoch_ms);
+        self.conversation_lru.remove(&(was, key.clone()));
+        self.conversation_lru.insert((now.epoch_ms, key.clone()));
         let doc = conversation_doc(c);
         let owner = c.owner.id.clone();
         let id = conversation_key(c);

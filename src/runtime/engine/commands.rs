@@ -376,7 +376,17 @@ impl Runtime {
                         self.advance(inst, &id, now);
                     }
                     for turn in std::mem::take(&mut self.held_turns) {
-                        self.on_effect(inst, turn, now);
+                        // Only turns whose task still waits for them (not ended meanwhile
+                        // by admin.cancel, a drain or a restart).
+                        let live = match &turn {
+                            Effect::Turn { task_id, .. } => {
+                                inst.task_state(task_id).is_some_and(|s| !s.is_terminal())
+                            }
+                            _ => true,
+                        };
+                        if live {
+                            self.on_effect(inst, turn, now);
+                        }
                     }
                     done(
                         inst,

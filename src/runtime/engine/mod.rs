@@ -2,7 +2,7 @@
 //! owns. The work is split by subject: [`runs`] (workflow runs and the drain),
 //! [`commands`] (the ops) and [`agents`] (agent processes, subagents, conversations).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -245,6 +245,7 @@ pub fn spawn(
         task_runs: HashMap::new(),
         gates: HashMap::new(),
         conversations: BTreeMap::new(),
+        conversation_lru: BTreeSet::new(),
         next_run: 1,
         tx: tx.clone(),
         draining: None,
@@ -432,6 +433,8 @@ struct Conversation {
     name: String,
     owner: Principal,
     messages: VecDeque<Value>,
+    /// Serialized bytes of `messages`.
+    bytes: usize,
     total_messages: u64,
     turns: u64,
     version: u64,
@@ -439,7 +442,28 @@ struct Conversation {
     updated: u64,
 }
 
+/// Messages a conversation keeps (the most `conversation.get` returns); older ones drop.
 const CONVERSATION_MESSAGES_KEPT: usize = 1000;
+/// Strings of a kept message are cut here: `conversation.get` shows no more of them.
+const CONVERSATION_STRING_BYTES: usize = 4096;
+
+impl Conversation {
+    /// Keeps a message, dropping the oldest past the count bound or past `max_bytes` (the
+    /// task history bound: a conversation keeps no more than one task may).
+    fn keep(&mut self, message: Value, max_bytes: usize) {
+        let message = cut_strings(&message, CONVERSATION_STRING_BYTES);
+        self.bytes += message.to_string().len();
+        self.messages.push_back(message);
+        self.total_messages += 1;
+        while self.messages.len() > CONVERSATION_MESSAGES_KEPT
+            || (self.bytes > max_bytes && self.messages.len() > 1)
+        {
+            if let Some(old) = self.messages.pop_front() {
+                self.bytes = self.bytes.saturating_sub(old.to_string().len());
+            }
+        }
+    }
+}
 
 /// Who answers an agent task.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -494,8 +518,11 @@ struct Runtime {
     task_runs: HashMap<String, String>,
     /// Task id → the run whose gate it is.
     gates: HashMap<String, String>,
-    /// (owner id, contextId) → conversation.
+    /// (owner id, contextId) → conversation. At most `max_tasks` of them (every held task is
+    /// in one): past it the least recently active is dropped (`conversation.removed`).
     conversations: BTreeMap<(String, String), Conversation>,
+    /// (last activity, key) of every conversation: the order they are dropped in.
+    conversation_lru: BTreeSet<(u64, (String, String))>,
     next_run: u64,
     tx: Sender<Msg>,
     /// The drain's reason, once one started.
@@ -681,6 +708,9 @@ impl Runtime {
                 }
             }
             Effect::Cancel { task_id } => {
+                // A turn held while paused is never sent once its task is canceled.
+                self.held_turns
+                    .retain(|e| !matches!(e, Effect::Turn { task_id: t, .. } if *t == task_id));
                 match self.agent_tasks.remove(&task_id) {
                     Some(AgentTask::Conversation) => {
                         if let Some(a) = &self.conversation {
