@@ -14,11 +14,14 @@ const EVENTS: &str = "https://agentd.dev/a2a/ext/events";
 const ANNOTATIONS: &str = "https://agentd.dev/a2a/ext/task-annotations";
 
 fn feed_harness(ring: usize) -> Harness {
-    Harness::with(|c| {
-        c.events_enabled = true;
-        c.events_ring = ring;
-        c.events_stream_deadline_ms = 10_000;
-    })
+    Harness::with(|c| feed_config(c, ring))
+}
+
+/// The feed on, with a ring of `ring` events and a 10 s stream deadline.
+fn feed_config(c: &mut agentd_core::InstanceConfig, ring: usize) {
+    c.events_enabled = true;
+    c.events_ring = ring;
+    c.events_stream_deadline_ms = 10_000;
 }
 
 /// A task created and rejected by the fake host: two events.
@@ -249,9 +252,7 @@ fn visibility_gives_a_non_operator_gaps() {
 #[test]
 fn an_evicted_task_is_reported_removed_to_its_owner() {
     let mut h = Harness::with(|c| {
-        c.events_enabled = true;
-        c.events_ring = 64;
-        c.events_stream_deadline_ms = 10_000;
+        feed_config(c, 64);
         c.tasks.max_tasks = 2;
     });
     let alice = Principal::new("user:alice", Role::User, vec![]);
