@@ -31,6 +31,7 @@ use crate::http::{Event, Method, RequestHead, RequestParser};
 use crate::instance::{CallId, CallOutcome, CommandAnswer};
 use crate::instance::{ConnLimits, Instance, SubId};
 use crate::jsonrpc::{self, RequestId};
+use crate::reqlog::{self, Dropped, Keep, Label, Limiter, Phase, Refusal, RequestRecord};
 use crate::rpc::{self, CallContext, Reply};
 use crate::time::{http_date, Now};
 
@@ -156,6 +157,19 @@ pub struct Connection {
     /// Held output: `(offset in out where held bytes start, record sequence they wait for)`,
     /// in output order (so also in sequence order).
     holds: std::collections::VecDeque<(usize, u64)>,
+    /// Which requests are recorded for the driver's request log (see [`crate::reqlog`]).
+    keep: Keep,
+    /// The monotonic millisecond the head of the request being answered was read.
+    req_started: u64,
+    /// The last monotonic millisecond the driver gave: when a request abandoned at
+    /// [`Connection::close`] (which takes no time) ended.
+    last_mono: u64,
+    /// The record of the request being answered: every request's under [`Keep::All`], only
+    /// a refused one's under [`Keep::Refusals`].
+    current: Option<Box<RequestRecord>>,
+    /// Records the driver has not taken yet, at most [`reqlog::MAX_RECORDS`].
+    records: VecDeque<Box<RequestRecord>>,
+    dropped: Dropped,
 }
 
 /// A request's standing with CORS.
@@ -199,7 +213,41 @@ impl Connection {
             tls: None,
             tls_checked: false,
             holds: std::collections::VecDeque::new(),
+            keep: Keep::Off,
+            req_started: now.mono_ms,
+            last_mono: now.mono_ms,
+            current: None,
+            records: VecDeque::new(),
+            dropped: Dropped::default(),
         }
+    }
+
+    /// Which requests to keep records of for the request log (none by default). A driver
+    /// that keeps any takes them with [`Connection::poll_request_record`] after each call
+    /// into the connection.
+    pub fn keep_records(&mut self, keep: Keep) {
+        self.keep = keep;
+        if keep == Keep::Off {
+            self.current = None;
+            self.records.clear();
+        }
+    }
+
+    /// The oldest record not yet taken.
+    pub fn poll_request_record(&mut self) -> Option<RequestRecord> {
+        let r = self.records.pop_front().map(|b| *b);
+        if self.records.is_empty() && self.records.capacity() > 4 {
+            // A burst of pipelined requests leaves no large queue behind on an idle
+            // connection.
+            self.records = VecDeque::new();
+        }
+        r
+    }
+
+    /// How many records were dropped (the queue was full) since this was last asked, and
+    /// resets the count.
+    pub fn take_dropped_records(&mut self) -> Dropped {
+        std::mem::take(&mut self.dropped)
     }
 
     /// The TCP peer's address, for the failure limiter (an IPv4 address, or the IPv6 /64 it
@@ -209,6 +257,90 @@ impl Connection {
         if matches!(self.peer, Peer::Tcp | Peer::Cert(_)) {
             self.source = Some(crate::limits::Source::of(addr));
         }
+    }
+
+    /// Queues a record for the driver, if it keeps that kind; counts it if the queue is
+    /// full.
+    fn push_record(&mut self, r: Box<RequestRecord>) {
+        let wanted = match self.keep {
+            Keep::Off => false,
+            Keep::Refusals => r.refusal.is_some(),
+            Keep::All => true,
+        };
+        if !wanted {
+            return;
+        }
+        if self.records.len() >= reqlog::MAX_RECORDS {
+            self.dropped.records = self.dropped.records.saturating_add(1);
+            if r.refusal.is_some() {
+                self.dropped.refusals = self.dropped.refusals.saturating_add(1);
+            }
+            return;
+        }
+        self.records.push_back(r);
+    }
+
+    /// The request being answered was answered `status`: its record is complete.
+    fn answered(&mut self, status: u16, now: Now) {
+        if let Some(mut r) = self.current.take() {
+            r.status = status;
+            r.phase = Phase::Answered;
+            r.duration_ms = now.mono_ms.saturating_sub(r.started_ms);
+            self.push_record(r);
+        }
+    }
+
+    /// The head of the answer's stream was written: recorded now, and again at its end.
+    fn stream_started(&mut self, now: Now) {
+        if let Some(r) = self.current.as_mut() {
+            r.status = 200;
+            r.phase = Phase::StreamStarted;
+            r.duration_ms = now.mono_ms.saturating_sub(r.started_ms);
+            let copy = r.clone();
+            self.push_record(copy);
+        }
+    }
+
+    /// The answer's stream ended.
+    fn stream_ended(&mut self, now: Now) {
+        if let Some(mut r) = self.current.take() {
+            r.phase = Phase::StreamEnded;
+            r.duration_ms = now.mono_ms.saturating_sub(r.started_ms);
+            self.push_record(r);
+        }
+    }
+
+    /// The answer being written refuses the request with `kind`.
+    fn note_error(&mut self, kind: ErrorKind) {
+        if let Some(r) = self.current.as_mut() {
+            r.error = Some(kind);
+        }
+    }
+
+    /// The request concerns task `id`, unless one is already known.
+    fn note_task(&mut self, id: &str) {
+        if let Some(r) = self.current.as_mut() {
+            if r.task_id.is_empty() {
+                r.task_id = Label::new(id);
+            }
+        }
+    }
+
+    /// A limiter refused the request `head`: its record, made now if only refusals are
+    /// kept.
+    fn note_refusal(&mut self, head: &RequestHead, limiter: Limiter, retry_after_s: u32) {
+        if self.keep == Keep::Off {
+            return;
+        }
+        let started = self.req_started;
+        let r = self
+            .current
+            .get_or_insert_with(|| Box::new(RequestRecord::new(Some(head), started)));
+        r.refusal = Some(Refusal {
+            limiter,
+            retry_after_s,
+            source: self.source,
+        });
     }
 
     /// Holds the output written from `start` on until change `seq` is durable.
@@ -249,6 +381,7 @@ impl Connection {
 
     /// Bytes read from the peer.
     pub fn handle_input(&mut self, inst: &mut Instance, bytes: &[u8], now: Now) {
+        self.last_mono = now.mono_ms;
         if self.closing || bytes.is_empty() {
             return;
         }
@@ -315,6 +448,7 @@ impl Connection {
 
     /// The peer will send nothing more. What was asked is still answered; then it closes.
     pub fn handle_eof(&mut self, inst: &mut Instance, now: Now) {
+        self.last_mono = now.mono_ms;
         self.drive(inst, now);
         if self.tls.as_ref().is_some_and(|t| t.handshaking()) {
             self.aborted = true;
@@ -341,6 +475,7 @@ impl Connection {
     /// Produce what became ready without new input (the waker fired: a task it watches
     /// changed, or a change its held answer waits for became durable).
     pub fn poll(&mut self, inst: &mut Instance, now: Now) {
+        self.last_mono = now.mono_ms;
         self.drive(inst, now);
     }
 
@@ -357,6 +492,7 @@ impl Connection {
 
     /// `n` bytes of [`Connection::pending_output`] were written.
     pub fn consume_output(&mut self, n: usize, now: Now) {
+        self.last_mono = now.mono_ms;
         if let Some(tls) = self.tls.as_mut() {
             tls.consume(n);
             self.write_stalled_since = (!tls.pending().is_empty()).then_some(now.mono_ms);
@@ -401,6 +537,12 @@ impl Connection {
 
     /// Releases what the connection holds in the instance. Call once, when dropping it.
     pub fn close(&mut self, inst: &mut Instance) {
+        if let Some(mut r) = self.current.take() {
+            // Answered in part (a stream's head) or not at all: the peer is gone.
+            r.phase = Phase::Abandoned;
+            r.duration_ms = self.last_mono.saturating_sub(r.started_ms);
+            self.push_record(r);
+        }
         if !self.holds.is_empty() {
             self.holds.clear();
             inst.set_holding(false);
@@ -456,6 +598,7 @@ impl Connection {
 
     /// Acts on whichever deadline has passed.
     pub fn handle_timeout(&mut self, inst: &mut Instance, now: Now) {
+        self.last_mono = now.mono_ms;
         self.on_timeout(inst, now);
         self.release(inst);
         self.encrypt();
@@ -510,7 +653,7 @@ impl Connection {
                 ..
             } => {
                 if t >= *deadline {
-                    self.end_feed(inst, Some(crate::feed::Goodbye::Deadline));
+                    self.end_feed(inst, Some(crate::feed::Goodbye::Deadline), now);
                     self.drive(inst, now);
                 } else if t >= *last_write + l.sse_keepalive_ms {
                     response::write_sse_comment(&mut self.out, "keep-alive", *chunked);
@@ -541,6 +684,7 @@ impl Connection {
                     );
                     let mut doc = Vec::with_capacity(128);
                     jsonrpc::write_error(&mut doc, &id, &err);
+                    self.note_error(err.kind);
                     self.write_json_keep(200, &doc, keep_alive, minor_version, None, now);
                     self.drive(inst, now);
                 }
@@ -626,6 +770,9 @@ impl Connection {
                 Event::Head(head) => {
                     self.head_started = None;
                     self.body_started = Some(now.mono_ms);
+                    self.req_started = now.mono_ms;
+                    self.current = (self.keep == Keep::All)
+                        .then(|| Box::new(RequestRecord::new(Some(&head), now.mono_ms)));
                     let mut route = route(&head);
                     if inst.config().device_grant.enabled {
                         if let Some(endpoint) = crate::oauth::Endpoint::from_path(&head.path) {
@@ -739,7 +886,7 @@ impl Connection {
                 let mut h = Head::new(a.status, &date)
                     .header("content-type", a.content_type)
                     .header("cache-control", "no-store");
-                self.finish_head(&mut h, head.minor_version, head.keep_alive);
+                self.finish_head(&mut h, head.minor_version, head.keep_alive, now);
                 h.write_full(&mut self.out, &a.body, false);
                 if let Some(seq) = hold {
                     self.hold_from(inst, start, seq);
@@ -772,6 +919,7 @@ impl Connection {
             if checked {
                 if let Some(wait) = inst.limits.failures.refusal(source, now.mono_ms) {
                     let secs = crate::limits::retry_after_secs(wait);
+                    self.note_refusal(&head, Limiter::SourceFailures, secs);
                     let err = RpcError::rate_limited(
                         format!(
                             "too many failed credentials from this address: try again in {secs} s"
@@ -822,6 +970,11 @@ impl Connection {
             now,
             sid: sid.as_deref(),
         };
+        if let Some(r) = self.current.as_mut() {
+            // Who asked and what, for the request log: read only for a known caller.
+            r.principal = Label::new(&principal.id);
+            (r.method, r.task_id) = reqlog::peek_call(body);
+        }
         let before = inst.record_seq();
         let rpc::Answer {
             id,
@@ -837,6 +990,15 @@ impl Connection {
         let annotate = activated.contains(crate::ext::Ext::TaskAnnotations);
         match reply {
             Reply::Result(result) => {
+                if self
+                    .current
+                    .as_ref()
+                    .is_some_and(|r| r.task_id.is_empty() && r.method == "SendMessage")
+                {
+                    // A send that returned at once: the task it created.
+                    let task = reqlog::peek_result_task(&result);
+                    self.note_task(task.as_str());
+                }
                 let mut doc = Vec::with_capacity(result.len() + 48);
                 jsonrpc::write_result_raw(&mut doc, &id, &result);
                 self.write_json_keep(200, &doc, keep_alive, minor, activated.echo(), now);
@@ -846,6 +1008,26 @@ impl Connection {
                 false
             }
             Reply::Error(err) => {
+                if err.kind == ErrorKind::RateLimited {
+                    // Only the rate check of the call's pipeline answers RATE_LIMITED: a
+                    // device session's rate, or the principal's own.
+                    let limiter = if via == crate::auth::Via::Session {
+                        Limiter::DeviceGrantRate
+                    } else {
+                        Limiter::PrincipalRate
+                    };
+                    self.note_refusal(&head, limiter, err.retry_after().unwrap_or(1));
+                    if let Some(r) = self.current.as_mut() {
+                        if r.principal.is_empty() {
+                            // Recorded only because it was refused.
+                            r.principal = Label::new(&principal.id);
+                            r.method = reqlog::peek_call(body).0;
+                        }
+                    }
+                }
+                if let Some((_, task)) = err.metadata.iter().find(|(k, _)| *k == "taskId") {
+                    self.note_task(task);
+                }
                 // A refused request echoes nothing.
                 self.write_error_reply(&err, &id, keep_alive, minor, now);
                 if let Some(seq) = changed {
@@ -858,6 +1040,7 @@ impl Connection {
                 task_id,
                 history_length,
             } => {
+                self.note_task(&task_id);
                 self.watch(inst, sub);
                 self.state = State::Waiting {
                     sub,
@@ -877,6 +1060,9 @@ impl Connection {
                 task_id,
                 frames,
             } => {
+                if let Some(t) = &task_id {
+                    self.note_task(t);
+                }
                 self.start_stream(
                     inst, id, sub, task_id, frames, keep_alive, minor, activated, now,
                 );
@@ -971,6 +1157,7 @@ impl Connection {
         h.close = !chunked || !keep_alive;
         self.cors_headers(&mut h);
         h.write_sse_start(&mut self.out, chunked);
+        self.stream_started(now);
         chunked
     }
 
@@ -1047,7 +1234,7 @@ impl Connection {
         if let Some(sid) = sid {
             if !inst.session_live(sid, now) {
                 // Within one tick of the revocation, and nothing past it.
-                self.end_feed(inst, Some(crate::feed::Goodbye::Revoked));
+                self.end_feed(inst, Some(crate::feed::Goodbye::Revoked), now);
                 return true;
             }
         }
@@ -1057,7 +1244,7 @@ impl Connection {
         if ring.overran(*cursor) {
             // Too slow: the events it needs are gone. End the stream without goodbye; its
             // reconnect from the same cursor is answered with resync.
-            self.end_feed(inst, None);
+            self.end_feed(inst, None, now);
             return true;
         }
         let mut wrote = false;
@@ -1083,7 +1270,7 @@ impl Connection {
     }
 
     /// Ends the feed stream, with `goodbye` when it has a reason to give.
-    fn end_feed(&mut self, inst: &mut Instance, goodbye: Option<crate::feed::Goodbye>) {
+    fn end_feed(&mut self, inst: &mut Instance, goodbye: Option<crate::feed::Goodbye>, now: Now) {
         let State::Feed {
             watcher,
             ref id,
@@ -1109,6 +1296,7 @@ impl Connection {
         if !keep_alive {
             self.closing = true;
         }
+        self.stream_ended(now);
     }
 
     /// A command handed to the host: answers once the host does. True when it did.
@@ -1172,6 +1360,7 @@ impl Connection {
     ) {
         let Some(pending) = inst.end_call(call) else {
             let err = RpcError::new(ErrorKind::Internal, "the command call was lost");
+            self.note_error(err.kind);
             let mut doc = Vec::new();
             jsonrpc::write_error(&mut doc, &id, &err);
             self.write_json_keep(200, &doc, keep_alive, minor_version, None, now);
@@ -1219,47 +1408,50 @@ impl Connection {
                 sub,
                 first,
                 first_seq,
-            }) => match sub {
-                Some(sub) if streaming => {
-                    self.start_stream(
-                        inst,
-                        id,
-                        Some(sub),
-                        Some(task_id),
-                        vec![(first_seq, Arc::new(StreamResponse::Task(*first)))],
-                        keep_alive,
-                        minor_version,
-                        activated,
-                        now,
-                    );
+            }) => {
+                self.note_task(&task_id);
+                match sub {
+                    Some(sub) if streaming => {
+                        self.start_stream(
+                            inst,
+                            id,
+                            Some(sub),
+                            Some(task_id),
+                            vec![(first_seq, Arc::new(StreamResponse::Task(*first)))],
+                            keep_alive,
+                            minor_version,
+                            activated,
+                            now,
+                        );
+                    }
+                    Some(sub) => {
+                        self.watch(inst, sub);
+                        self.state = State::Waiting {
+                            sub,
+                            id,
+                            task_id,
+                            history,
+                            deadline: now.mono_ms + self.limits.request_timeout_ms,
+                            keep_alive,
+                            minor_version,
+                            annotate,
+                            activated,
+                        };
+                    }
+                    None => {
+                        let mut doc = Vec::with_capacity(512);
+                        jsonrpc::write_result(&mut doc, &id, &StreamResponse::Task(*first));
+                        self.write_json_keep(
+                            200,
+                            &doc,
+                            keep_alive,
+                            minor_version,
+                            activated.echo(),
+                            now,
+                        );
+                    }
                 }
-                Some(sub) => {
-                    self.watch(inst, sub);
-                    self.state = State::Waiting {
-                        sub,
-                        id,
-                        task_id,
-                        history,
-                        deadline: now.mono_ms + self.limits.request_timeout_ms,
-                        keep_alive,
-                        minor_version,
-                        annotate,
-                        activated,
-                    };
-                }
-                None => {
-                    let mut doc = Vec::with_capacity(512);
-                    jsonrpc::write_result(&mut doc, &id, &StreamResponse::Task(*first));
-                    self.write_json_keep(
-                        200,
-                        &doc,
-                        keep_alive,
-                        minor_version,
-                        activated.echo(),
-                        now,
-                    );
-                }
-            },
+            }
         }
     }
 
@@ -1303,6 +1495,9 @@ impl Connection {
             }
             None => {
                 jsonrpc::write_error(&mut doc, &id, &RpcError::task_not_found(task_id));
+                if let Some(r) = self.current.as_mut() {
+                    r.error = Some(ErrorKind::TaskNotFound);
+                }
                 None
             }
         };
@@ -1339,7 +1534,7 @@ impl Connection {
             // Without a subscription the answer's frames were the whole stream (they end at
             // a terminal state anyway: a finished task's last event is its terminal status).
             let Some(s) = sub.and_then(|sub| inst.subscription(sub)) else {
-                self.end_stream(inst, None);
+                self.end_stream(inst, None, now);
                 return true;
             };
             match s.queue.pop_front() {
@@ -1353,7 +1548,7 @@ impl Connection {
                         ErrorKind::Internal,
                         "this stream fell too far behind its task and was ended; call SubscribeToTask to resume",
                     );
-                    self.end_stream(inst, Some(err));
+                    self.end_stream(inst, Some(err), now);
                     return true;
                 }
                 None => return false,
@@ -1399,12 +1594,12 @@ impl Connection {
             self.hold_from(inst, start, seq);
         }
         if ends {
-            self.end_stream(inst, None);
+            self.end_stream(inst, None, now);
         }
         ends
     }
 
-    fn end_stream(&mut self, inst: &mut Instance, error: Option<RpcError>) {
+    fn end_stream(&mut self, inst: &mut Instance, error: Option<RpcError>, now: Now) {
         let State::Streaming {
             sub,
             ref id,
@@ -1419,6 +1614,7 @@ impl Connection {
             let mut doc = Vec::with_capacity(256);
             jsonrpc::write_error(&mut doc, id, &err);
             response::write_sse_event(&mut self.out, &doc, chunked);
+            self.note_error(err.kind);
         }
         if chunked {
             response::write_chunked_end(&mut self.out);
@@ -1430,6 +1626,7 @@ impl Connection {
         if !keep_alive {
             self.closing = true;
         }
+        self.stream_ended(now);
     }
 
     fn write_card(&mut self, inst: &Instance, head: &RequestHead, head_only: bool, now: Now) {
@@ -1446,12 +1643,17 @@ impl Connection {
             .header("etag", Cow::Owned(card.etag.clone()))
             .header("cache-control", "public, max-age=60")
             .header("access-control-allow-origin", "*");
-        self.finish_head(&mut h, head.minor_version, head.keep_alive);
+        self.finish_head(&mut h, head.minor_version, head.keep_alive, now);
         h.write_full(&mut self.out, &card.body, head_only);
     }
 
     /// 401: who the caller is could not be established. The challenge says which scheme.
     fn write_unauthenticated(&mut self, why: Unauthenticated, head: &RequestHead, now: Now) {
+        self.note_error(if why == Unauthenticated::NoRole {
+            ErrorKind::PermissionDenied
+        } else {
+            ErrorKind::Unauthenticated
+        });
         if why == Unauthenticated::NoRole {
             // Who it is is known; it simply may do nothing here.
             let err = RpcError::new(
@@ -1485,7 +1687,7 @@ impl Connection {
         let mut h = Head::new(401, &date)
             .header("content-type", "application/json")
             .header("www-authenticate", challenge);
-        self.finish_head(&mut h, head.minor_version, head.keep_alive);
+        self.finish_head(&mut h, head.minor_version, head.keep_alive, now);
         h.write_full(&mut self.out, &doc, false);
     }
 
@@ -1504,7 +1706,7 @@ impl Connection {
         if let Some(echo) = echo {
             h = h.header("a2a-extensions", echo);
         }
-        self.finish_head(&mut h, minor, keep_alive);
+        self.finish_head(&mut h, minor, keep_alive, now);
         h.write_full(&mut self.out, doc, false);
     }
 
@@ -1518,6 +1720,7 @@ impl Connection {
         minor: u8,
         now: Now,
     ) {
+        self.note_error(err.kind);
         let mut doc = Vec::with_capacity(128);
         jsonrpc::write_error(&mut doc, id, err);
         let date = self.date(now);
@@ -1525,7 +1728,7 @@ impl Connection {
         if let Some(secs) = err.retry_after() {
             h = h.header("retry-after", secs.to_string());
         }
-        self.finish_head(&mut h, minor, keep_alive);
+        self.finish_head(&mut h, minor, keep_alive, now);
         h.write_full(&mut self.out, &doc, false);
     }
 
@@ -1549,12 +1752,14 @@ impl Connection {
                 .header("access-control-allow-origin", "*")
                 .header("access-control-allow-methods", CARD_ALLOW);
         }
-        self.finish_head(&mut h, head.minor_version, head.keep_alive && !close);
+        self.finish_head(&mut h, head.minor_version, head.keep_alive && !close, now);
         h.write_full(&mut self.out, b"", false);
     }
 
     /// Marks the head for closing or, for an HTTP/1.0 peer that asked, keeping alive.
-    fn finish_head(&mut self, h: &mut Head<'_>, minor: u8, keep_alive: bool) {
+    /// Completes the answer's record: this head is the answer (see [`crate::reqlog`]).
+    fn finish_head(&mut self, h: &mut Head<'_>, minor: u8, keep_alive: bool, now: Now) {
+        self.answered(h.status, now);
         self.cors_headers(h);
         if !keep_alive {
             h.close = true;
@@ -1608,6 +1813,12 @@ impl Connection {
 
     /// Answers a framing error and closes: after it the byte stream cannot be trusted.
     fn refuse_and_close(&mut self, status: u16, reason: &str, now: Now) {
+        if self.keep == Keep::All && self.current.is_none() {
+            // Bytes that never made a request head: recorded without a route.
+            let started = self.head_started.unwrap_or(now.mono_ms);
+            self.current = Some(Box::new(RequestRecord::new(None, started)));
+        }
+        self.answered(status, now);
         let date = self.date(now);
         let mut h = Head::new(status, &date).header("content-type", "text/plain; charset=utf-8");
         h.close = true;

@@ -44,6 +44,7 @@ pub mod jsonrpc;
 pub mod limits;
 pub mod oauth;
 pub mod push;
+pub mod reqlog;
 pub mod rpc;
 pub mod sessions;
 pub mod tasks;

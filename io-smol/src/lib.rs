@@ -16,6 +16,7 @@ use std::time::Duration;
 use agentd_core::auth::Peer;
 use agentd_core::{Connection, Instance};
 use agentd_io_std::os::{unix_peer_allowed, BoundListener, Clock};
+use agentd_io_std::{log_requests, request_log_keep};
 use async_io::{Async, Timer};
 use futures_lite::{future, AsyncWrite, AsyncWriteExt};
 
@@ -227,6 +228,7 @@ impl Ctx {
         let waker = Waker::from(Arc::new(ChannelWake(wake_tx)));
         let limits = self.lock().config().conn;
         let mut conn = Connection::new(self.index, peer, limits, waker, self.clock.now());
+        conn.keep_records(request_log_keep());
         // The failure limiter keys on the socket's own peer address; unix peers have none.
         if let Some(ip) = source {
             conn.set_source(ip);
@@ -235,6 +237,7 @@ impl Ctx {
         let write_timeout = Duration::from_millis(limits.write_timeout_ms.max(1));
         'conn: loop {
             conn.poll(&mut self.lock(), self.clock.now());
+            log_requests(&mut conn);
             let wrote = !conn.pending_output().is_empty();
             while !conn.pending_output().is_empty() {
                 let written = future::or(
@@ -279,7 +282,10 @@ impl Ctx {
                 .await;
                 let now = self.clock.now();
                 match ready {
-                    None => conn.handle_timeout(&mut self.lock(), now),
+                    None => {
+                        conn.handle_timeout(&mut self.lock(), now);
+                        log_requests(&mut conn);
+                    }
                     Some(Err(_)) => break,
                     Some(Ok(())) => {
                         let read = READ_BUFFER.with(|cell| {
@@ -297,8 +303,11 @@ impl Ctx {
                             }
                         });
                         match read {
-                            Ok(true) => {}
-                            Ok(false) => conn.handle_eof(&mut self.lock(), now),
+                            Ok(true) => log_requests(&mut conn),
+                            Ok(false) => {
+                                conn.handle_eof(&mut self.lock(), now);
+                                log_requests(&mut conn);
+                            }
                             Err(e)
                                 if matches!(
                                     e.kind(),
@@ -316,11 +325,13 @@ impl Ctx {
                 .await;
                 if !woken {
                     conn.handle_timeout(&mut self.lock(), self.clock.now());
+                    log_requests(&mut conn);
                 }
             }
         }
         let _ = stream.close().await;
         conn.close(&mut self.lock());
+        log_requests(&mut conn);
     }
 }
 

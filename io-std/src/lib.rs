@@ -12,6 +12,9 @@ pub mod os;
 mod server;
 
 pub use os::{BoundListener, Clock, Endpoint, OsEntropy};
-pub use server::{serve, DriverOptions, ServerHandle};
+pub use server::{
+    log_request, log_requests, request_log_keep, serve, DriverOptions, ServerHandle,
+    REQUEST_LOG_TARGET,
+};
 
 pub use agentd_core::Connection;

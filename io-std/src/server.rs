@@ -10,6 +10,7 @@ use std::thread;
 use std::time::Duration;
 
 use agentd_core::auth::Peer;
+use agentd_core::reqlog::{Keep, Phase, RequestRecord};
 use agentd_core::{Connection, Instance};
 
 use crate::os::{unix_peer_allowed, BoundListener, Clock};
@@ -227,6 +228,7 @@ impl AcceptContext {
         let _ =
             stream.set_write_timeout(Some(Duration::from_millis(limits.write_timeout_ms.max(1))));
         let mut conn = Connection::new(self.index, peer, limits, waker, now);
+        conn.keep_records(request_log_keep());
         if let Some(ip) = source {
             conn.set_source(ip);
         }
@@ -236,6 +238,7 @@ impl AcceptContext {
                 let now = self.clock.now();
                 conn.poll(&mut self.lock(), now);
             }
+            log_requests(&mut conn);
             if !conn.pending_output().is_empty() {
                 if !flush(&mut stream, &mut conn, &self.clock) {
                     break;
@@ -265,6 +268,7 @@ impl AcceptContext {
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(_) => break,
                 }
+                log_requests(&mut conn);
             } else {
                 if !notify.woken.swap(false, Ordering::SeqCst) {
                     match deadline {
@@ -276,10 +280,12 @@ impl AcceptContext {
                 let now = self.clock.now();
                 if deadline.is_some_and(|d| now.mono_ms >= d) {
                     conn.handle_timeout(&mut self.lock(), now);
+                    log_requests(&mut conn);
                 }
             }
         }
         conn.close(&mut self.lock());
+        log_requests(&mut conn);
     }
 }
 
@@ -326,5 +332,99 @@ impl Wake for ThreadNotify {
     fn wake_by_ref(self: &Arc<Self>) {
         self.woken.store(true, Ordering::SeqCst);
         self.thread.unpark();
+    }
+}
+
+/// The target of the request log's lines.
+pub const REQUEST_LOG_TARGET: &str = "agentd::request";
+
+/// Which request records a new connection should keep, from the log level in force: every
+/// request's at `debug`, only limiter refusals at `info`, none below. Both drivers ask once
+/// per connection, so a connection costs nothing for a log that would discard its lines.
+pub fn request_log_keep() -> Keep {
+    if tracing::enabled!(target: REQUEST_LOG_TARGET, tracing::Level::DEBUG) {
+        Keep::All
+    } else if tracing::enabled!(target: REQUEST_LOG_TARGET, tracing::Level::INFO) {
+        Keep::Refusals
+    } else {
+        Keep::Off
+    }
+}
+
+/// Logs the records `conn` queued (and says how many it had to drop). Call it after each
+/// call into the connection, outside the instance's lock.
+pub fn log_requests(conn: &mut Connection) {
+    while let Some(r) = conn.poll_request_record() {
+        log_request(&r);
+    }
+    let dropped = conn.take_dropped_records();
+    if dropped.refusals > 0 {
+        tracing::info!(
+            target: REQUEST_LOG_TARGET,
+            records = dropped.records,
+            refusals = dropped.refusals,
+            "request records dropped: more answers in one burst than a connection queues"
+        );
+    } else if dropped.records > 0 {
+        tracing::debug!(
+            target: REQUEST_LOG_TARGET,
+            records = dropped.records,
+            "request records dropped: more answers in one burst than a connection queues"
+        );
+    }
+}
+
+/// One request's log line: a limiter's refusal at `info` (one line per refused request),
+/// every other request at `debug`. Fields: `method` (the JSON-RPC method), `route` (HTTP
+/// method and path), `status`, `duration_ms`, `principal`, `task` (`-` where there is
+/// none), the JSON-RPC `error` code and `reason` of a refusal, and `phase` for a stream's
+/// start and end or an abandoned request; a refusal adds `limiter`, `source` and
+/// `retry_after_s`.
+pub fn log_request(r: &RequestRecord) {
+    let method = r.method.get().unwrap_or("-");
+    let route = r.route.get().unwrap_or("-");
+    let principal = r.principal.get().unwrap_or("-");
+    let task = r.task_id.get().unwrap_or("-");
+    let phase = (r.phase != Phase::Answered).then(|| r.phase.as_str());
+    if let Some(refusal) = &r.refusal {
+        tracing::info!(
+            target: REQUEST_LOG_TARGET,
+            limiter = refusal.limiter.as_str(),
+            source = %OrDash(refusal.source),
+            retry_after_s = refusal.retry_after_s,
+            method,
+            route,
+            status = r.status,
+            duration_ms = r.duration_ms,
+            principal,
+            task,
+            "request refused by a limiter"
+        );
+        return;
+    }
+    tracing::debug!(
+        target: REQUEST_LOG_TARGET,
+        method,
+        route,
+        status = r.status,
+        duration_ms = r.duration_ms,
+        principal,
+        task,
+        error = r.error_code(),
+        reason = r.error_reason(),
+        phase,
+        "request"
+    );
+}
+
+/// A value, or `-` without one.
+struct OrDash<T>(Option<T>);
+
+impl<T: std::fmt::Display> std::fmt::Display for OrDash<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(v) => v.fmt(f),
+            None => f.write_str("-"),
+        }
     }
 }
