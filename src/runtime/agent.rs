@@ -21,9 +21,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
@@ -370,7 +370,8 @@ impl AgentProcess {
                     sent_to: None,
                     line: Some(line),
                 });
-                sh.ensure_started(&mut inner);
+                // The monitor thread starts the process (woken below): a child dies with
+                // the thread that forked it, and the monitor is the one that outlives it.
             }
         }
         sh.wake.notify_all();
@@ -780,18 +781,18 @@ impl Shared {
             .command
             .split_first()
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?;
-        let mut cmd = Command::new(program);
-        cmd.args(args)
-            .envs(self.spec.env.iter().map(|(k, v)| (k, v)))
+        let path_env = self
+            .spec
+            .env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.as_str());
+        // Spawned only from the monitor thread, which outlives the process (see `child`).
+        let mut cmd = super::child::command(program, args, path_env, self.spec.cwd.as_deref())?;
+        cmd.envs(self.spec.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Its own group: a kill reaches what it started, and a terminal's ^C to agentd
-            // does not reach it behind agentd's back.
-            .process_group(0);
-        if let Some(dir) = &self.spec.cwd {
-            cmd.current_dir(dir);
-        }
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn()?;
         let pid = child.id();
         let (stdin, stdout, stderr) =

@@ -2,8 +2,7 @@
 //! cancel switch; its stdout becomes the step's output, a non-zero exit fails the step.
 
 use std::io::Read;
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,14 +29,20 @@ pub struct ExecJob {
 /// Runs the job to its end, its timeout, or `cancel`. The child runs in its own process
 /// group, and the whole group is killed on timeout or cancel, so nothing it started lingers.
 pub fn run(job: &ExecJob, cancel: &Arc<AtomicBool>) -> Result<Value, String> {
-    let mut child = Command::new(&job.program)
-        .args(&job.args)
-        .envs(job.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
+    let path_env = job
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str());
+    // This thread waits for the child to its end, so the child may die with it (`child`).
+    let mut child = super::child::command(&job.program, &job.args, path_env, None)
+        .and_then(|mut cmd| {
+            cmd.envs(job.env.iter().map(|(k, v)| (k, v)))
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+        })
         .map_err(|e| format!("cannot run {}: {e}", job.program))?;
     let stdout = child.stdout.take().map(|s| reader(s, MAX_STDOUT + 1));
     let stderr = child.stderr.take().map(|s| reader(s, 64 * 1024));

@@ -14,6 +14,7 @@
 //! - Operator controls: drain, pause, resume, cancel and the runtime-settable paths.
 
 pub mod agent;
+pub mod child;
 pub mod exec;
 pub mod logring;
 pub mod peer;
