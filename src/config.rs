@@ -466,6 +466,14 @@ impl Config {
             .collect())
     }
 
+    /// `--listen`: the listeners named on the command line replace `a2a.listen` (none given:
+    /// the file's stand).
+    pub fn override_listen(&mut self, listen: &[String]) {
+        if !listen.is_empty() {
+            self.a2a.listen = Listen::Many(listen.to_vec());
+        }
+    }
+
     /// The endpoints to listen on, validated.
     pub fn endpoints(&self) -> Result<Vec<Endpoint>, String> {
         let list = match &self.a2a.listen {
@@ -562,6 +570,8 @@ impl Config {
         if let Some(n) = &self.agent.name {
             c.name = n.clone();
         }
+        // Without an agent every turn is rejected: the card offers no conversation.
+        c.converses = self.agent.command.is_some();
         if let Some(d) = &self.agent.description {
             c.description = d.clone();
         }

@@ -13,7 +13,8 @@ use agentd::{config, durable, runtime};
 const HELP: &str = "\
 agentd — an A2A 1.0 agent daemon
 
-Usage: agentd [--config FILE] [--driver smol|std]
+Usage: agentd [--config FILE] [--listen URL]... [--driver smol|std]
+       agentd --check-config [--config FILE]
        agentd --extensions
        agentd --extension-schema NAME
 
@@ -22,6 +23,11 @@ operator).
 
 Options:
   --config FILE     read the TOML configuration FILE
+  --listen URL      listen on URL instead of the configured a2a.listen (repeatable):
+                    tcp://127.0.0.1:PORT (port 0: any free port) or unix:///PATH
+  --check-config    check the configuration (--config FILE, else the embedded default)
+                    as start-up would, without binding or opening the store; exit 0
+                    when it would start, 2 with the load error when not
   --driver NAME     smol (default: async, small) or std (blocking, a thread per connection)
   --extensions      print the registry of extension and binding URIs (JSON), and exit
   --extension-schema NAME
@@ -43,12 +49,17 @@ enum Driver {
 struct Args {
     config: Option<PathBuf>,
     driver: Driver,
+    /// `--listen`: replaces `a2a.listen` when given.
+    listen: Vec<String>,
+    check_only: bool,
 }
 
 fn parse_args() -> Result<Option<Args>, String> {
     let mut args = Args {
         config: None,
         driver: Driver::Smol,
+        listen: Vec::new(),
+        check_only: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -91,11 +102,21 @@ fn parse_args() -> Result<Option<Args>, String> {
                 let v = it.next().ok_or("--config needs a file")?;
                 args.config = Some(PathBuf::from(v));
             }
+            "--listen" => {
+                let v = it.next().ok_or(
+                    "--listen needs a URL: tcp://127.0.0.1:PORT, https://HOST:PORT or unix:///PATH",
+                )?;
+                args.listen.push(v);
+            }
+            "--check-config" => args.check_only = true,
             "--driver" => {
                 args.driver = match it.next().as_deref() {
                     Some("smol") => Driver::Smol,
                     Some("std") => Driver::Std,
-                    other => return Err(format!("--driver takes smol or std, not {other:?}")),
+                    Some(other) => {
+                        return Err(format!("--driver takes smol or std, not {other:?}"))
+                    }
+                    None => return Err("--driver needs a name: smol or std".into()),
                 }
             }
             other => return Err(format!("unknown argument {other:?}; see agentd --help")),
@@ -104,14 +125,34 @@ fn parse_args() -> Result<Option<Args>, String> {
     Ok(Some(args))
 }
 
-fn init_logging() {
-    let level = match std::env::var("AGENTD_LOG").as_deref() {
-        Ok("error") => tracing::Level::ERROR,
-        Ok("warn") => tracing::Level::WARN,
-        Ok("debug") => tracing::Level::DEBUG,
-        Ok("trace") => tracing::Level::TRACE,
-        _ => tracing::Level::INFO,
+/// The level `AGENTD_LOG` names (any case; unset or empty: info). A value that names no
+/// level is a usage error, not a silent `info`: an operator who asked for `debug` and
+/// misspelled it must learn so before chasing missing lines.
+fn log_level() -> Result<tracing::Level, String> {
+    let value = match std::env::var("AGENTD_LOG") {
+        Ok(v) => v,
+        Err(std::env::VarError::NotPresent) => return Ok(tracing::Level::INFO),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            return Err(format!(
+                "AGENTD_LOG={v:?} names no log level: use error, warn, info, debug or trace"
+            ))
+        }
     };
+    Ok(match value.trim().to_ascii_lowercase().as_str() {
+        "" | "info" => tracing::Level::INFO,
+        "error" => tracing::Level::ERROR,
+        "warn" => tracing::Level::WARN,
+        "debug" => tracing::Level::DEBUG,
+        "trace" => tracing::Level::TRACE,
+        _ => {
+            return Err(format!(
+                "AGENTD_LOG={value:?} names no log level: use error, warn, info, debug or trace"
+            ))
+        }
+    })
+}
+
+fn init_logging(level: tracing::Level) {
     use tracing_subscriber::layer::SubscriberExt as _;
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
@@ -130,10 +171,11 @@ enum Failure {
 }
 
 fn run(args: Args) -> Result<(), Failure> {
-    let config = match &args.config {
+    let mut config = match &args.config {
         Some(path) => config::Config::load(path).map_err(Failure::Config)?,
         None => config::Config::default(),
     };
+    config.override_listen(&args.listen);
     let endpoints = config.endpoints().map_err(Failure::Config)?;
     let settings = config.runtime_settings().map_err(Failure::Config)?;
     let declared = config.declared_commands().map_err(Failure::Config)?;
@@ -141,6 +183,28 @@ fn run(args: Args) -> Result<(), Failure> {
     config
         .check_store(&store_kind, &endpoints)
         .map_err(Failure::Config)?;
+    if args.check_only {
+        // Everything start-up checks, short of binding and opening the store: the URLs the
+        // card would name are the configured ones (a port 0 stays 0).
+        let infos = endpoints.iter().map(unbound_info).collect();
+        let mut instance_config = config.instance_config(infos).map_err(Failure::Config)?;
+        instance_config.tls = config.tls_listeners(&endpoints).map_err(Failure::Config)?;
+        let mut instance = Instance::new(instance_config, Box::new(OsEntropy), Clock::new().now());
+        for decl in declared {
+            let op = decl.op.clone();
+            instance
+                .register_command(decl)
+                .map_err(|e| Failure::Config(format!("workflow command {op:?}: {e:?}")))?;
+        }
+        let what = args
+            .config
+            .as_ref()
+            .map_or("the embedded default".to_owned(), |p| {
+                p.display().to_string()
+            });
+        println!("{what}: the configuration is valid");
+        return Ok(());
+    }
     let mut listeners = Vec::with_capacity(endpoints.len());
     for ep in &endpoints {
         listeners.push(
@@ -245,7 +309,8 @@ fn run(args: Args) -> Result<(), Failure> {
     let mut hangups = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])
         .map_err(|e| Failure::Runtime(format!("signal handlers: {e}")))?;
     {
-        let mut state = agentd::reload::State::new(args.config.clone(), &config);
+        let mut state =
+            agentd::reload::State::new(args.config.clone(), args.listen.clone(), &config);
         let reloader = runtime.reload_handle();
         let instance = reload_instance;
         std::thread::Builder::new()
@@ -297,11 +362,37 @@ fn run(args: Args) -> Result<(), Failure> {
     }
 }
 
+/// What the card of a listener on `ep` would name, without binding it (`--check-config`).
+fn unbound_info(ep: &agentd_io_std::Endpoint) -> agentd_core::ListenerInfo {
+    use agentd_core::{ListenerInfo, ListenerKind};
+    use agentd_io_std::Endpoint;
+    match ep {
+        Endpoint::Tcp(a) | Endpoint::Https(a) => ListenerInfo {
+            kind: ListenerKind::Tcp,
+            url: format!("{}://{a}/", if ep.is_tls() { "https" } else { "http" }),
+            loopback: a.ip().is_loopback(),
+        },
+        Endpoint::Unix(path) => ListenerInfo {
+            kind: ListenerKind::Unix(path.display().to_string()),
+            url: format!("unix://{}", path.display()),
+            loopback: false,
+        },
+    }
+}
+
 fn runtime_drainer(h: runtime::DrainHandle) -> impl Fn(&str) {
     move |reason| h.drain(reason)
 }
 
 fn main() -> ExitCode {
+    // A keeper of one child process (see `agentd::runtime::child`): nothing else runs.
+    let mut argv = std::env::args_os().skip(1);
+    if argv
+        .next()
+        .is_some_and(|a| a == runtime::child::KEEPER_FLAG)
+    {
+        runtime::child::keeper_main(argv);
+    }
     let args = match parse_args() {
         Ok(Some(a)) => a,
         Ok(None) => return ExitCode::SUCCESS,
@@ -310,18 +401,28 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging();
+    let level = match log_level() {
+        Ok(level) => level,
+        Err(e) => {
+            eprintln!("agentd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(level);
+    // The runtime's children run under a keeper (this binary again, by the kernel's
+    // /proc/self/exe, which still names it if the file on disk is replaced), so they die with
+    // the daemon however it dies.
+    runtime::child::use_keeper(PathBuf::from("/proc/self/exe"));
+    // Each fatal error is said once, as a log line (stderr, like every other line).
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         // A load error exits 2, like a usage error: the configuration must change.
         Err(Failure::Config(e)) => {
             tracing::error!("{e}");
-            eprintln!("agentd: {e}");
             ExitCode::from(2)
         }
         Err(Failure::Runtime(e)) => {
             tracing::error!("{e}");
-            eprintln!("agentd: {e}");
             ExitCode::from(1)
         }
     }

@@ -40,12 +40,14 @@ pub struct Checked {
 /// against the listeners already bound.
 pub fn check(
     path: Option<&Path>,
+    listen: &[String],
     listeners: Vec<agentd_core::ListenerInfo>,
 ) -> Result<Checked, String> {
-    let config = match path {
+    let mut config = match path {
         Some(p) => Config::load(p)?,
         None => Config::default(),
     };
+    config.override_listen(listen);
     let endpoints = config.endpoints()?;
     let settings = config.runtime_settings()?;
     config.declared_commands()?;
@@ -121,14 +123,17 @@ pub fn is_reloadable(path: &str) -> bool {
 /// keys are compared against) and the one last applied.
 pub struct State {
     pub path: Option<std::path::PathBuf>,
+    /// `--listen`, which stands in for the file's `a2a.listen` at every reload too.
+    pub listen: Vec<String>,
     pub started: Value,
     pub applied: Value,
 }
 
 impl State {
-    pub fn new(path: Option<std::path::PathBuf>, started: &Config) -> State {
+    pub fn new(path: Option<std::path::PathBuf>, listen: Vec<String>, started: &Config) -> State {
         State {
             path,
+            listen,
             started: table(started),
             applied: table(started),
         }
@@ -147,7 +152,7 @@ pub fn reload(state: &mut State, instance: &Arc<Mutex<Instance>>, runtime: &Relo
         let inst = instance.lock().unwrap_or_else(|p| p.into_inner());
         (inst.config().listeners.clone(), inst.config().clone())
     };
-    let checked = match check(state.path.as_deref(), listeners) {
+    let checked = match check(state.path.as_deref(), &state.listen, listeners) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(file = %file, "reload refused, the running configuration stays: {e}");

@@ -36,11 +36,55 @@ fn help_and_version() {
 
 #[test]
 fn bad_arguments_exit_2_with_a_message() {
-    for args in [&["--bogus"][..], &["--driver", "tokio"], &["--config"]] {
+    for (args, said) in [
+        (
+            &["--bogus"][..],
+            "unknown argument \"--bogus\"; see agentd --help",
+        ),
+        (
+            &["--driver", "tokio"],
+            "--driver takes smol or std, not \"tokio\"",
+        ),
+        (&["--driver"], "--driver needs a name: smol or std"),
+        (&["--config"], "--config needs a file"),
+        (
+            &["--listen"],
+            "--listen needs a URL: tcp://127.0.0.1:PORT, https://HOST:PORT or unix:///PATH",
+        ),
+    ] {
         let out = agentd(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
+        // Said once, as a plain line a person reads: no debug rendering (`Some("tokio")`).
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            format!("agentd: {said}\n"),
+            "{args:?}"
+        );
+    }
+}
+
+#[test]
+fn a_log_level_that_names_no_level_is_refused() {
+    for bad in ["verbose", "debug,agentd=trace", "1"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_agentd"))
+            .args(["--check-config"])
+            .env("AGENTD_LOG", bad)
+            .output()
+            .expect("agentd runs");
+        assert_eq!(out.status.code(), Some(2), "{bad}");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.starts_with("agentd: "), "{args:?}: {err}");
+        assert!(
+            err.starts_with(&format!("agentd: AGENTD_LOG=\"{bad}\" names no log level")),
+            "{bad}: {err}"
+        );
+    }
+    for good in ["", "error", "WARN", "info", "Debug", "trace"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_agentd"))
+            .args(["--check-config"])
+            .env("AGENTD_LOG", good)
+            .output()
+            .expect("agentd runs");
+        assert!(out.status.success(), "{good:?}: {out:?}");
     }
 }
 
@@ -87,16 +131,134 @@ fn configurations_it_cannot_honour_stop_startup() {
     ];
     for (name, text, needle) in cases {
         let path = temp_config(name, text);
-        let out = agentd(&["--config", path.to_str().unwrap()]);
-        // A load error exits 2 (the surface's rule for configuration mistakes).
-        assert_eq!(out.status.code(), Some(2), "{name}");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(needle), "{name}: {err}");
-        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+        let path = path.to_str().unwrap();
+        // Start-up and --check-config refuse alike.
+        for args in [
+            &["--config", path][..],
+            &["--check-config", "--config", path],
+        ] {
+            let out = agentd(args);
+            // A load error exits 2 (the surface's rule for configuration mistakes).
+            assert_eq!(out.status.code(), Some(2), "{name} {args:?}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(err.matches(needle).count(), 1, "{name}: said once: {err}");
+            assert!(out.stdout.is_empty(), "{name} {args:?}");
+        }
+        std::fs::remove_dir_all(std::path::Path::new(path).parent().unwrap()).unwrap();
     }
     let out = agentd(&["--config", "/nonexistent/agentd.toml"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/agentd.toml"));
+}
+
+#[test]
+fn check_config_validates_without_binding_or_touching_the_store() {
+    // The configured port is held by someone else and the store directory does not exist:
+    // a check binds nothing and creates nothing, so neither matters to it.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let dir = std::env::temp_dir().join(format!("agentd-cli-{}-check", std::process::id()));
+    let store = dir.join("state");
+    let path = temp_config(
+        "check",
+        &format!(
+            "[a2a]\nlisten = [\"tcp://127.0.0.1:{port}\"]\n[store]\ndir = \"{}\"\n",
+            store.display()
+        ),
+    );
+    let out = agentd(&["--check-config", "--config", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{}: the configuration is valid\n", path.display())
+    );
+    assert!(
+        !store.exists(),
+        "--check-config created the store directory"
+    );
+    // The same file refuses to start for real, since the port is taken: the check above
+    // really did not bind.
+    let out = agentd(&["--config", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen on"));
+    let out = agentd(&["--check-config"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "the embedded default: the configuration is valid\n"
+    );
+    // --listen is checked like a2a.listen.
+    let out = agentd(&["--check-config", "--listen", "tcp://0.0.0.0:8420"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("plaintext is served only on loopback"));
+    drop(held);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+trait ReadWrite: std::io::Read + std::io::Write {}
+impl<T: std::io::Read + std::io::Write> ReadWrite for T {}
+
+#[test]
+fn listen_on_the_command_line_replaces_the_configured_listeners() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let dir = std::env::temp_dir().join(format!("agentd-cli-{}-listen", std::process::id()));
+    let sock = dir.join("a.sock");
+    // The file names a port nobody will ever reach; --listen replaces it with two others.
+    let path = temp_config(
+        "listen",
+        "[a2a]\nlisten = [\"tcp://127.0.0.1:1\"]\n[store]\nkind = \"memory\"\n",
+    );
+    /// Kills the daemon however the test ends.
+    struct Running(std::process::Child);
+    impl Drop for Running {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut daemon = Running(
+        Command::new(env!("CARGO_BIN_EXE_agentd"))
+            .args(["--config", path.to_str().unwrap()])
+            .args(["--listen", "tcp://127.0.0.1:0"])
+            .args(["--listen", &format!("unix://{}", sock.display())])
+            .env("AGENTD_LOG", "error")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("agentd starts"),
+    );
+    let mut lines = BufReader::new(daemon.0.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let second = lines.next().unwrap().unwrap();
+    let tcp = first
+        .strip_prefix("listening http://127.0.0.1:")
+        .unwrap_or_else(|| panic!("{first}"));
+    assert_ne!(tcp, "1/", "the file's listener was not replaced");
+    assert_eq!(second, format!("listening unix://{}", sock.display()));
+    let card = |mut s: Box<dyn ReadWrite>| {
+        s.write_all(
+            b"GET /.well-known/agent-card.json HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        answer
+    };
+    let over_tcp = card(Box::new(
+        std::net::TcpStream::connect(format!("127.0.0.1:{}", tcp.trim_end_matches('/'))).unwrap(),
+    ));
+    assert!(
+        over_tcp.contains(&format!("http://127.0.0.1:{tcp}")),
+        "{over_tcp}"
+    );
+    let over_unix = card(Box::new(
+        std::os::unix::net::UnixStream::connect(&sock).unwrap(),
+    ));
+    assert!(
+        over_unix.contains(&format!("unix://{}", sock.display())),
+        "{over_unix}"
+    );
+    drop(daemon);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

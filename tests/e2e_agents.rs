@@ -383,6 +383,110 @@ fn admin_cancel_stops_an_agent_turn() {
 }
 
 #[test]
+fn the_card_offers_a_conversation_only_with_an_agent() {
+    let skills = |d: &Daemon| -> Vec<String> {
+        let card = d.connect_tcp().get_card().json();
+        card["skills"]
+            .as_array()
+            .unwrap_or_else(|| panic!("skills is a list: {card}"))
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let with = start("smol", "examples/agents/echo_agent.py", 20_000);
+    assert_eq!(skills(&with), ["conversation"]);
+    // No agent: every turn is rejected, so the card promises no conversation.
+    let without = Daemon::start("smol");
+    assert_eq!(skills(&without), Vec::<String>::new());
+}
+
+/// Whether `pid` is gone (reaped, or a zombie waiting for a parent that is no more).
+fn gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+        s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
+fn wait_gone(pid: u32, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !gone(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "{what} {pid} outlived the daemon"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn agent_pid(d: &Daemon) -> u32 {
+    let log = d.stderr();
+    log.lines()
+        .find(|l| l.contains("agent process started"))
+        .and_then(|l| l.split("pid=").nth(1))
+        .and_then(|p| p.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no agent pid in the log:\n{log}"))
+}
+
+#[test]
+fn an_agent_and_what_it_started_die_with_a_killed_daemon() {
+    // hang.py ignores the end of its input and every line, and starts a grandchild: only a
+    // kill of its whole group stops them. The daemon is SIGKILLed, so it kills nothing.
+    for driver in ["smol", "std"] {
+        let mut d = start(driver, "tests/agents/hang.py", 60_000);
+        let r = send(&d, None, json!({"text": "work forever"}), true);
+        let id = r["result"]["task"]["id"].as_str().unwrap().to_owned();
+        let t = d.wait_task_state(&id, "TASK_STATE_WORKING");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut t = t;
+        // The agent reports its grandchild's pid as its first status text.
+        let grandchild: u32 = loop {
+            if let Ok(pid) = status_text(&t).trim().parse() {
+                break pid;
+            }
+            assert!(Instant::now() < deadline, "no grandchild pid in {t}");
+            std::thread::sleep(Duration::from_millis(20));
+            t = d.wait_task_state(&id, "TASK_STATE_WORKING");
+        };
+        let agent = agent_pid(&d);
+        assert!(!gone(agent) && !gone(grandchild), "{driver}: both run");
+        d.kill();
+        wait_gone(agent, "the agent process");
+        wait_gone(grandchild, "the agent's own child");
+    }
+}
+
+#[test]
+fn a_drain_says_what_it_waits_for() {
+    let d = start("smol", "tests/agents/hang.py", 60_000);
+    let r = send(&d, None, json!({"text": "work forever"}), true);
+    let id = r["result"]["task"]["id"].as_str().unwrap().to_owned();
+    d.wait_task_state(&id, "TASK_STATE_WORKING");
+    d.signal("TERM");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let line = loop {
+        let log = d.stderr();
+        if let Some(l) = log.lines().find(|l| l.contains("draining: waiting for")) {
+            break l.to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the drain never said what it waits for:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        line.contains(&format!("task {id} (a turn of the conversation agent)")),
+        "{line}"
+    );
+    assert!(line.contains("tasks=1"), "{line}");
+}
+
+#[test]
 fn a_drain_stops_the_agent_processes_too() {
     // This agent ignores its shutdown line and the end of its stdin: only a kill stops it.
     let mut d = start("std", "tests/agents/stubborn.py", 20_000);

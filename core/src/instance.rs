@@ -121,6 +121,10 @@ pub struct InstanceConfig {
     pub tls: HashMap<usize, crate::tls::TlsListener>,
     /// `a2a.push`: push notifications and where webhooks may point.
     pub push: crate::push::PushPolicy,
+    /// The host answers conversation turns (a message that is not a command), so the card
+    /// lists the `conversation` skill. A host that would only reject them says `false`, and
+    /// the card promises nothing it does not do.
+    pub converses: bool,
 }
 
 impl InstanceConfig {
@@ -160,6 +164,7 @@ impl InstanceConfig {
             cors: crate::http::cors::CorsPolicy::default(),
             tls: HashMap::new(),
             push: crate::push::PushPolicy::default(),
+            converses: true,
         }
     }
 }
@@ -1416,15 +1421,19 @@ pub(crate) fn build_card(config: &InstanceConfig, index: usize) -> AgentCard {
         name: config.name.clone(),
         security_requirements: security.as_ref().map(|(_, r)| r.clone()),
         security_schemes: security.map(|(s, _)| s),
-        skills: vec![AgentSkill {
-            description: "Converse with this agent: each message without a command is a turn \
-                          answered by the configured conversation agent."
-                .into(),
-            examples: Vec::new(),
-            id: "conversation".into(),
-            name: "Conversation".into(),
-            tags: vec!["conversation".into()],
-        }],
+        skills: config
+            .converses
+            .then(|| AgentSkill {
+                description: "Converse with this agent: each message without a command is a \
+                              turn answered by the configured conversation agent."
+                    .into(),
+                examples: Vec::new(),
+                id: "conversation".into(),
+                name: "Conversation".into(),
+                tags: vec!["conversation".into()],
+            })
+            .into_iter()
+            .collect(),
         supported_interfaces: vec![AgentInterface {
             protocol_binding: binding.into(),
             protocol_version: PROTOCOL_VERSION.into(),
