@@ -241,3 +241,41 @@ fn the_example_delegates_over_tcp_and_a_gone_peer_fails_the_step() {
     drop(front);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The example's own script, as a reader runs it (with this build of agentd): it prints the
+/// gate and the shipped artifact, needs no free port 8420, and leaves nothing behind.
+#[test]
+fn the_example_script_runs_and_cleans_up() {
+    let tmp = std::env::temp_dir().join(format!("agentd-run-sh-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    // Whoever holds the default port does not matter to it.
+    let held = std::net::TcpListener::bind("127.0.0.1:8420").ok();
+    let out = Command::new("bash")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/delegation/run.sh"
+        ))
+        .env("AGENTD_BIN", env!("CARGO_BIN_EXE_agentd"))
+        .env("TMPDIR", &tmp)
+        .stdin(Stdio::null())
+        .output()
+        .expect("bash runs the example");
+    drop(held);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().collect();
+    std::fs::remove_dir_all(&tmp).unwrap();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("TASK_STATE_INPUT_REQUIRED - Ship app.tar.gz?"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("TASK_STATE_COMPLETED - [{'text': 'shipped app.tar.gz'}]"),
+        "{stdout}"
+    );
+    assert!(left.is_empty(), "the example left {left:?} behind");
+}
