@@ -264,8 +264,14 @@ pub struct LimitsSection {
     /// Serialized bytes of stream events kept over all tasks.
     pub replay_bytes: Option<usize>,
     pub max_tasks: Option<usize>,
+    /// Serialized bytes of one task's artifacts together.
+    pub task_artifact_bytes: Option<usize>,
     pub max_connections: Option<usize>,
 }
+
+/// The most `limits.task_artifact_bytes` may be: with a task's history and status it keeps
+/// the largest task record well inside the store's largest append (16 MiB).
+pub const MAX_TASK_ARTIFACT_BYTES: usize = 8 << 20;
 
 impl Config {
     pub fn load(path: &Path) -> Result<Config, String> {
@@ -604,6 +610,15 @@ impl Config {
             }
             c.tasks.max_tasks = n;
         }
+        if let Some(n) = l.task_artifact_bytes {
+            if n == 0 || n > MAX_TASK_ARTIFACT_BYTES {
+                return Err(format!(
+                    "limits.task_artifact_bytes: must be from 1 to {MAX_TASK_ARTIFACT_BYTES} \
+                     (a task is stored as one record), not {n}"
+                ));
+            }
+            c.tasks.artifact_bytes = n;
+        }
         for (name, value, field) in [
             (
                 "replay_events_per_task",
@@ -922,6 +937,7 @@ fn effective_document(c: &InstanceConfig, max_connections: Option<usize>) -> ser
             "replay_events": c.replay.events,
             "replay_bytes": c.replay.bytes,
             "max_tasks": c.tasks.max_tasks,
+            "task_artifact_bytes": c.tasks.artifact_bytes,
             "max_connections": max_connections,
         },
     })

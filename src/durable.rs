@@ -234,6 +234,26 @@ pub fn spawn(
     })
 }
 
+/// Appends `records`, in order, in as many appends as the store's size bound needs, and
+/// returns the last ticket (durable means all of them are). A drain holds every change since
+/// the last one, so a burst of large requests can add up to more than one append may hold;
+/// that is never a reason to stop. Splitting costs nothing in the common case (one append
+/// that fits) and no fsync ever (the store's group commit writes whatever is queued at
+/// once). A drain is not atomic on disk, and needs not be: each record is the whole state
+/// of its key, and nothing in the drain is acknowledged before the last append is durable.
+/// One record alone can always be appended: the task bounds (`limits.task_artifact_bytes`,
+/// the history bound, the agent line bound) keep a task record far below the store's limit.
+fn append_split(store: &Store, records: &[Record]) -> Result<Ticket, crate::store::Error> {
+    match store.append(records) {
+        Err(crate::store::Error::TooLarge { .. }) if records.len() > 1 => {
+            let (first, rest) = records.split_at(records.len() / 2);
+            append_split(store, first)?;
+            append_split(store, rest)
+        }
+        other => other,
+    }
+}
+
 fn lock(inst: &Mutex<Instance>) -> std::sync::MutexGuard<'_, Instance> {
     inst.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -274,7 +294,7 @@ fn run(
                     None => Record::remove(r.kind, r.key),
                 })
                 .collect();
-            match store.append(&records) {
+            match append_split(&store, &records) {
                 Ok(ticket) => inflight.push_back((ticket, batch.upto)),
                 Err(e) => {
                     on_fail(e.to_string());

@@ -291,6 +291,8 @@ pub enum CompletionError {
     /// `TASK_STATE_UNSPECIFIED` and `TASK_STATE_SUBMITTED` are not states a host moves to.
     InvalidState(TaskState),
     TooManyArtifacts,
+    /// The task's artifacts would exceed `limits.task_artifact_bytes` together.
+    ArtifactsTooLarge,
     /// No command call of that id is waiting (answered already, or its client left).
     UnknownCall,
     /// A document for a task op, or a start for a message op.
@@ -1038,6 +1040,7 @@ impl Instance {
             StoreError::NotFound | StoreError::Full => CompletionError::UnknownTask,
             StoreError::Terminal(s) => CompletionError::TaskTerminal(s),
             StoreError::TooManyArtifacts => CompletionError::TooManyArtifacts,
+            StoreError::ArtifactsTooLarge => CompletionError::ArtifactsTooLarge,
         };
         match completion {
             Completion::Status {

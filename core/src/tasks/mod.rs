@@ -24,6 +24,9 @@ pub struct TaskLimits {
     pub max_tasks: usize,
     /// Artifacts one task may hold.
     pub max_artifacts: usize,
+    /// Serialized bytes of one task's artifacts together. With `history_bytes` it bounds
+    /// the largest task, so the largest record the host must persist.
+    pub artifact_bytes: usize,
 }
 
 impl TaskLimits {
@@ -32,6 +35,7 @@ impl TaskLimits {
         history_bytes: 256 * 1024,
         max_tasks: 10_000,
         max_artifacts: 64,
+        artifact_bytes: 4 * 1024 * 1024,
     };
 }
 
@@ -76,6 +80,9 @@ pub struct TaskRecord {
     history: VecDeque<(Message, usize)>,
     history_bytes: usize,
     pub artifacts: Vec<Artifact>,
+    /// Serialized bytes of `artifacts`, kept as they change (an appended part adds its own
+    /// size and a separator), so a bound check never reserializes them.
+    artifact_bytes: usize,
     /// How many agent status messages this task has had; names the next one.
     status_count: u64,
     /// Every state the task has been in, oldest first, with when it entered it.
@@ -173,6 +180,25 @@ pub enum StoreError {
     Terminal(TaskState),
     Full,
     TooManyArtifacts,
+    /// The task's artifacts would exceed [`TaskLimits::artifact_bytes`].
+    ArtifactsTooLarge,
+}
+
+/// Serialized size of `value`, without keeping the bytes.
+pub(crate) fn serialized_len<T: serde::Serialize>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, value);
+    c.0
 }
 
 /// Entries a task's `statusHistory` keeps: the first (its submission) and the newest.
@@ -442,6 +468,7 @@ impl TaskStore {
             history: VecDeque::new(),
             history_bytes: 0,
             artifacts: Vec::new(),
+            artifact_bytes: 0,
             status_count: 0,
             status_history: vec![(TaskState::Submitted, now_ms)],
             link: Link {
@@ -561,17 +588,36 @@ impl TaskStore {
         append: bool,
     ) -> Result<(), StoreError> {
         let max = self.limits.max_artifacts;
+        let budget = self.limits.artifact_bytes;
         let t = self.live_mut(id)?;
         let count = t.artifacts.len();
-        match t
+        let at = t
             .artifacts
-            .iter_mut()
-            .find(|a| a.artifact_id == artifact.artifact_id)
-        {
-            Some(existing) if append => existing.parts.extend(artifact.parts),
-            Some(existing) => *existing = artifact,
+            .iter()
+            .position(|a| a.artifact_id == artifact.artifact_id);
+        // The task's artifact bytes once this change is made: checked before anything changes,
+        // so a refused artifact leaves the task as it was.
+        let (bytes, replaced) = match at {
+            Some(_) if append => {
+                let added: usize = artifact.parts.iter().map(|p| serialized_len(p) + 1).sum();
+                (t.artifact_bytes + added, None)
+            }
+            Some(i) => {
+                let old = serialized_len(&t.artifacts[i]);
+                let new = serialized_len(&artifact);
+                (t.artifact_bytes.saturating_sub(old) + new, Some(i))
+            }
             None if count >= max => return Err(StoreError::TooManyArtifacts),
-            None => t.artifacts.push(artifact),
+            None => (t.artifact_bytes + serialized_len(&artifact) + 1, None),
+        };
+        if bytes > budget {
+            return Err(StoreError::ArtifactsTooLarge);
+        }
+        t.artifact_bytes = bytes;
+        match (at, replaced) {
+            (Some(i), None) => t.artifacts[i].parts.extend(artifact.parts),
+            (Some(_), Some(i)) => t.artifacts[i] = artifact,
+            (None, _) => t.artifacts.push(artifact),
         }
         self.touch(id);
         Ok(())
@@ -630,6 +676,63 @@ mod tests {
             parts: vec![Part::text("hi")],
             ..Message::default()
         }
+    }
+
+    fn artifact(id: &str, text: &str) -> Artifact {
+        Artifact {
+            artifact_id: id.into(),
+            description: String::new(),
+            extensions: Vec::new(),
+            metadata: None,
+            name: id.into(),
+            parts: vec![Part::text(text)],
+        }
+    }
+
+    #[test]
+    fn artifacts_are_bounded_in_bytes_and_a_refusal_changes_nothing() {
+        let mut s = TaskStore::new(TaskLimits {
+            artifact_bytes: 1000,
+            ..TaskLimits::DEFAULT
+        });
+        s.create(
+            "t".into(),
+            ContextIds::plain("c"),
+            Principal::operator(),
+            msg("m0"),
+            10,
+        )
+        .unwrap();
+        let text = "x".repeat(300);
+        // Appended chunks count as they come: three fit, the fourth would not.
+        s.put_artifact("t", artifact("a", &text), false).unwrap();
+        s.put_artifact("t", artifact("a", &text), true).unwrap();
+        s.put_artifact("t", artifact("a", &text), true).unwrap();
+        assert_eq!(
+            s.put_artifact("t", artifact("a", &text), true),
+            Err(StoreError::ArtifactsTooLarge)
+        );
+        assert_eq!(
+            s.put_artifact("t", artifact("b", &text), false),
+            Err(StoreError::ArtifactsTooLarge)
+        );
+        let t = s.get("t").unwrap();
+        assert_eq!(t.artifacts.len(), 1);
+        assert_eq!(
+            t.artifacts[0].parts.len(),
+            3,
+            "the refused chunk was not kept"
+        );
+        // The count never falls behind the serialized size it stands for.
+        assert!(
+            t.artifact_bytes >= serialized_len(&t.artifacts[0]),
+            "{}",
+            t.artifact_bytes
+        );
+        // Replacing the artifact frees what it held.
+        s.put_artifact("t", artifact("a", "small"), false).unwrap();
+        s.put_artifact("t", artifact("b", &text), false).unwrap();
+        assert_eq!(s.get("t").unwrap().artifacts.len(), 2);
     }
 
     #[test]

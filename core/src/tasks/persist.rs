@@ -123,6 +123,11 @@ impl TaskRecord {
             })
             .collect();
         Ok(TaskRecord {
+            artifact_bytes: d
+                .artifacts
+                .iter()
+                .map(|a| super::serialized_len(a) + 1)
+                .sum(),
             history_bytes: history.iter().map(|(_, s)| s).sum(),
             history,
             id: d.id,

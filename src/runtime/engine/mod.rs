@@ -249,6 +249,7 @@ pub fn spawn(
         next_run: 1,
         tx: tx.clone(),
         draining: None,
+        drain_report_at: 0,
         exit: exit_tx,
     };
     thread::Builder::new()
@@ -527,6 +528,8 @@ struct Runtime {
     tx: Sender<Msg>,
     /// The drain's reason, once one started.
     draining: Option<(String, Option<u64>)>,
+    /// When a drain next says what it is waiting for (monotonic ms).
+    drain_report_at: u64,
     exit: Sender<Exit>,
 }
 
@@ -816,7 +819,38 @@ struct Call<'a> {
 }
 
 fn complete(inst: &mut Inst<'_>, c: Completion, now: Now) {
+    let adds_artifact = match &c {
+        Completion::Artifact { task_id, .. } | Completion::CommandDone { task_id, .. } => {
+            Some(task_id.clone())
+        }
+        _ => None,
+    };
     if let Err(e) = inst.handle_completion(c, now) {
+        // An artifact past a task's bounds: the task ends saying which bound, rather than
+        // going on with output silently missing (or, for a result, working for ever).
+        let bound = match e {
+            CompletionError::ArtifactsTooLarge => Some(format!(
+                "the task's artifacts would exceed limits.task_artifact_bytes ({} bytes)",
+                inst.config().tasks.artifact_bytes
+            )),
+            CompletionError::TooManyArtifacts => Some(format!(
+                "the task would hold more than {} artifacts",
+                inst.config().tasks.max_artifacts
+            )),
+            _ => None,
+        };
+        if let (Some(task_id), Some(why)) = (adds_artifact, bound) {
+            tracing::warn!(task = %task_id, "{why}; the task fails");
+            let _ = inst.handle_completion(
+                Completion::Status {
+                    task_id,
+                    state: TaskState::Failed,
+                    message: Some(vec![Part::text(why)]),
+                },
+                now,
+            );
+            return;
+        }
         // A task the client canceled, or a call whose client left: nothing to report to.
         if !matches!(
             e,

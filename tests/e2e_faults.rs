@@ -1,0 +1,162 @@
+//! Faults and hostile input on the real binary (issue 15): what a caller or an agent can do
+//! never stops the daemon, and nothing it acknowledged is lost. Each case asserts the exact
+//! outcome; the store's own damage and lock cases are in e2e_durable.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{post, rpc_body, Daemon, Setup, DRIVERS, RPC_HEADERS};
+use serde_json::{json, Value};
+
+/// A data directory the test owns, so a restarted daemon reads the same store.
+struct DataDir(PathBuf);
+
+impl DataDir {
+    fn new(name: &str) -> DataDir {
+        DataDir(std::env::temp_dir().join(format!("agentd-faults-{name}-{}", std::process::id())))
+    }
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn get_task(d: &Daemon, id: &str) -> Value {
+    d.connect_tcp()
+        .request(&post(
+            &RPC_HEADERS,
+            &rpc_body("1", "GetTask", &json!({"id": id, "historyLength": 0})),
+        ))
+        .json()
+}
+
+/// Blocking sends just under the body bound, all at once: one drain of the store then
+/// holds more than one append may (16 MiB). That stopped the daemon; now every send is
+/// answered, and every task it acknowledged is there after a crash.
+#[test]
+fn a_burst_of_large_sends_never_stops_the_daemon() {
+    for driver in DRIVERS {
+        let data = DataDir::new(&format!("burst-{driver}"));
+        let setup = Setup {
+            store_dir: Some(data.0.clone()),
+            ..Setup::default()
+        };
+        let mut d = Daemon::start_setup(driver, &setup);
+        let text = "y".repeat(1_900_000);
+        let ids: Vec<String> = std::thread::scope(|s| {
+            let sends: Vec<_> = (0..12)
+                .map(|i| {
+                    let (d, text) = (&d, &text);
+                    s.spawn(move || {
+                        let params = json!({"message": {"role": "ROLE_USER",
+                            "messageId": format!("big-{i}"), "parts": [{"text": text}]}});
+                        let mut c = d.connect_tcp();
+                        c.stream
+                            .set_read_timeout(Some(Duration::from_secs(60)))
+                            .unwrap();
+                        let r = c
+                            .request(&post(&RPC_HEADERS, &rpc_body("1", "SendMessage", &params)))
+                            .json();
+                        r["result"]["task"]["id"]
+                            .as_str()
+                            .unwrap_or_else(|| panic!("{driver}: send {i}: {r}"))
+                            .to_owned()
+                    })
+                })
+                .collect();
+            sends.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        d.assert_alive();
+        // A crash right after: every acknowledged task reads back.
+        d.kill();
+        let d = Daemon::start_setup(driver, &setup);
+        for id in &ids {
+            let t = get_task(&d, id);
+            assert_eq!(
+                t["result"]["status"]["state"], "TASK_STATE_REJECTED",
+                "{driver}: {id}: {t}"
+            );
+        }
+    }
+}
+
+/// An agent whose output passes the task's artifact bound: the task fails saying which
+/// bound, the daemon keeps serving, and the task (kept within the bound) survives a restart.
+#[test]
+fn an_agent_past_the_artifact_bound_fails_its_task_not_the_daemon() {
+    let data = DataDir::new("artifacts");
+    let setup = Setup {
+        limits: "task_artifact_bytes = 2000000".into(),
+        sections: format!(
+            "[agent]\ncommand = [\"python3\", \"{}/tests/agents/big_artifacts.py\"]\n",
+            env!("CARGO_MANIFEST_DIR")
+        ),
+        store_dir: Some(data.0.clone()),
+        ..Setup::default()
+    };
+    let mut d = Daemon::start_setup("smol", &setup);
+    // 20 artifacts of 900 KB: 18 MB, past the 2 MB bound (and past the store's append
+    // limit, which stopped the daemon before the bound existed).
+    let params = json!({"message": {"role": "ROLE_USER", "messageId": "big",
+        "parts": [{"text": "20 900000"}]}});
+    let mut c = d.connect_tcp();
+    c.stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let r = c
+        .request(&post(&RPC_HEADERS, &rpc_body("1", "SendMessage", &params)))
+        .json();
+    let task = &r["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_FAILED", "{r}");
+    let why = task["status"]["message"]["parts"][0]["text"]
+        .as_str()
+        .unwrap_or("");
+    assert_eq!(
+        why,
+        "the task's artifacts would exceed limits.task_artifact_bytes (2000000 bytes)"
+    );
+    let id = task["id"].as_str().unwrap().to_owned();
+    let artifacts = task["artifacts"].as_array().map_or(0, Vec::len);
+    assert_eq!(
+        artifacts, 2,
+        "two 900 KB artifacts fit in 2 MB: {artifacts}"
+    );
+    d.assert_alive();
+    // The agent can still answer other turns.
+    let params = json!({"message": {"role": "ROLE_USER", "messageId": "small",
+        "parts": [{"text": "1 10"}]}});
+    let r = d
+        .connect_tcp()
+        .request(&post(&RPC_HEADERS, &rpc_body("1", "SendMessage", &params)))
+        .json();
+    assert_eq!(
+        r["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{r}"
+    );
+    d.kill();
+    let d = Daemon::start_setup("smol", &setup);
+    let t = get_task(&d, &id);
+    assert_eq!(t["result"]["status"]["state"], "TASK_STATE_FAILED", "{t}");
+}
+
+/// The bound itself is checked at load: past what one store record may hold is an error
+/// naming the key.
+#[test]
+fn the_artifact_bound_is_checked_at_load() {
+    for bad in ["0", "8388609"] {
+        let err = Daemon::try_launch("smol", &format!("task_artifact_bytes = {bad}"), |_| {})
+            .err()
+            .unwrap_or_else(|| panic!("task_artifact_bytes = {bad} was accepted"));
+        assert!(
+            err.message
+                .contains("limits.task_artifact_bytes: must be from 1 to 8388608"),
+            "{}",
+            err.message
+        );
+        let _ = std::fs::remove_dir_all(&err.dir);
+    }
+}
