@@ -5,7 +5,7 @@
 //! but its calls fail in the browser (a `TypeError`: the daemon answered 403 without CORS
 //! headers).
 //!
-//! Needs Debian's `chromium`, which `.ci/run` installs; without it the test fails (no skip).
+//! Needs Debian's `chromium`, which `scripts/test.sh` installs; without it the test fails (no skip).
 //! The pages come from a small std HTTP server on loopback in this process. Chromium runs in
 //! its own process group with a deadline; afterwards every process of the run is killed and
 //! reaped (this process is made a child subreaper, so the helpers chromium orphans, such as
@@ -45,7 +45,7 @@ static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
 fn a_listed_origin_reads_the_answers_and_an_unlisted_one_is_refused() {
     let chromium = find_tool("chromium").unwrap_or_else(|| {
         panic!(
-            "chromium is not installed: this test drives a real headless Chromium. .ci/run \
+            "chromium is not installed: this test drives a real headless Chromium. scripts/test.sh \
              installs it (apt-get install -y --no-install-recommends chromium)"
         )
     });

@@ -7,7 +7,7 @@
 //!
 //! The test runs as root (as CI does) and acts as another uid, 65534 (`nobody`), through
 //! util-linux's `setpriv` (or `runuser`), with a tiny `python3` socket client. Missing tools
-//! fail the test with what to install: `.ci/run` installs them. Every wait is bounded.
+//! fail the test with what to install: `scripts/test.sh` installs them. Every wait is bounded.
 
 mod common;
 
@@ -252,7 +252,7 @@ print("bytes", repr(got[:300]))
 "#;
 
 impl OtherUid {
-    /// Fails (never skips) when a tool is missing, saying what `.ci/run` installs.
+    /// Fails (never skips) when a tool is missing, saying what `scripts/test.sh` installs.
     fn find() -> OtherUid {
         let prefix = if let Some(setpriv) = find_tool("setpriv") {
             vec![
@@ -272,7 +272,7 @@ impl OtherUid {
         } else {
             panic!(
                 "neither setpriv nor runuser is installed: this test needs one to act as uid \
-                 {OTHER_UID} (Debian package util-linux, which .ci/run installs)"
+                 {OTHER_UID} (Debian package util-linux, which scripts/test.sh installs)"
             );
         };
         // Not a python under /root (pyenv): the other uid could not run it.
@@ -286,7 +286,7 @@ impl OtherUid {
                 panic!(
                     "no python3 that uid {OTHER_UID} can run in /usr/bin or /usr/local/bin: \
                      this test's client needs one (Debian package python3-minimal, which \
-                     .ci/run installs)"
+                     scripts/test.sh installs)"
                 )
             });
         OtherUid { prefix, python }

@@ -95,7 +95,7 @@ fn deviations() -> Vec<Deviation> {
 
 /// The reference directory, or `None` (after a notice) when it is absent outside CI.
 fn reference_dir() -> Option<PathBuf> {
-    // `.ci/run` exports AGENTD_SHARED when the schemas are not beside this clone.
+    // `scripts/test.sh` exports AGENTD_SHARED when the schemas are not beside this clone.
     let dir = match std::env::var_os("AGENTD_SHARED") {
         Some(shared) => PathBuf::from(shared).join("reference/agentd/command"),
         None => PathBuf::from(REFERENCE),

@@ -21,7 +21,12 @@ from jsonschema import Draft202012Validator, FormatChecker
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 OURS = REPO / 'schemas'
-REFERENCE = pathlib.Path(os.environ.get('AGENTD_REFERENCE', REPO.parent / 'shared/reference/agentd'))
+# AGENTD_REFERENCE names the directory; else AGENTD_SHARED or ../shared holds reference/ (as for
+# the Rust agreement checks).
+REFERENCE = pathlib.Path(
+    os.environ.get('AGENTD_REFERENCE')
+    or pathlib.Path(os.environ.get('AGENTD_SHARED') or REPO.parent / 'shared') / 'reference/agentd'
+)
 NAMES = ['command', 'events', 'task-annotations']
 COMMAND_URI = 'https://agentd.dev/a2a/ext/command'
 ANNOTATIONS_URI = 'https://agentd.dev/a2a/ext/task-annotations'
@@ -54,7 +59,7 @@ def reference_available() -> bool:
     if REFERENCE.exists():
         return True
     if os.environ.get('CI'):
-        pytest.fail(f'reference bundles missing in CI: {REFERENCE}')
+        pytest.fail(f'reference bundles missing in CI: {REFERENCE}', pytrace=False)
     return False
 
 
@@ -75,7 +80,7 @@ def test_golden_examples_validate_against_our_bundle(name: str) -> None:
 @pytest.mark.parametrize('name', ['command', 'task-annotations'])
 def test_our_examples_validate_against_the_reference(name: str) -> None:
     if not reference_available():
-        pytest.skip('reference bundles not present')
+        pytest.skip(f'reference bundles not found at {REFERENCE} (set AGENTD_SHARED or AGENTD_REFERENCE)')
     theirs = load(REFERENCE / name / 'schema.json')
     # The seed adds askChannel to the annotations; the older published bundle is closed
     # without it, so that one member is the documented difference.
@@ -89,7 +94,7 @@ def test_our_examples_validate_against_the_reference(name: str) -> None:
 @pytest.mark.parametrize('name', ['command', 'task-annotations'])
 def test_reference_examples_validate_against_ours(name: str) -> None:
     if not reference_available():
-        pytest.skip('reference bundles not present')
+        pytest.skip(f'reference bundles not found at {REFERENCE} (set AGENTD_SHARED or AGENTD_REFERENCE)')
     v = validator(load(OURS / name / 'schema.json'))
     for path in sorted((REFERENCE / name / 'examples').glob('*.json')):
         assert not errors(v, load(path)), f'{path.name}: {errors(v, load(path))}'
