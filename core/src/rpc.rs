@@ -817,7 +817,21 @@ fn extended_card(inst: &Instance, ctx: &CallContext<'_>) -> Result<Reply, RpcErr
             _ => {}
         }
     }
-    let mut workflows: Vec<&str> = declared.iter().map(|d| d.workflow.as_str()).collect();
+    // Every workflow the caller may start: through a command its start declares, or through
+    // `workflow.run` (the same rule `status` and `workflow.run` apply), so the card never
+    // disagrees with what the caller may run.
+    let runs_any = ops::find("workflow.run").is_some_and(|s| served(s) && may(s));
+    let mut workflows: Vec<&str> = declared
+        .iter()
+        .map(|d| d.workflow.as_str())
+        .chain(
+            inst.view
+                .workflows
+                .iter()
+                .filter(|w| runs_any && w.may_run(p))
+                .map(|w| w.name.as_str()),
+        )
+        .collect();
     workflows.sort_unstable();
     workflows.dedup();
     for w in workflows {
@@ -1142,13 +1156,14 @@ fn check_gate_answer(schema: &serde_json::Value, message: &Message) -> Result<()
 #[derive(serde::Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 struct PushConfigRef {
-    #[serde(default)]
+    // ProtoJSON parsers accept the proto field names too (the A2A TCK sends them).
+    #[serde(default, alias = "task_id")]
     task_id: String,
     #[serde(default)]
     id: String,
-    #[serde(default)]
+    #[serde(default, alias = "page_size")]
     page_size: Option<i64>,
-    #[serde(default)]
+    #[serde(default, alias = "page_token")]
     page_token: String,
 }
 

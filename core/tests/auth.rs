@@ -191,6 +191,14 @@ fn extended(h: &mut Harness, token: &str) -> Value {
 #[test]
 fn the_extended_card_narrows_to_the_caller() {
     let mut h = secured(false);
+    // The host's workflows: `review` (started by the declared command, agents only) and
+    // `deploy`, which declares no command and users may run through `workflow.run`.
+    let entry = |name: &str, role: Role| agentd_core::view::WorkflowEntry {
+        name: name.into(),
+        doc: json!({ "name": name }),
+        roles: vec![role],
+    };
+    h.inst.view.workflows = vec![entry("review", Role::Agent), entry("deploy", Role::User)];
     // The overview's example: role agent with a grant for one declared command.
     let card = extended(&mut h, "peer-token");
     let command = &card["capabilities"]["extensions"][0];
@@ -250,6 +258,14 @@ fn the_extended_card_narrows_to_the_caller() {
     assert!(card["capabilities"]["extensions"][0]["params"]
         .get("commands")
         .is_none());
+    // Yet it may run `deploy` with workflow.run, as `status` shows it: the card says so.
+    let skills: Vec<&str> = card["skills"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(skills, ["conversation", "workflow:deploy"]);
 
     // The operator: every served op, settable, every kind (audit only with introspection).
     let card = extended(&mut h, "op-token");
