@@ -364,6 +364,7 @@ impl Config {
             subagents,
             peers: self.peers()?,
             push: self.push_delivery()?,
+            limits: crate::runtime::RuntimeLimits::default(),
         })
     }
 

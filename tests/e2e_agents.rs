@@ -308,15 +308,13 @@ fn subagents_are_sent_to_asked_about_and_killed() {
     );
     let t = d.wait_task_state(&hung, "TASK_STATE_FAILED");
     assert!(status_text(&t).contains("runaway"), "{t}");
+    // A killed subagent is gone: no process, no thread, no entry.
     let s = command(
         &d,
         json!({"op": "subagent.status", "handle": "hang"}),
         false,
     );
-    assert_eq!(
-        s["result"]["message"]["parts"][0]["data"]["status"], "killed",
-        "{s}"
-    );
+    assert_eq!(s["error"]["code"], -32001, "{s}");
 
     // A crash is reported, not hidden.
     let r = command(
@@ -398,6 +396,74 @@ fn the_card_offers_a_conversation_only_with_an_agent() {
     // No agent: every turn is rejected, so the card promises no conversation.
     let without = Daemon::start("smol");
     assert_eq!(skills(&without), Vec::<String>::new());
+}
+
+#[test]
+fn subagents_are_bounded_per_caller_idle_ones_retired_first() {
+    let d = start("smol", "examples/agents/echo_agent.py", 20_000);
+    let status = |handle: &str| {
+        command(
+            &d,
+            json!({"op": "subagent.status", "handle": handle}),
+            false,
+        )
+    };
+    // Ten subagents that answer at once: past the caller's bound of 8, the least recently
+    // used idle one is retired for each new one.
+    for i in 0..10 {
+        let r = command(
+            &d,
+            json!({"op": "subagent.send", "handle": format!("echo:{i}"), "message": "hi"}),
+            false,
+        );
+        assert_eq!(
+            task_state(&r["result"]["task"]),
+            "TASK_STATE_COMPLETED",
+            "{r}"
+        );
+    }
+    assert_eq!(status("echo:0")["error"]["code"], -32001, "retired");
+    assert_eq!(status("echo:1")["error"]["code"], -32001, "retired");
+    assert!(status("echo:9")["result"].is_object());
+    // Eight that never answer take every place; a ninth is refused, and nothing starts.
+    for i in 0..8 {
+        let r = command(
+            &d,
+            json!({"op": "subagent.send", "handle": format!("hang:{i}"), "message": "work"}),
+            true,
+        );
+        assert!(r["result"]["task"].is_object(), "{r}");
+    }
+    let r = command(
+        &d,
+        json!({"op": "subagent.send", "handle": "hang:8", "message": "work"}),
+        true,
+    );
+    assert_eq!(r["error"]["code"], -32603, "{r}");
+    let info = &r["error"]["data"][0];
+    assert_eq!(info["reason"], "LIMIT_REACHED", "{r}");
+    assert_eq!(
+        info["metadata"]["limit"], "limits.max_subagents_per_principal",
+        "{r}"
+    );
+    assert_eq!(info["metadata"]["max"], "8", "{r}");
+    assert_eq!(
+        status("hang:8")["error"]["code"],
+        -32001,
+        "nothing was started"
+    );
+    // A kill makes room.
+    command(
+        &d,
+        json!({"op": "subagent.kill", "handle": "hang:0"}),
+        false,
+    );
+    let r = command(
+        &d,
+        json!({"op": "subagent.send", "handle": "hang:8", "message": "work"}),
+        true,
+    );
+    assert!(r["result"]["task"].is_object(), "{r}");
 }
 
 /// Whether `pid` is gone (reaped, or a zombie waiting for a parent that is no more).

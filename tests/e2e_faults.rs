@@ -160,3 +160,68 @@ fn the_artifact_bound_is_checked_at_load() {
         let _ = std::fs::remove_dir_all(&err.dir);
     }
 }
+
+/// The daemon's thread count, from /proc.
+fn threads(pid: u32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap()
+}
+
+/// Webhooks that accept and never answer: each delivery then waits out its attempt. One
+/// thread per delivery made threads grow with the request rate (2,014 for 2,000 tasks);
+/// deliveries now share a few workers.
+#[test]
+fn webhooks_that_never_answer_hold_a_few_workers_not_a_thread_each() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!(
+        "http://127.0.0.1:{}/hook",
+        silent.local_addr().unwrap().port()
+    );
+    let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = held.clone();
+    std::thread::spawn(move || {
+        for s in silent.incoming().flatten() {
+            keep.lock().unwrap().push(s);
+        }
+    });
+    let setup = Setup {
+        sections: "[a2a.push]\nenabled = true\nallow_private = true\nmax_attempts = 1\ntimeout_ms = 60000\n"
+            .into(),
+        ..Setup::default()
+    };
+    let d = Daemon::start_setup("smol", &setup);
+    let before = threads(d.pid());
+    for i in 0..300 {
+        // No agent: each task is rejected at once, and its webhook is called.
+        let params = json!({"message": {"role": "ROLE_USER", "messageId": format!("p-{i}"),
+            "parts": [{"text": "hi"}]},
+            "configuration": {"taskPushNotificationConfig": {"url": url}}});
+        let r = d
+            .connect_tcp()
+            .request(&post(&RPC_HEADERS, &rpc_body("1", "SendMessage", &params)))
+            .json();
+        assert_eq!(
+            r["result"]["task"]["status"]["state"], "TASK_STATE_REJECTED",
+            "{r}"
+        );
+    }
+    // Let the deliveries reach the receiver, then count.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while held.lock().unwrap().len() < 4 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let peak = threads(d.pid());
+    assert!(
+        peak <= before + 4 + 2,
+        "threads went from {before} to {peak} for 300 pending deliveries"
+    );
+    assert_eq!(
+        held.lock().unwrap().len(),
+        4,
+        "four workers, each on one delivery"
+    );
+}

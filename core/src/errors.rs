@@ -53,6 +53,9 @@ pub enum ErrorKind {
     /// A rate or failure limit: HTTP 429 with `Retry-After`, and the same seconds as
     /// `retryAfterSeconds` in the metadata.
     RateLimited,
+    /// A bound the caller reached that waiting or freeing something can clear (live
+    /// subagents, say): metadata `limit` names the configuration key, `max` its value.
+    LimitReached,
 }
 
 /// What the table says about a kind.
@@ -175,6 +178,12 @@ impl ErrorKind {
                 AGENTD_DOMAIN,
             ),
             Draining => (-32603, "Internal error", Some("DRAINING"), AGENTD_DOMAIN),
+            LimitReached => (
+                -32603,
+                "Internal error",
+                Some("LIMIT_REACHED"),
+                AGENTD_DOMAIN,
+            ),
             RateLimited => (
                 -32603,
                 "Internal error",

@@ -24,7 +24,7 @@ pub mod workflow;
 mod engine;
 
 pub use engine::{
-    spawn, Approval, DrainHandle, Exit, Reload, ReloadHandle, RuntimeHandle, Settings,
+    spawn, Approval, DrainHandle, Exit, Reload, ReloadHandle, RuntimeHandle, RuntimeLimits, Settings,
     CONVERSATION_AGENT,
 };
 

@@ -3,7 +3,8 @@
 //! repeated on the addresses the URL's host resolves to, and retries with exponential
 //! backoff until a bound; a delivery that gives up is logged as `a2a.push.failed`.
 
-use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentd_core::push::{check_address, PushPolicy};
@@ -23,6 +24,10 @@ pub struct DeliveryOptions {
     pub timeout: Duration,
     /// PEM CAs to trust for https webhooks (default: the system's).
     pub ca: Option<Vec<u8>>,
+    /// Deliveries made at once (worker threads, started as needed).
+    pub workers: usize,
+    /// Deliveries waiting for a worker; past it a delivery is given up at once.
+    pub queue: usize,
 }
 
 impl Default for DeliveryOptions {
@@ -34,6 +39,8 @@ impl Default for DeliveryOptions {
             max_backoff: Duration::from_secs(30),
             timeout: Duration::from_secs(10),
             ca: None,
+            workers: 4,
+            queue: 1024,
         }
     }
 }
@@ -154,6 +161,76 @@ mod tests {
                 assert!(error.contains("allow_private"), "{error}");
             }
             other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// The deliveries in flight: at most `workers` threads, fed from a queue of at most `queue`
+/// deliveries. A webhook that never answers holds one worker for its attempts and backoffs
+/// (about a minute with the defaults), so a thread per delivery would let a slow webhook
+/// grow threads with the request rate; here it only makes the queue wait, and a delivery
+/// that finds the queue full is given up at once (`a2a.push.failed`).
+pub struct DeliveryPool {
+    opts: Arc<DeliveryOptions>,
+    tx: SyncSender<Delivery>,
+    rx: Arc<Mutex<Receiver<Delivery>>>,
+    /// Workers started so far; they start on demand and then stay.
+    started: usize,
+}
+
+impl DeliveryPool {
+    pub fn new(opts: Arc<DeliveryOptions>) -> DeliveryPool {
+        let (tx, rx) = mpsc::sync_channel(opts.queue.max(1));
+        DeliveryPool {
+            opts,
+            tx,
+            rx: Arc::new(Mutex::new(rx)),
+            started: 0,
+        }
+    }
+
+    /// Queues a delivery, starting a worker while fewer than `workers` run.
+    pub fn submit(&mut self, d: Delivery) {
+        if self.started < self.opts.workers.max(1) {
+            let (rx, opts) = (self.rx.clone(), self.opts.clone());
+            match std::thread::Builder::new()
+                .name("agentd-push".into())
+                .spawn(move || work(&rx, &opts))
+            {
+                Ok(_) => self.started += 1,
+                Err(e) if self.started == 0 => {
+                    tracing::warn!(task = %d.task_id, config = %d.config_id, url = %d.url, error = %e, "a2a.push.failed: no worker thread");
+                    return;
+                }
+                // Workers already run: they will take it.
+                Err(_) => {}
+            }
+        }
+        match self.tx.try_send(d) {
+            Ok(()) => {}
+            Err(TrySendError::Full(d)) | Err(TrySendError::Disconnected(d)) => {
+                tracing::warn!(
+                    task = %d.task_id, config = %d.config_id, url = %d.url, attempts = 0u32,
+                    error = %format!("{} deliveries are already waiting (a2a.push.queue)", self.opts.queue),
+                    "a2a.push.failed"
+                );
+            }
+        }
+    }
+}
+
+/// A worker: takes deliveries one at a time until the pool is dropped.
+fn work(rx: &Mutex<Receiver<Delivery>>, opts: &DeliveryOptions) {
+    loop {
+        let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+        let Ok(d) = next else { return };
+        match deliver(&d, opts) {
+            Outcome::Delivered { attempts, status } => {
+                tracing::info!(task = %d.task_id, config = %d.config_id, attempts, status, "a2a.push.delivered");
+            }
+            Outcome::Failed { attempts, error } => {
+                tracing::warn!(task = %d.task_id, config = %d.config_id, url = %d.url, attempts, %error, "a2a.push.failed");
+            }
         }
     }
 }

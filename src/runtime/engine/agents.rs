@@ -100,6 +100,7 @@ impl Runtime {
     /// a handle another principal holds is "no such subagent" to everyone else.
     pub(super) fn ensure_subagent(
         &mut self,
+        inst: &mut Inst<'_>,
         handle: &str,
         p: &Principal,
         text: &str,
@@ -134,6 +135,7 @@ impl Runtime {
         }
         let mut spec = spec.clone();
         spec.name = handle.to_owned();
+        self.make_room_for_subagent(inst, p, now)?;
         let process = AgentProcess::new(spec, self.agent_tx.clone()).map_err(|e| {
             RpcError::new(
                 ErrorKind::Internal,
@@ -158,6 +160,83 @@ impl Runtime {
             },
         );
         Ok(())
+    }
+
+    /// Whether a subagent has a turn in flight.
+    fn subagent_busy(&self, handle: &str) -> bool {
+        self.agent_tasks
+            .values()
+            .any(|t| matches!(t, AgentTask::Subagent(h) if h == handle))
+    }
+
+    /// Keeps the live subagents within their bounds before `p` gets a new one: past the
+    /// caller's bound, its least recently used idle subagent is retired; past the instance's
+    /// bound, anyone's. A bound with nothing idle to retire is a typed refusal, and nothing
+    /// is started.
+    fn make_room_for_subagent(
+        &mut self,
+        inst: &mut Inst<'_>,
+        p: &Principal,
+        now: Now,
+    ) -> Result<(), RpcError> {
+        let limits = self.limits;
+        for (mine, max, key) in [
+            (
+                true,
+                limits.max_subagents_per_principal,
+                "limits.max_subagents_per_principal",
+            ),
+            (false, limits.max_subagents, "limits.max_subagents"),
+        ] {
+            let counted = |s: &&Subagent| !mine || s.owner.id == p.id;
+            if self.subagents.values().filter(counted).count() < max {
+                continue;
+            }
+            let idle = self
+                .subagents
+                .values()
+                .filter(counted)
+                .filter(|s| !self.subagent_busy(&s.handle))
+                .min_by_key(|s| s.updated)
+                .map(|s| s.handle.clone());
+            match idle {
+                Some(handle) => self.retire_subagent(inst, &handle, "to make room", now),
+                None => {
+                    let whose = if mine {
+                        "this caller's"
+                    } else {
+                        "this instance's"
+                    };
+                    return Err(RpcError::new(
+                        ErrorKind::LimitReached,
+                        format!(
+                            "{whose} {max} subagents are all working ({key}); \
+                             kill one with subagent.kill or wait for one to finish"
+                        ),
+                    )
+                    .with_meta("limit", key)
+                    .with_meta("max", max.to_string()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends a subagent for good: its process and threads stop, its entry goes, and the
+    /// operators' feed hears `subagent.removed`.
+    pub(super) fn retire_subagent(
+        &mut self,
+        inst: &mut Inst<'_>,
+        handle: &str,
+        why: &str,
+        now: Now,
+    ) {
+        if let Some(s) = self.subagents.remove(handle) {
+            tracing::info!(%handle, owner = %s.owner.id, "subagent removed {why}");
+            // Dropping the process kills it and joins its monitor thread.
+            drop(s);
+            push(inst, "subagent.removed", json!({ "id": handle }), None, now);
+        }
     }
 
     pub(super) fn visible_subagent(&self, handle: &str, p: &Principal) -> Result<String, RpcError> {

@@ -521,7 +521,7 @@ impl Runtime {
             "subagent.send" => {
                 let handle = str_arg(call.args, "handle").unwrap_or("").to_owned();
                 let text = str_arg(call.args, "message").unwrap_or("").to_owned();
-                self.ensure_subagent(&handle, call.principal, &text, now)?;
+                self.ensure_subagent(inst, &handle, call.principal, &text, now)?;
                 self.started(inst, &call, LinkKind::Subagent, &handle, now)?;
                 let task_id = call.task_id.unwrap_or_default().to_owned();
                 let turn = TurnIn {
@@ -553,11 +553,10 @@ impl Runtime {
                     .to_owned();
                 self.started(inst, &call, LinkKind::Subagent, &handle, now)?;
                 let sub = self.subagents.get_mut(&handle).expect("visible above");
+                // Its tasks fail with the reason (the process reports them), then it goes:
+                // a killed subagent holds no process, thread or entry.
                 sub.process.kill(&call.principal.id, &reason);
-                sub.status = "killed";
-                sub.error = Some(format!("killed by {}: {reason}", call.principal.id));
-                sub.updated = now.epoch_ms;
-                self.subagent_changed(inst, &handle, now);
+                self.retire_subagent(inst, &handle, "by subagent.kill", now);
                 done(
                     inst,
                     call.task_id,

@@ -54,6 +54,26 @@ pub struct Settings {
     pub peers: Vec<PeerClient>,
     /// `[a2a.push]`: how webhooks are called.
     pub push: super::push::DeliveryOptions,
+    /// Bounds on what callers make the runtime start.
+    pub limits: RuntimeLimits,
+}
+
+/// Bounds on what callers make the runtime start (`[limits]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RuntimeLimits {
+    /// Live subagents of one principal (`limits.max_subagents_per_principal`).
+    pub max_subagents_per_principal: usize,
+    /// Live subagents in all (`limits.max_subagents`).
+    pub max_subagents: usize,
+}
+
+impl Default for RuntimeLimits {
+    fn default() -> Self {
+        RuntimeLimits {
+            max_subagents_per_principal: 8,
+            max_subagents: 64,
+        }
+    }
 }
 
 /// The name of the conversation agent's process, in events and failure reasons.
@@ -217,7 +237,7 @@ pub fn spawn(
     }
     let mut rt = Runtime {
         inst: instance,
-        push: Arc::new(settings.push),
+        push: super::push::DeliveryPool::new(Arc::new(settings.push)),
         peers: settings
             .peers
             .into_iter()
@@ -240,6 +260,7 @@ pub fn spawn(
             .map(|w| (w.name.clone(), Arc::new(w)))
             .collect(),
         approval: settings.approval,
+        limits: settings.limits,
         runs: HashMap::new(),
         finished: VecDeque::new(),
         task_runs: HashMap::new(),
@@ -498,7 +519,7 @@ impl Subagent {
 
 struct Runtime {
     inst: Arc<Mutex<Instance>>,
-    push: Arc<super::push::DeliveryOptions>,
+    push: super::push::DeliveryPool,
     peers: HashMap<String, Arc<PeerClient>>,
     conversation: Option<AgentProcess>,
     subagent_kinds: HashMap<String, AgentSpec>,
@@ -512,6 +533,7 @@ struct Runtime {
     clock: Clock,
     workflows: HashMap<String, Arc<Workflow>>,
     approval: Approval,
+    limits: RuntimeLimits,
     runs: HashMap<String, Run>,
     /// Finished run ids, oldest first.
     finished: VecDeque<String>,
@@ -746,20 +768,7 @@ impl Runtime {
                     headers,
                     body,
                 };
-                let opts = self.push.clone();
-                let spawned = thread::Builder::new()
-                    .name("agentd-push".into())
-                    .spawn(move || match super::push::deliver(&d, &opts) {
-                        super::push::Outcome::Delivered { attempts, status } => {
-                            tracing::info!(task = %d.task_id, config = %d.config_id, attempts, status, "a2a.push.delivered");
-                        }
-                        super::push::Outcome::Failed { attempts, error } => {
-                            tracing::warn!(task = %d.task_id, config = %d.config_id, url = %d.url, attempts, %error, "a2a.push.failed");
-                        }
-                    });
-                if let Err(e) = spawned {
-                    tracing::warn!(error = %e, "a2a.push.failed: no worker thread");
-                }
+                self.push.submit(d);
             }
             Effect::Command {
                 call,

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// How often a drain that is still waiting says what for.
+const DRAIN_REPORT_EVERY_MS: u64 = 10_000;
+
 impl Runtime {
     pub(super) fn start_run(
         &mut self,
@@ -640,6 +643,42 @@ impl Runtime {
         tracing::info!(%reason, "draining: finishing the work in flight, accepting no new work");
         inst.set_draining(reason, now);
         self.draining = Some((reason.to_owned(), None));
+        self.drain_report_at = now.mono_ms;
+    }
+
+    /// What the drain waits for, in words an operator acts on: each task in flight and what
+    /// tracks it (at most a few named, and how many more).
+    fn in_flight_report(&self) -> String {
+        const NAMED: usize = 5;
+        let runs = self
+            .runs
+            .values()
+            .filter(|r| !r.status.is_final())
+            .map(|r| {
+                let step = r
+                    .current
+                    .and_then(|i| r.workflow.steps.get(i))
+                    .map_or(String::new(), |s| {
+                        format!(", step {} ({})", s.id, s.kind.name())
+                    });
+                format!(
+                    "task {} (run {} of workflow {}{step})",
+                    r.task_id, r.id, r.workflow.name
+                )
+            });
+        let turns = self.agent_tasks.iter().map(|(task, by)| match by {
+            AgentTask::Conversation => format!("task {task} (a turn of the conversation agent)"),
+            AgentTask::Subagent(handle) => format!("task {task} (a turn of subagent {handle})"),
+        });
+        let mut all: Vec<String> = runs.chain(turns).collect();
+        all.sort();
+        let more = all.len().saturating_sub(NAMED);
+        all.truncate(NAMED);
+        let mut text = all.join("; ");
+        if more > 0 {
+            text.push_str(&format!("; and {more} more"));
+        }
+        text
     }
 
     /// Whether the drain is over: nothing runs any more (runs parked at a gate or waiting
@@ -669,6 +708,16 @@ impl Runtime {
         let busy = inst.tasks_in_flight().saturating_sub(parked.len());
         if busy > 0 {
             *quiet_since = None;
+            // A drain can wait as long as the slowest turn or step is allowed to take: say
+            // what it waits for at once and every little while, so a stop never looks hung.
+            if now.mono_ms >= self.drain_report_at {
+                self.drain_report_at = now.mono_ms + DRAIN_REPORT_EVERY_MS;
+                tracing::info!(
+                    tasks = busy,
+                    waiting_for = %self.in_flight_report(),
+                    "draining: waiting for the work in flight to finish (a second SIGTERM exits at once)"
+                );
+            }
             return false;
         }
         let since = *quiet_since.get_or_insert(now.mono_ms);
