@@ -509,6 +509,76 @@ fn approval_ask_gates_each_exec_step_for_the_operator() {
     assert_eq!(task_state(&a["result"]["task"]), "TASK_STATE_FAILED", "{a}");
 }
 
+/// `ask` keeps an operator in the loop: the run's owner cannot approve its own exec step.
+#[test]
+fn only_an_operator_answers_an_approval_gate() {
+    let setup = Setup {
+        a2a: "bearer = \"{{secret:OP_TOKEN}}\"".into(),
+        sections: format!(
+            "[agent]\napproval = \"ask\"\n\n[[a2a.principals]]\nid = \"alice\"\nrole = \"user\"\n\
+             match = {{ bearer_ref = \"{{{{secret:ALICE_TOKEN}}}}\" }}\n{WORKFLOWS}"
+        ),
+        env: vec![
+            ("OP_TOKEN".into(), "op-secret".into()),
+            ("ALICE_TOKEN".into(), "alice-secret".into()),
+        ],
+        ..Setup::default()
+    };
+    let d = Daemon::start_setup("smol", &setup);
+    let call = |token: &str, message: Value, command: bool| -> (u16, Value) {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+            "params": {"message": message}});
+        let auth = format!("Authorization: Bearer {token}");
+        let ext = format!("A2A-Extensions: {COMMAND_URI}");
+        let mut headers = vec![RPC_HEADERS[0], RPC_HEADERS[1], auth.as_str()];
+        if command {
+            headers.push(ext.as_str());
+        }
+        let r = d
+            .connect_tcp()
+            .request(&post(&headers, body.to_string().as_bytes()));
+        (r.status, r.json())
+    };
+    let (_, q) = call(
+        "alice-secret",
+        json!({"role": "ROLE_USER", "messageId": "run-1", "extensions": [COMMAND_URI],
+            "parts": [{"data": {"agentd": {"op": "workflow.run", "workflow": "quick",
+                "inputs": {"who": "al"}}}}]}),
+        true,
+    );
+    let t = &q["result"]["task"];
+    assert_eq!(task_state(t), "TASK_STATE_INPUT_REQUIRED", "{q}");
+    let id = t["id"].as_str().unwrap().to_owned();
+    let approve = |n: u32| {
+        json!({"role": "ROLE_USER", "messageId": format!("ok-{n}"), "taskId": id,
+            "parts": [{"data": {"approve": true}}]})
+    };
+    let (status, r) = call("alice-secret", approve(1), false);
+    assert_eq!(status, 403, "{r}");
+    assert_eq!(r["error"]["code"], -31403, "{r}");
+    assert_eq!(r["error"]["data"][0]["reason"], "PERMISSION_DENIED", "{r}");
+    // Nothing changed: the gate still waits, now for the operator, who approves.
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": id}});
+    let g = d
+        .connect_tcp()
+        .request(&post(
+            &[
+                RPC_HEADERS[0],
+                RPC_HEADERS[1],
+                "Authorization: Bearer op-secret",
+            ],
+            body.to_string().as_bytes(),
+        ))
+        .json();
+    assert_eq!(task_state(&g["result"]), "TASK_STATE_INPUT_REQUIRED", "{g}");
+    let (_, r) = call("op-secret", approve(2), false);
+    assert_eq!(
+        task_state(&r["result"]["task"]),
+        "TASK_STATE_COMPLETED",
+        "{r}"
+    );
+}
+
 fn drain(by_signal: bool) {
     let mut d = start("smol", "");
     // Parked at a gate: its task waits for a person and cannot end on its own.

@@ -251,6 +251,8 @@ pub enum Completion {
         task_id: String,
         schema: Option<serde_json::Value>,
         channel: Option<String>,
+        /// Only an operator may answer (an approval the owner must not give itself).
+        operator_only: bool,
     },
     /// A task op finished: the task gets its `<taskId>.result` artifact as §3.6 of the
     /// command extension says (an object is a DataPart marked with the command URI, a string
@@ -1092,6 +1094,7 @@ impl Instance {
                 task_id,
                 schema,
                 channel,
+                operator_only,
             } => {
                 let t = self
                     .tasks
@@ -1102,6 +1105,7 @@ impl Instance {
                 }
                 t.ask_schema = schema;
                 t.ask_channel = channel;
+                t.ask_operator_only = operator_only;
                 Ok(())
             }
             Completion::Artifact {

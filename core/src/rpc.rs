@@ -432,6 +432,15 @@ fn send(
             ));
         }
         if t.state == TaskState::InputRequired {
+            if t.ask_operator_only && !ctx.principal.is_operator() {
+                return Err(RpcError::new(
+                    ErrorKind::PermissionDenied,
+                    format!(
+                        "task {task_id} waits for an operator's approval; its owner cannot give it"
+                    ),
+                )
+                .with_meta("taskId", &task_id));
+            }
             if let Some(schema) = &t.ask_schema {
                 check_gate_answer(schema, &message)?;
             }
@@ -448,6 +457,7 @@ fn send(
         if let Some(t) = inst.tasks.get_mut(&task_id) {
             t.ask_schema = None;
             t.ask_channel = None;
+            t.ask_operator_only = false;
         }
         inst.set_status(&task_id, TaskState::Working, None, ctx.now)
             .map_err(|_| RpcError::task_not_found(&task_id))?;

@@ -1048,6 +1048,7 @@ fn annotations_follow_the_task_and_only_when_activated() {
                 task_id: turn.clone(),
                 schema: Some(json!({"type":"boolean"})),
                 channel: Some("@channel/deploys".into()),
+                operator_only: false,
             },
             h.now,
         )

@@ -568,6 +568,8 @@ pub fn to_completions(event: &AgentEvent) -> Vec<Completion> {
                 task_id: task_id.clone(),
                 schema: schema.clone(),
                 channel: channel.clone(),
+                // The agent asks the task's owner.
+                operator_only: false,
             },
             status(
                 task_id,

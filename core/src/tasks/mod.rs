@@ -95,6 +95,10 @@ pub struct TaskRecord {
     pub ask_schema: Option<serde_json::Value>,
     /// Where the gate is also announced.
     pub ask_channel: Option<String>,
+    /// Only an operator may answer the gate (an exec step's approval): the owner of the
+    /// run must not approve its own program. Not persisted: a gate does not outlive a
+    /// restart (its run ends FAILED).
+    pub ask_operator_only: bool,
 }
 
 impl TaskRecord {
@@ -478,6 +482,7 @@ impl TaskStore {
             command: None,
             ask_schema: None,
             ask_channel: None,
+            ask_operator_only: false,
         };
         rec.push_history(first, &self.limits);
         self.context_used(&rec);

@@ -149,6 +149,7 @@ impl TaskRecord {
             command: d.command,
             ask_schema: d.ask_schema,
             ask_channel: d.ask_channel,
+            ask_operator_only: false,
         })
     }
 }

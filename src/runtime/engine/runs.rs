@@ -369,6 +369,7 @@ impl Runtime {
         let Some(r) = self.runs.get_mut(id) else {
             return;
         };
+        let operator_only = matches!(r.waiting, Waiting::Gate { approval: true });
         r.status = RunStatus::Waiting;
         if let Some(i) = r.current {
             r.steps[i].status = "waiting";
@@ -381,6 +382,7 @@ impl Runtime {
                 task_id: task_id.clone(),
                 schema,
                 channel,
+                operator_only,
             },
             now,
         );
