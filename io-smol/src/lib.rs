@@ -15,8 +15,11 @@ use std::time::Duration;
 
 use agentd_core::auth::Peer;
 use agentd_core::{Connection, Instance};
-use agentd_io_std::os::{unix_peer_allowed, BoundListener, Clock};
-use agentd_io_std::{log_requests, request_log_keep};
+use agentd_io_std::os::{
+    answer_busy, out_of_descriptors, start_connection_bound, transient_accept_error,
+    unix_peer_allowed, AcceptBackoff, BoundListener, Clock, LogThrottle, SpareFd, BUSY_RESPONSE,
+};
+use agentd_io_std::{log_accept_failed, log_refused, log_requests, request_log_keep};
 use async_io::{Async, Timer};
 use futures_lite::{future, AsyncWrite, AsyncWriteExt};
 
@@ -26,6 +29,8 @@ pub use agentd_io_std::os;
 #[derive(Clone, Copy, Debug)]
 pub struct DriverOptions {
     /// Connections served at once; past it a new connection is answered 503 and closed.
+    /// [`serve`] lowers it to what the open-file limit allows
+    /// ([`agentd_io_std::os::start_connection_bound`]).
     pub max_connections: usize,
     /// Bytes read from a socket at a time, into a buffer each executor thread shares among
     /// its connections (an idle connection holds none).
@@ -74,12 +79,19 @@ impl ServerHandle {
 }
 
 /// Serves `listeners` (their order is the instance's listener order) from `instance`.
+/// Raises the open-file limit first and bounds the connections by it.
 pub fn serve(
     instance: Arc<Mutex<Instance>>,
     listeners: Vec<BoundListener>,
-    options: DriverOptions,
+    mut options: DriverOptions,
     clock: Clock,
 ) -> io::Result<ServerHandle> {
+    options.max_connections = start_connection_bound(options.max_connections);
+    let shared = Arc::new(Shared {
+        spare: SpareFd::new(),
+        refused: LogThrottle::new(LogThrottle::INTERVAL),
+        accept_failed: LogThrottle::new(LogThrottle::INTERVAL),
+    });
     let executor = Arc::new(smol::Executor::<'static>::new());
     let stop = Arc::new(AtomicBool::new(false));
     let (stop_tx, stop_rx) = async_channel::bounded::<()>(1);
@@ -90,6 +102,7 @@ pub fn serve(
             instance: instance.clone(),
             executor: executor.clone(),
             active: active.clone(),
+            shared: shared.clone(),
             options,
             clock,
             index,
@@ -130,13 +143,21 @@ struct Ctx {
     instance: Arc<Mutex<Instance>>,
     executor: Arc<smol::Executor<'static>>,
     active: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
     options: DriverOptions,
     clock: Clock,
     index: usize,
 }
 
-const BUSY: &[u8] =
-    b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+/// What the accept tasks of one server share: the spare descriptor and the throttles of
+/// their repeated warnings.
+struct Shared {
+    spare: SpareFd,
+    /// Connections answered 503 at the bound.
+    refused: LogThrottle,
+    /// `accept` calls that failed.
+    accept_failed: LogThrottle,
+}
 
 impl Ctx {
     fn lock(&self) -> MutexGuard<'_, Instance> {
@@ -147,24 +168,71 @@ impl Ctx {
     async fn admit<S: AsyncWrite + Unpin>(&self, stream: &mut S) -> bool {
         if self.active.fetch_add(1, Ordering::SeqCst) >= self.options.max_connections {
             self.active.fetch_sub(1, Ordering::SeqCst);
-            tracing::warn!("connection limit reached; answering 503");
-            let _ = future::or(stream.write_all(BUSY), async {
+            if let Some(refused) = self.shared.refused.hit() {
+                log_refused(refused, self.options.max_connections);
+            }
+            let _ = future::or(stream.write_all(BUSY_RESPONSE), async {
                 Timer::after(Duration::from_millis(100)).await;
                 Ok(())
             })
             .await;
             return false;
         }
+        if let Some(refused) = self.shared.refused.flush() {
+            log_refused(refused, self.options.max_connections);
+        }
         true
     }
 
+    /// An `accept` that failed: logs it (throttled). Out of descriptors, `accept` fails
+    /// before it looks at the queue, where a client may be waiting: `shed` takes it off
+    /// without blocking and answers it 503 with the spare descriptor (true when it did).
+    /// With none queued (or no spare), pauses, longer each time, instead of spinning:
+    /// `accept` would fail again at once.
+    async fn accept_failed(
+        &self,
+        e: &io::Error,
+        backoff: &mut AcceptBackoff,
+        shed: impl FnOnce() -> bool,
+    ) {
+        if let Some(failures) = self.shared.accept_failed.hit() {
+            log_accept_failed(failures, Some(e));
+        }
+        if out_of_descriptors(e) && self.shared.spare.free_for(shed) == Some(true) {
+            backoff.succeeded();
+            return;
+        }
+        Timer::after(backoff.failed()).await;
+    }
+
+    /// An `accept` that succeeded: the next failure pauses briefly again, and failures not
+    /// yet reported are.
+    fn accepted(&self, backoff: &mut AcceptBackoff) {
+        backoff.succeeded();
+        if let Some(failures) = self.shared.accept_failed.flush() {
+            log_accept_failed(failures, None);
+        }
+    }
+
     async fn accept_tcp(self, listener: Async<std::net::TcpListener>) {
+        let mut backoff = AcceptBackoff::new();
         loop {
             let (mut stream, source) = match listener.accept().await {
-                Ok((s, addr)) => (s, addr.ip()),
+                Ok((s, addr)) => {
+                    self.accepted(&mut backoff);
+                    (s, addr.ip())
+                }
+                Err(e) if transient_accept_error(&e) => continue,
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    Timer::after(Duration::from_millis(50)).await;
+                    // The listener is non-blocking: an empty queue does not hold the spare.
+                    let shed = || match listener.get_ref().accept() {
+                        Ok((s, _)) => {
+                            answer_busy(&s);
+                            true
+                        }
+                        Err(_) => false,
+                    };
+                    self.accept_failed(&e, &mut backoff, shed).await;
                     continue;
                 }
             };
@@ -182,12 +250,26 @@ impl Ctx {
     }
 
     async fn accept_unix(self, listener: Async<std::os::unix::net::UnixListener>) {
+        let mut backoff = AcceptBackoff::new();
         loop {
             let mut stream = match listener.accept().await {
-                Ok((s, _)) => s,
+                Ok((s, _)) => {
+                    self.accepted(&mut backoff);
+                    s
+                }
+                Err(e) if transient_accept_error(&e) => continue,
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    Timer::after(Duration::from_millis(50)).await;
+                    let shed = || match listener.get_ref().accept() {
+                        Ok((s, _)) => {
+                            // A refused uid gets no byte of HTTP, not even this answer.
+                            if matches!(unix_peer_allowed(&s), Ok((true, _))) {
+                                answer_busy(&s);
+                            }
+                            true
+                        }
+                        Err(_) => false,
+                    };
+                    self.accept_failed(&e, &mut backoff, shed).await;
                     continue;
                 }
             };

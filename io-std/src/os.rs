@@ -250,10 +250,358 @@ pub fn unix_peer_allowed(stream: impl AsFd) -> io::Result<(bool, u32)> {
     Ok((peer == me || peer == 0, peer))
 }
 
+/// Descriptors kept free beside the connections, at least: the daemon's own (stdio, the
+/// listeners, the poller, the store's files, the signal pipes, the pipes of agents and exec
+/// steps, push and delegation clients). About 20 are open at rest.
+pub const FD_RESERVE_BASE: u64 = 64;
+
+/// Beside [`FD_RESERVE_BASE`], this fraction (1/N) of the open-file limit is kept free too:
+/// headroom that grows with the load, for the runtime's descriptors and for connections
+/// accepted past the bound, each of which holds one while it is answered 503.
+pub const FD_RESERVE_DIVISOR: u64 = 16;
+
+/// The open-file limit (`RLIMIT_NOFILE`) of the process; `None` is unlimited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FdLimit {
+    /// The soft limit the process started with.
+    pub inherited: Option<u64>,
+    /// The soft limit in force now.
+    pub soft: Option<u64>,
+    /// The hard limit: how far the soft one may be raised.
+    pub hard: Option<u64>,
+}
+
+/// Raises the soft open-file limit to the hard one (a service manager often hands out 1024
+/// beside a far higher hard limit) and says what is in force. Idempotent. If the kernel
+/// refuses, the soft limit stays as it was. Processes started afterwards inherit the raised
+/// limit.
+pub fn raise_fd_limit() -> FdLimit {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let before = getrlimit(Resource::Nofile);
+    INHERITED_SOFT_NOFILE.get_or_init(|| before.current);
+    let mut limit = FdLimit {
+        inherited: before.current,
+        soft: before.current,
+        hard: before.maximum,
+    };
+    let raise = match (before.current, before.maximum) {
+        (None, _) => false,
+        (Some(_), None) => true,
+        (Some(soft), Some(hard)) => soft < hard,
+    };
+    if raise {
+        let to = Rlimit {
+            current: before.maximum,
+            maximum: before.maximum,
+        };
+        if setrlimit(Resource::Nofile, to).is_ok() {
+            limit.soft = getrlimit(Resource::Nofile).current;
+        }
+    }
+    limit
+}
+
+/// The soft open-file limit the process started with, recorded by the first
+/// [`raise_fd_limit`].
+static INHERITED_SOFT_NOFILE: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+
+/// The soft open-file limit the process started with, once [`raise_fd_limit`] ran (`None`
+/// inside: unlimited). The programs the daemon starts get it back: the raised limit is
+/// for the daemon's own connections, and a child using `select()` breaks past 1024.
+pub fn inherited_soft_fd_limit() -> Option<Option<u64>> {
+    INHERITED_SOFT_NOFILE.get().copied()
+}
+
+/// The descriptors kept free under an open-file limit of `fd_limit`:
+/// [`FD_RESERVE_BASE`] plus 1/[`FD_RESERVE_DIVISOR`] of the limit, never more than half
+/// of it. 1024 keeps 128; 128 keeps 64; 65536 keeps 4160.
+pub fn fd_reserve(fd_limit: u64) -> u64 {
+    (FD_RESERVE_BASE + fd_limit / FD_RESERVE_DIVISOR).min(fd_limit / 2)
+}
+
+/// The connections the daemon may hold at once: `max_connections`, lowered to what the
+/// open-file limit `fd_limit` leaves after [`fd_reserve`] (`None`: unlimited, no lowering).
+/// Past it a connection is answered 503, which needs a descriptor of its own for a moment:
+/// at the bound there is one.
+pub fn connection_bound(max_connections: usize, fd_limit: Option<u64>) -> usize {
+    match fd_limit {
+        None => max_connections,
+        Some(limit) => {
+            let room = limit - fd_reserve(limit);
+            max_connections.min(usize::try_from(room).unwrap_or(usize::MAX))
+        }
+    }
+}
+
+/// What a driver does as it starts: raises the open-file limit ([`raise_fd_limit`]) and
+/// returns the connection bound it allows ([`connection_bound`]), logging one line when
+/// the limit was raised and one warning when `limits.max_connections` had to be lowered.
+pub fn start_connection_bound(max_connections: usize) -> usize {
+    let limit = raise_fd_limit();
+    if limit.soft != limit.inherited {
+        tracing::info!(
+            from = %OrUnlimited(limit.inherited),
+            to = %OrUnlimited(limit.soft),
+            "open-file limit (RLIMIT_NOFILE) raised to its hard limit"
+        );
+    }
+    let bound = connection_bound(max_connections, limit.soft);
+    if bound < max_connections {
+        let fd_limit = limit.soft.unwrap_or(u64::MAX);
+        tracing::warn!(
+            configured = max_connections,
+            lowered_to = bound,
+            fd_limit,
+            reserved = fd_reserve(fd_limit),
+            "limits.max_connections lowered to what the open-file limit (RLIMIT_NOFILE) \
+             allows; past it connections are answered 503 (raise the hard limit, e.g. \
+             systemd's LimitNOFILE=, to serve more)"
+        );
+    }
+    bound
+}
+
+/// A limit for a log line: the number, or `unlimited`.
+struct OrUnlimited(Option<u64>);
+
+impl fmt::Display for OrUnlimited {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(n) => n.fmt(f),
+            None => f.write_str("unlimited"),
+        }
+    }
+}
+
+/// Whether an error says the process (`EMFILE`) or the system (`ENFILE`) is out of file
+/// descriptors.
+pub fn out_of_descriptors(e: &io::Error) -> bool {
+    let raw = e.raw_os_error();
+    raw == Some(rustix::io::Errno::MFILE.raw_os_error())
+        || raw == Some(rustix::io::Errno::NFILE.raw_os_error())
+}
+
+/// Whether an `accept` error concerns one connection (aborted before it was taken, an
+/// interrupted call, a spurious wake-up), not the listener: accept again at once.
+pub fn transient_accept_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted | io::ErrorKind::WouldBlock
+    )
+}
+
+/// The answer to a connection past the connection bound.
+pub const BUSY_RESPONSE: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+
+/// Writes [`BUSY_RESPONSE`] to a socket just accepted, without blocking and without
+/// `SIGPIPE`: best effort (a fresh socket's send buffer takes it whole).
+pub fn answer_busy(socket: impl AsFd) {
+    let flags = rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL;
+    let _ = rustix::net::send(socket, BUSY_RESPONSE, flags);
+}
+
+/// A descriptor held in reserve: out of descriptors, `accept` fails and leaves the
+/// connection in the listener's queue, where its client would wait for nothing until it
+/// times out. Freeing the spare lets the driver take that connection, answer it 503 and
+/// close it ([`SpareFd::free_for`]).
+#[derive(Debug)]
+pub struct SpareFd {
+    fd: std::sync::Mutex<Option<std::fs::File>>,
+}
+
+impl SpareFd {
+    pub fn new() -> Self {
+        SpareFd {
+            fd: std::sync::Mutex::new(Self::open()),
+        }
+    }
+
+    fn open() -> Option<std::fs::File> {
+        std::fs::File::open("/dev/null").ok()
+    }
+
+    /// Runs `f` with the spare descriptor closed, then opens it again. `None` (and `f` not
+    /// run) when there is no spare: it could not be opened again last time, nor now.
+    pub fn free_for<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
+        let mut fd = self.fd.lock().unwrap_or_else(|p| p.into_inner());
+        if fd.is_none() {
+            *fd = Self::open();
+        }
+        drop(fd.take()?);
+        let r = f();
+        *fd = Self::open();
+        Some(r)
+    }
+}
+
+impl Default for SpareFd {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The pause of an accept loop after an `accept` that failed: 10 ms, doubling to 1 s while
+/// it keeps failing, back to 10 ms after one succeeds.
+#[derive(Debug)]
+pub struct AcceptBackoff {
+    next: Duration,
+}
+
+impl AcceptBackoff {
+    pub const FIRST: Duration = Duration::from_millis(10);
+    pub const MAX: Duration = Duration::from_secs(1);
+
+    pub fn new() -> Self {
+        AcceptBackoff { next: Self::FIRST }
+    }
+
+    /// How long to pause after this failure.
+    pub fn failed(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (d * 2).min(Self::MAX);
+        d
+    }
+
+    pub fn succeeded(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
+impl Default for AcceptBackoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A warning that may recur many times a second (each connection refused at the bound,
+/// each failed `accept`): at most one line per interval, each saying how many occurrences
+/// it stands for. Shared by the threads or tasks that log it.
+#[derive(Debug)]
+pub struct LogThrottle {
+    interval: Duration,
+    /// Occurrences not yet reported.
+    pending: std::sync::atomic::AtomicU64,
+    /// When the last line was due.
+    last_line: std::sync::Mutex<Option<Instant>>,
+}
+
+impl LogThrottle {
+    /// The interval of the drivers' throttled warnings.
+    pub const INTERVAL: Duration = Duration::from_secs(10);
+
+    pub const fn new(interval: Duration) -> Self {
+        LogThrottle {
+            interval,
+            pending: std::sync::atomic::AtomicU64::new(0),
+            last_line: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Counts one occurrence. `Some(n)` when a line is due now: it stands for `n`
+    /// occurrences, this one and those unreported since the last line.
+    pub fn hit(&self) -> Option<u64> {
+        self.hit_at(Instant::now())
+    }
+
+    /// Counts nothing: `Some(n)` when `n` occurrences went unreported and a line is due.
+    /// Call it when the condition clears (a connection admitted, an `accept` that
+    /// succeeded), so the end of a burst is reported too. Cheap when nothing is pending.
+    pub fn flush(&self) -> Option<u64> {
+        if self.pending.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return None;
+        }
+        self.due_at(Instant::now())
+    }
+
+    fn hit_at(&self, now: Instant) -> Option<u64> {
+        self.pending
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.due_at(now)
+    }
+
+    fn due_at(&self, now: Instant) -> Option<u64> {
+        let mut last = self.last_line.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| now.saturating_duration_since(t) < self.interval) {
+            return None;
+        }
+        let n = self.pending.swap(0, std::sync::atomic::Ordering::Relaxed);
+        if n == 0 {
+            return None;
+        }
+        *last = Some(now);
+        Some(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::FileTypeExt;
+
+    #[test]
+    fn the_reserve_and_the_bound() {
+        assert_eq!(fd_reserve(1024), 128);
+        assert_eq!(fd_reserve(128), 64);
+        assert_eq!(fd_reserve(20), 10);
+        assert_eq!(fd_reserve(65536), 4160);
+        assert_eq!(connection_bound(10_000, Some(1024)), 896);
+        assert_eq!(connection_bound(10_000, Some(128)), 64);
+        assert_eq!(connection_bound(500, Some(1024)), 500);
+        assert_eq!(connection_bound(10_000, Some(1 << 20)), 10_000);
+        assert_eq!(connection_bound(10_000, None), 10_000);
+        assert_eq!(connection_bound(0, Some(1024)), 0);
+        assert_eq!(connection_bound(10, Some(1)), 1);
+        assert_eq!(connection_bound(10, Some(0)), 0);
+    }
+
+    #[test]
+    fn the_fd_limit_is_raised_to_the_hard_one() {
+        let limit = raise_fd_limit();
+        assert_eq!(limit.soft, limit.hard, "{limit:?}");
+        assert_eq!(raise_fd_limit().inherited, limit.soft, "idempotent");
+    }
+
+    #[test]
+    fn a_throttled_warning_says_what_it_stands_for() {
+        let t = LogThrottle::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_millis(s);
+        assert_eq!(t.flush(), None);
+        assert_eq!(
+            t.hit_at(at(0)),
+            Some(1),
+            "the first occurrence is said at once"
+        );
+        for ms in 1..500 {
+            assert_eq!(t.hit_at(at(ms)), None);
+        }
+        assert_eq!(t.due_at(at(9_999)), None);
+        assert_eq!(
+            t.due_at(at(10_000)),
+            Some(499),
+            "the burst, once the interval passed"
+        );
+        assert_eq!(t.due_at(at(30_000)), None, "nothing pending");
+        assert_eq!(t.hit_at(at(30_001)), Some(1));
+        assert_eq!(t.hit_at(at(30_002)), None);
+        assert_eq!(t.hit_at(at(40_001)), Some(2));
+    }
+
+    #[test]
+    fn backoff_doubles_to_a_second() {
+        let mut b = AcceptBackoff::new();
+        let waits: Vec<u64> = (0..9).map(|_| b.failed().as_millis() as u64).collect();
+        assert_eq!(waits, [10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
+        b.succeeded();
+        assert_eq!(b.failed(), AcceptBackoff::FIRST);
+    }
+
+    #[test]
+    fn the_spare_descriptor_is_freed_and_taken_again() {
+        let spare = SpareFd::new();
+        assert_eq!(spare.free_for(|| 7), Some(7));
+        assert_eq!(spare.free_for(|| 8), Some(8));
+    }
 
     #[test]
     fn endpoints_parse() {

@@ -13,12 +13,17 @@ use agentd_core::auth::Peer;
 use agentd_core::reqlog::{Keep, Phase, RequestRecord};
 use agentd_core::{Connection, Instance};
 
-use crate::os::{unix_peer_allowed, BoundListener, Clock};
+use crate::os::{
+    answer_busy, out_of_descriptors, start_connection_bound, transient_accept_error,
+    unix_peer_allowed, AcceptBackoff, BoundListener, Clock, LogThrottle, SpareFd,
+};
 
 /// How the driver runs.
 #[derive(Clone, Copy, Debug)]
 pub struct DriverOptions {
     /// Connections served at once; past it a new connection is answered 503 and closed.
+    /// [`serve`] lowers it to what the open-file limit allows
+    /// ([`crate::os::start_connection_bound`]).
     pub max_connections: usize,
     /// Bytes read from a socket at a time.
     pub read_buffer: usize,
@@ -75,14 +80,17 @@ impl ServerHandle {
 }
 
 /// Serves `listeners` (their order is the instance's listener order) from `instance`.
+/// Raises the open-file limit first and bounds the connections by it.
 pub fn serve(
     instance: Arc<Mutex<Instance>>,
     listeners: Vec<BoundListener>,
-    options: DriverOptions,
+    mut options: DriverOptions,
     clock: Clock,
 ) -> io::Result<ServerHandle> {
+    options.max_connections = start_connection_bound(options.max_connections);
     let stop = Arc::new(AtomicBool::new(false));
     let active = Arc::new(AtomicUsize::new(0));
+    let shared = Arc::new(AcceptShared::default());
     let listeners: Vec<Arc<BoundListener>> = listeners.into_iter().map(Arc::new).collect();
     let mut threads = Vec::new();
     for (index, listener) in listeners.iter().enumerate() {
@@ -90,6 +98,7 @@ pub fn serve(
             instance: instance.clone(),
             stop: stop.clone(),
             active: active.clone(),
+            shared: shared.clone(),
             options,
             clock,
             index,
@@ -113,9 +122,31 @@ struct AcceptContext {
     instance: Arc<Mutex<Instance>>,
     stop: Arc<AtomicBool>,
     active: Arc<AtomicUsize>,
+    shared: Arc<AcceptShared>,
     options: DriverOptions,
     clock: Clock,
     index: usize,
+}
+
+/// What the accept loops of one server share: the spare descriptor and the throttles of
+/// their repeated warnings.
+#[derive(Debug)]
+struct AcceptShared {
+    spare: SpareFd,
+    /// Connections answered 503 at the bound.
+    refused: LogThrottle,
+    /// `accept` calls that failed.
+    accept_failed: LogThrottle,
+}
+
+impl Default for AcceptShared {
+    fn default() -> Self {
+        AcceptShared {
+            spare: SpareFd::new(),
+            refused: LogThrottle::new(LogThrottle::INTERVAL),
+            accept_failed: LogThrottle::new(LogThrottle::INTERVAL),
+        }
+    }
 }
 
 /// The stream operations the connection loop needs from TCP and unix sockets alike.
@@ -144,70 +175,115 @@ impl Stream for UnixStream {
 
 impl AcceptContext {
     fn accept_loop(&self, listener: &BoundListener) {
+        let mut backoff = AcceptBackoff::new();
         loop {
-            let accepted = match listener {
-                BoundListener::Tcp(l) => l.accept().map(|(s, _)| Accepted::Tcp(s)),
-                BoundListener::Unix { listener: l, .. } => {
-                    l.accept().map(|(s, _)| Accepted::Unix(s))
-                }
-            };
+            let accepted = accept(listener);
             if self.stop.load(Ordering::SeqCst) {
                 return;
             }
-            let mut accepted = match accepted {
-                Ok(a) => a,
+            let accepted = match accepted {
+                Ok(a) => {
+                    backoff.succeeded();
+                    if let Some(failures) = self.shared.accept_failed.flush() {
+                        log_accept_failed(failures, None);
+                    }
+                    a
+                }
+                Err(e) if transient_accept_error(&e) => continue,
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    // Out of descriptors or similar: back off instead of spinning.
-                    thread::sleep(Duration::from_millis(50));
+                    if let Some(failures) = self.shared.accept_failed.hit() {
+                        log_accept_failed(failures, Some(&e));
+                    }
+                    // Out of descriptors, `accept` fails before it looks at the queue, where
+                    // a client may be waiting: answer it 503 with the spare descriptor
+                    // rather than leave it to time out. With none queued (or no spare),
+                    // pause, longer each time, instead of spinning: `accept` would fail
+                    // again at once.
+                    if out_of_descriptors(&e) && self.shed(listener) {
+                        backoff.succeeded();
+                        continue;
+                    }
+                    thread::sleep(backoff.failed());
                     continue;
                 }
             };
-            // The kernel's word on who the peer is comes first: a refused uid gets no byte
-            // of HTTP, not even the busy answer.
-            let mut peer = Peer::Tcp;
-            if let Accepted::Unix(s) = &accepted {
-                match unix_peer_allowed(s) {
-                    Ok((true, uid)) => peer = Peer::Unix { uid },
-                    Ok((false, uid)) => {
-                        tracing::warn!(
-                            uid,
-                            "unix socket peer refused: not this daemon's uid or root"
-                        );
-                        continue;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "unix socket peer credentials unreadable");
-                        continue;
-                    }
+            self.admit(accepted);
+        }
+    }
+
+    /// Out of descriptors: takes one queued connection with the spare descriptor, answers
+    /// it 503 and closes it. False when nothing was taken.
+    fn shed(&self, listener: &BoundListener) -> bool {
+        let taken = self.shared.spare.free_for(|| {
+            // This thread is the listener's only acceptor: non-blocking just for this call,
+            // so an empty queue does not hold the spare.
+            let _ = set_nonblocking(listener, true);
+            let taken = accept(listener);
+            let _ = set_nonblocking(listener, false);
+            if let Ok(accepted) = &taken {
+                let allowed = match accepted {
+                    Accepted::Tcp(_) => true,
+                    Accepted::Unix(s) => matches!(unix_peer_allowed(s), Ok((true, _))),
+                };
+                if allowed {
+                    accepted.refuse_busy();
                 }
             }
-            if self.active.fetch_add(1, Ordering::SeqCst) >= self.options.max_connections {
-                self.active.fetch_sub(1, Ordering::SeqCst);
-                tracing::warn!("connection limit reached; answering 503");
-                accepted.refuse_busy();
-                continue;
+            taken.is_ok()
+        });
+        taken == Some(true)
+    }
+
+    fn admit(&self, accepted: Accepted) {
+        // The kernel's word on who the peer is comes first: a refused uid gets no byte
+        // of HTTP, not even the busy answer.
+        let mut peer = Peer::Tcp;
+        if let Accepted::Unix(s) = &accepted {
+            match unix_peer_allowed(s) {
+                Ok((true, uid)) => peer = Peer::Unix { uid },
+                Ok((false, uid)) => {
+                    tracing::warn!(
+                        uid,
+                        "unix socket peer refused: not this daemon's uid or root"
+                    );
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "unix socket peer credentials unreadable");
+                    return;
+                }
             }
-            let ctx = self.clone();
-            let spawned = thread::Builder::new()
-                .name(format!("agentd-conn-{}", self.index))
-                .spawn(move || {
-                    let active = ctx.active.clone();
-                    match accepted {
-                        Accepted::Tcp(s) => {
-                            let _ = s.set_nodelay(true);
-                            // The failure limiter keys on the socket's own peer address.
-                            let source = s.peer_addr().ok().map(|a| a.ip());
-                            ctx.serve(s, peer, source)
-                        }
-                        Accepted::Unix(s) => ctx.serve(s, peer, None),
+        }
+        if self.active.fetch_add(1, Ordering::SeqCst) >= self.options.max_connections {
+            self.active.fetch_sub(1, Ordering::SeqCst);
+            accepted.refuse_busy();
+            if let Some(refused) = self.shared.refused.hit() {
+                log_refused(refused, self.options.max_connections);
+            }
+            return;
+        }
+        if let Some(refused) = self.shared.refused.flush() {
+            log_refused(refused, self.options.max_connections);
+        }
+        let ctx = self.clone();
+        let spawned = thread::Builder::new()
+            .name(format!("agentd-conn-{}", self.index))
+            .spawn(move || {
+                let active = ctx.active.clone();
+                match accepted {
+                    Accepted::Tcp(s) => {
+                        let _ = s.set_nodelay(true);
+                        // The failure limiter keys on the socket's own peer address.
+                        let source = s.peer_addr().ok().map(|a| a.ip());
+                        ctx.serve(s, peer, source)
                     }
-                    active.fetch_sub(1, Ordering::SeqCst);
-                });
-            if spawned.is_err() {
-                self.active.fetch_sub(1, Ordering::SeqCst);
-                tracing::warn!("could not start a connection thread");
-            }
+                    Accepted::Unix(s) => ctx.serve(s, peer, None),
+                }
+                active.fetch_sub(1, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            self.active.fetch_sub(1, Ordering::SeqCst);
+            tracing::warn!("could not start a connection thread");
         }
     }
 
@@ -297,12 +373,57 @@ enum Accepted {
 
 impl Accepted {
     /// Best effort, never blocking the accept loop: the server is at its connection limit.
-    fn refuse_busy(&mut self) {
-        const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
-        let _ = match self {
-            Accepted::Tcp(s) => s.set_nonblocking(true).and_then(|_| s.write(BUSY)),
-            Accepted::Unix(s) => s.set_nonblocking(true).and_then(|_| s.write(BUSY)),
-        };
+    fn refuse_busy(&self) {
+        match self {
+            Accepted::Tcp(s) => answer_busy(s),
+            Accepted::Unix(s) => answer_busy(s),
+        }
+    }
+}
+
+fn accept(listener: &BoundListener) -> io::Result<Accepted> {
+    match listener {
+        BoundListener::Tcp(l) => l.accept().map(|(s, _)| Accepted::Tcp(s)),
+        BoundListener::Unix { listener: l, .. } => l.accept().map(|(s, _)| Accepted::Unix(s)),
+    }
+}
+
+fn set_nonblocking(listener: &BoundListener, on: bool) -> io::Result<()> {
+    match listener {
+        BoundListener::Tcp(l) => l.set_nonblocking(on),
+        BoundListener::Unix { listener: l, .. } => l.set_nonblocking(on),
+    }
+}
+
+/// The throttled warning of connections answered 503 at the bound (both drivers): one line
+/// per [`LogThrottle::INTERVAL`] at most, `refused` counting the connections it stands for.
+pub fn log_refused(refused: u64, max_connections: usize) {
+    tracing::warn!(
+        refused,
+        max_connections,
+        "connection limit reached; answering 503 (refused: connections since the last such line)"
+    );
+}
+
+/// The throttled warning of failed `accept` calls (both drivers): `failures` counts the
+/// calls it stands for; `error` is the last one's (none once accepting works again).
+pub fn log_accept_failed(failures: u64, error: Option<&io::Error>) {
+    match error {
+        Some(e) if out_of_descriptors(e) => tracing::warn!(
+            error = %e,
+            failures,
+            "accept failed: out of file descriptors; answering 503 with a spare one, else \
+             pausing up to 1 s (failures: since the last such line)"
+        ),
+        Some(e) => tracing::warn!(
+            error = %e,
+            failures,
+            "accept failed; pausing up to 1 s (failures: since the last such line)"
+        ),
+        None => tracing::warn!(
+            failures,
+            "accept failed; accepting again (failures: since the last such line)"
+        ),
     }
 }
 

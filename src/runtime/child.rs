@@ -77,11 +77,25 @@ pub fn command(
         cmd.current_dir(dir);
     }
     let parent = rustix::process::getpid();
+    // The open-file limit the daemon inherited (it raises its own for its connections).
+    let soft_nofile = agentd_io_std::os::inherited_soft_fd_limit();
     // SAFETY: the closure runs in the forked child before exec, where only
-    // async-signal-safe work is allowed. It makes two raw system calls (prctl, getppid)
+    // async-signal-safe work is allowed. It makes raw system calls (prlimit, prctl, getppid)
     // through rustix, allocates nothing, takes no lock and touches no shared state.
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(soft) = soft_nofile {
+                use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+                let hard = getrlimit(Resource::Nofile).maximum;
+                setrlimit(
+                    Resource::Nofile,
+                    Rlimit {
+                        current: soft,
+                        maximum: hard,
+                    },
+                )
+                .map_err(io::Error::from)?;
+            }
             rustix::process::set_parent_process_death_signal(Some(signal))
                 .map_err(io::Error::from)?;
             // The daemon may have died between the fork and the prctl; the signal would then
