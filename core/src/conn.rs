@@ -865,6 +865,7 @@ impl Connection {
                         status: 413,
                         content_type: "application/json",
                         body: br#"{"error":"invalid_request"}"#.to_vec(),
+                        retry_after_s: None,
                     }
                 } else {
                     let form = head.header("content-type").is_some_and(|ct| {
@@ -874,7 +875,15 @@ impl Connection {
                             .eq_ignore_ascii_case(b"application/x-www-form-urlencoded")
                     });
                     let before = inst.record_seq();
-                    let a = crate::oauth::answer(inst, endpoint, self.listener, form, body, now);
+                    let a = crate::oauth::answer(
+                        inst,
+                        endpoint,
+                        self.listener,
+                        self.source,
+                        form,
+                        body,
+                        now,
+                    );
                     inst.announce_records();
                     if inst.record_seq() > before {
                         // A token issued or revoked: its answer waits for the session record.
@@ -883,9 +892,14 @@ impl Connection {
                     a
                 };
                 let date = self.date(now);
+                let retry_after = a.retry_after_s.map(|s| s.to_string());
                 let mut h = Head::new(a.status, &date)
                     .header("content-type", a.content_type)
                     .header("cache-control", "no-store");
+                if let Some(secs) = &retry_after {
+                    h = h.header("retry-after", secs);
+                    self.note_refusal(&head, Limiter::OAuthSource, a.retry_after_s.unwrap_or(1));
+                }
                 self.finish_head(&mut h, head.minor_version, head.keep_alive, now);
                 h.write_full(&mut self.out, &a.body, false);
                 if let Some(seq) = hold {

@@ -155,20 +155,82 @@ impl<K: Clone + Eq + Hash> Lru<K> {
 pub enum Source {
     V4([u8; 4]),
     V6Prefix([u8; 8]),
+    /// Any address of 127.0.0.0/8: one machine, whichever of its 16 million loopback
+    /// addresses it picks, as an IPv6 /64 is one source however its host part rotates.
+    Loopback,
 }
 
 impl Source {
     pub fn of(addr: IpAddr) -> Source {
+        let v4 = |a: std::net::Ipv4Addr| {
+            if a.is_loopback() {
+                Source::Loopback
+            } else {
+                Source::V4(a.octets())
+            }
+        };
         match addr {
-            IpAddr::V4(v4) => Source::V4(v4.octets()),
+            IpAddr::V4(a) => v4(a),
             IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                Some(v4) => Source::V4(v4.octets()),
+                Some(a) => v4(a),
                 None => {
                     let o = v6.octets();
                     Source::V6Prefix([o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7]])
                 }
             },
         }
+    }
+
+    /// The network the source belongs to, for the device grant's pending-code shares: an
+    /// IPv4 address is its own network, an IPv6 /64 belongs to its /48.
+    pub fn network(self) -> Network {
+        match self {
+            Source::V4(a) => Network::V4(a),
+            Source::V6Prefix(p) => Network::V6([p[0], p[1], p[2], p[3], p[4], p[5]]),
+            Source::Loopback => Network::Loopback,
+        }
+    }
+}
+
+/// A network of sources: an IPv4 address, an IPv6 /48, or loopback.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Network {
+    V4([u8; 4]),
+    V6([u8; 6]),
+    Loopback,
+}
+
+/// Requests to the device-authorization endpoint per source: a burst of 5, then one per
+/// 12 s (RFC 8628 §5.2 leaves the rate to the server).
+pub const DEVICE_AUTHORIZATION_RATE: Rate = Rate {
+    burst: 5,
+    per_s: 60,
+};
+/// Requests to the token endpoint per source: a bucket of its own, burst 30, one a second,
+/// so polling devices never spend the authorization bucket.
+pub const TOKEN_RATE: Rate = Rate {
+    burst: 30,
+    per_s: 30,
+};
+
+/// A rate per source, for the OAuth endpoints, kept like the failure limiter's.
+pub struct SourceRate {
+    buckets: Lru<Source>,
+    rate: Rate,
+}
+
+impl SourceRate {
+    pub fn new(rate: Rate) -> Self {
+        SourceRate {
+            buckets: Lru::new(MAX_SOURCES),
+            rate,
+        }
+    }
+
+    /// Takes a token for `source`, or says in how many milliseconds one is available.
+    pub fn take(&mut self, source: Source, now_ms: u64) -> Result<(), u64> {
+        let rate = self.rate;
+        self.buckets.touch(&source).take(rate, now_ms)
     }
 }
 
@@ -266,10 +328,24 @@ impl PrincipalRates {
 }
 
 /// The instance's limiters.
-#[derive(Default)]
 pub struct Limits {
     pub failures: FailureLimiter,
     pub rates: PrincipalRates,
+    /// `POST /oauth2/device_authorization` per source.
+    pub device_authorization: SourceRate,
+    /// `POST /oauth2/token` per source.
+    pub token: SourceRate,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            failures: FailureLimiter::default(),
+            rates: PrincipalRates::default(),
+            device_authorization: SourceRate::new(DEVICE_AUTHORIZATION_RATE),
+            token: SourceRate::new(TOKEN_RATE),
+        }
+    }
 }
 
 #[cfg(test)]

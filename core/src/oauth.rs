@@ -5,6 +5,7 @@ use serde_json::json;
 
 use crate::feed::FeedEvent;
 use crate::instance::Instance;
+use crate::limits::{retry_after_secs, Source};
 use crate::sessions::{parse_form, Scope, TokenAnswer, POLL_INTERVAL_S};
 use crate::time::Now;
 
@@ -54,6 +55,8 @@ pub struct Answer {
     pub status: u16,
     pub content_type: &'static str,
     pub body: Vec<u8>,
+    /// A limit refused the request (HTTP 429): `Retry-After`, in seconds.
+    pub retry_after_s: Option<u32>,
 }
 
 fn json_answer(status: u16, value: serde_json::Value) -> Answer {
@@ -61,6 +64,7 @@ fn json_answer(status: u16, value: serde_json::Value) -> Answer {
         status,
         content_type: "application/json",
         body: serde_json::to_vec(&value).unwrap_or_default(),
+        retry_after_s: None,
     }
 }
 
@@ -68,11 +72,24 @@ fn error(code: &'static str) -> Answer {
     json_answer(400, json!({"error": code}))
 }
 
+/// A limit's refusal: 429 with `Retry-After` and the OAuth error `slow_down`, saying which
+/// limit.
+fn limited(retry_after_s: u32, why: &str) -> Answer {
+    Answer {
+        retry_after_s: Some(retry_after_s),
+        ..json_answer(
+            429,
+            json!({"error": "slow_down", "error_description": format!("{why}; try again in {retry_after_s} s")}),
+        )
+    }
+}
+
 /// Answers one request to an endpoint.
 pub fn answer(
     inst: &mut Instance,
     endpoint: Endpoint,
     listener: usize,
+    source: Option<Source>,
     form_type: bool,
     body: &[u8],
     now: Now,
@@ -116,6 +133,7 @@ pub fn answer(
 instance, who approves it with the auth.device.approve command (user_code, and the name the \
 device acts as). The device then receives its token.\n"
                 .to_vec(),
+            retry_after_s: None,
         },
         Endpoint::DeviceAuthorization => {
             let Some(client_id) = form.get("client_id") else {
@@ -136,8 +154,25 @@ device acts as). The device then receives its token.\n"
                     None => return error("invalid_scope"),
                 },
             };
+            if let Some(src) = source {
+                if let Err(wait) = inst.limits.device_authorization.take(src, now.mono_ms) {
+                    return limited(
+                        retry_after_secs(wait),
+                        "too many device authorization requests from this address",
+                    );
+                }
+            }
             let (sessions, entropy) = (&mut inst.sessions, inst.entropy.as_mut());
-            match sessions.authorize(entropy, client_id, scope, None, &grant, now.epoch_ms) {
+            let asked = sessions.authorize(
+                entropy,
+                client_id,
+                scope,
+                None,
+                source,
+                &grant,
+                now.epoch_ms,
+            );
+            match asked {
                 Ok((device_code, user_code)) => {
                     let pushed = inst.push_feed(
                         FeedEvent::Other {
@@ -159,7 +194,13 @@ device acts as). The device then receives its token.\n"
                         }),
                     )
                 }
-                Err(code) => error(code),
+                Err(refusal) => match refusal.retry_after_s {
+                    Some(secs) => limited(
+                        secs,
+                        "too many device codes are waiting for approval from this address or network",
+                    ),
+                    None => error(refusal.error),
+                },
             }
         }
         Endpoint::Token => {
@@ -172,6 +213,14 @@ device acts as). The device then receives its token.\n"
             };
             if grant_type != DEVICE_GRANT_TYPE {
                 return error("unsupported_grant_type");
+            }
+            if let Some(src) = source {
+                if let Err(wait) = inst.limits.token.take(src, now.mono_ms) {
+                    return limited(
+                        retry_after_secs(wait),
+                        "too many token requests from this address",
+                    );
+                }
             }
             let (sessions, entropy) = (&mut inst.sessions, inst.entropy.as_mut());
             match sessions.exchange(entropy, device_code, client_id, &grant, now.epoch_ms) {
@@ -198,6 +247,7 @@ device acts as). The device then receives its token.\n"
                 status: 200,
                 content_type: "application/json",
                 body: Vec::new(),
+                retry_after_s: None,
             }
         }
     }

@@ -199,6 +199,9 @@ pub enum Limiter {
     PrincipalRate,
     /// `a2a.device_grant.rate`, the rate of a device-grant session.
     DeviceGrantRate,
+    /// The OAuth endpoints' limits per source: device-authorization and token requests,
+    /// and pending device codes.
+    OAuthSource,
 }
 
 impl Limiter {
@@ -207,6 +210,7 @@ impl Limiter {
             Limiter::SourceFailures => "source-failures",
             Limiter::PrincipalRate => "principal-rate",
             Limiter::DeviceGrantRate => "device-grant-rate",
+            Limiter::OAuthSource => "oauth-source",
         }
     }
 }
@@ -315,6 +319,7 @@ impl fmt::Display for Source {
                 full[..8].copy_from_slice(&p);
                 write!(f, "{}/64", std::net::Ipv6Addr::from(full))
             }
+            Source::Loopback => f.write_str("127.0.0.0/8"),
         }
     }
 }

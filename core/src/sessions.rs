@@ -20,7 +20,19 @@ pub const POLL_INTERVAL_S: u64 = 5;
 /// The user-code alphabet: no vowels, no look-alikes.
 const USER_CODE_ALPHABET: &[u8] = b"BCDFGHJKLMNPQRSTVWXZ";
 /// Pending codes held at once.
-const MAX_PENDING: usize = 64;
+pub const MAX_PENDING: usize = 64;
+/// Pending codes one source (an IPv4 address, an IPv6 /64, loopback) may hold.
+pub const MAX_PENDING_PER_SOURCE: usize = 4;
+/// Pending codes one network (an IPv4 address, an IPv6 /48) may hold.
+pub const MAX_PENDING_PER_NETWORK: usize = 16;
+
+/// Why a device got no code: an OAuth error code, and when a retry can succeed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AuthorizeRefusal {
+    pub error: &'static str,
+    /// Seconds until one of the codes in the way expires (a bound was reached).
+    pub retry_after_s: Option<u32>,
+}
 
 /// The scope a device asks for and is approved with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,6 +101,8 @@ struct PendingCode {
     client_id: String,
     scope: Scope,
     peer: Option<String>,
+    /// Where the request came from (`None`: a unix-socket peer, one local source).
+    source: Option<crate::limits::Source>,
     requested_at: u64,
     expires_at: u64,
     last_poll: Option<u64>,
@@ -275,24 +289,19 @@ impl Sessions {
     }
 
     /// A device asks for a code. Returns `(device_code, user_code)`.
+    #[allow(clippy::too_many_arguments)]
     pub fn authorize(
         &mut self,
         entropy: &mut dyn Entropy,
         client_id: &str,
         scope: Scope,
         peer: Option<String>,
+        source: Option<crate::limits::Source>,
         config: &DeviceGrantConfig,
         now_ms: u64,
-    ) -> Result<(String, String), &'static str> {
+    ) -> Result<(String, String), AuthorizeRefusal> {
         self.expire(now_ms);
-        let waiting = self
-            .pending
-            .iter()
-            .filter(|p| matches!(p.decision, Decision::Pending))
-            .count();
-        if waiting >= MAX_PENDING {
-            return Err("slow_down");
-        }
+        self.make_room_for_code(source, now_ms)?;
         let mut raw = [0u8; 32];
         entropy.fill(&mut raw);
         let device_code = hex(&raw);
@@ -309,12 +318,84 @@ impl Sessions {
             client_id: client_id.to_owned(),
             scope,
             peer,
+            source,
             requested_at: now_ms,
             expires_at: now_ms + config.code_ttl_ms,
             last_poll: None,
             decision: Decision::Pending,
         });
         Ok((device_code, user_code))
+    }
+
+    /// Keeps the pending codes within their shares before one more from `source`: at most
+    /// [`MAX_PENDING_PER_SOURCE`] per source and [`MAX_PENDING_PER_NETWORK`] per network,
+    /// and [`MAX_PENDING`] in all. At the global cap, the oldest code of the network that
+    /// holds the most beyond its fair share (the cap divided among the networks asking) is
+    /// expired to make room, so a flood from a few networks displaces only itself and a new
+    /// device from elsewhere still gets a code.
+    fn make_room_for_code(
+        &mut self,
+        source: Option<crate::limits::Source>,
+        now_ms: u64,
+    ) -> Result<(), AuthorizeRefusal> {
+        let network = |s: Option<crate::limits::Source>| s.map(crate::limits::Source::network);
+        let waiting = |p: &&PendingCode| matches!(p.decision, Decision::Pending);
+        // Seconds until the oldest of `codes` expires: when a retry can succeed.
+        let refuse = |codes: Vec<&PendingCode>| AuthorizeRefusal {
+            error: "slow_down",
+            retry_after_s: codes
+                .iter()
+                .map(|p| p.expires_at)
+                .min()
+                .map(|at| crate::limits::retry_after_secs(at.saturating_sub(now_ms))),
+        };
+        let mine: Vec<&PendingCode> = self
+            .pending
+            .iter()
+            .filter(waiting)
+            .filter(|p| p.source == source)
+            .collect();
+        if mine.len() >= MAX_PENDING_PER_SOURCE {
+            return Err(refuse(mine));
+        }
+        let ours: Vec<&PendingCode> = self
+            .pending
+            .iter()
+            .filter(waiting)
+            .filter(|p| network(p.source) == network(source))
+            .collect();
+        if ours.len() >= MAX_PENDING_PER_NETWORK {
+            return Err(refuse(ours));
+        }
+        let all: Vec<&PendingCode> = self.pending.iter().filter(waiting).collect();
+        if all.len() < MAX_PENDING {
+            return Ok(());
+        }
+        let mut held: std::collections::BTreeMap<Option<crate::limits::Network>, usize> =
+            std::collections::BTreeMap::new();
+        for p in &all {
+            *held.entry(network(p.source)).or_default() += 1;
+        }
+        let asking = held.len() + usize::from(!held.contains_key(&network(source)));
+        let share = MAX_PENDING / asking;
+        let Some((&over, _)) = held
+            .iter()
+            .filter(|(n, count)| **count > share + 1 && **n != network(source))
+            .max_by_key(|(_, count)| **count)
+        else {
+            return Err(refuse(all));
+        };
+        if let Some(oldest) = self
+            .pending
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| matches!(p.decision, Decision::Pending) && network(p.source) == over)
+            .min_by_key(|(_, p)| p.requested_at)
+            .map(|(i, _)| i)
+        {
+            self.pending.remove(oldest);
+        }
+        Ok(())
     }
 
     /// `auth.device.pending`: the codes waiting for a decision.
@@ -573,7 +654,7 @@ mod tests {
         let mut s = Sessions::default();
         let mut e = CounterEntropy(9);
         let (device, user) = s
-            .authorize(&mut e, "laptop", Scope::User, None, &cfg, 0)
+            .authorize(&mut e, "laptop", Scope::User, None, None, &cfg, 0)
             .unwrap();
         assert_eq!(device.len(), 64);
         assert!(user.len() == 9 && user.as_bytes()[4] == b'-');
@@ -623,7 +704,7 @@ mod tests {
         );
         // A second device approved as the same name is the same principal.
         let (d2, u2) = s
-            .authorize(&mut e, "phone", Scope::User, None, &cfg, 20_000)
+            .authorize(&mut e, "phone", Scope::User, None, None, &cfg, 20_000)
             .unwrap();
         assert_eq!(
             s.approve(&u2, "alice", None, &op, &cfg, 20_001).unwrap()["approved"]["existing"],
@@ -646,16 +727,16 @@ mod tests {
         assert_eq!(s.revoke(None, Some("alice"), false).len(), 1);
         // Expiry.
         let (d3, _) = s
-            .authorize(&mut e, "x", Scope::User, None, &cfg, 0)
+            .authorize(&mut e, "x", Scope::User, None, None, &cfg, 0)
             .unwrap();
         assert_eq!(
             s.exchange(&mut e, &d3, "x", &cfg, cfg.code_ttl_ms),
             TokenAnswer::Error("expired_token")
         );
         // Deny all.
-        s.authorize(&mut e, "a", Scope::User, None, &cfg, 30_000)
+        s.authorize(&mut e, "a", Scope::User, None, None, &cfg, 30_000)
             .unwrap();
-        s.authorize(&mut e, "b", Scope::User, None, &cfg, 30_000)
+        s.authorize(&mut e, "b", Scope::User, None, None, &cfg, 30_000)
             .unwrap();
         let (d4, u4) = s
             .authorize(&mut e, "c", Scope::User, None, &cfg, 30_000)

@@ -391,3 +391,92 @@ fn core_answers_are_audited_with_the_session_id() {
         .iter()
         .all(|e| e["principal"] == "user:alice" && e["role"] == "user"));
 }
+
+/// A connection from `addr`, as a TCP driver reports its peer.
+fn from(h: &Harness, addr: &str) -> Client {
+    let mut c = h.conn_peer(0, Peer::Tcp);
+    c.conn.set_source(addr.parse().unwrap());
+    c
+}
+
+fn ask_code(h: &mut Harness, c: &mut Client, client_id: &str) -> Resp {
+    one(&c.feed(
+        h,
+        &form(
+            "/oauth2/device_authorization",
+            &format!("client_id={client_id}"),
+        ),
+    ))
+}
+
+/// §7.5: device authorization per source, a burst of 5 then one per 12 s; every address of
+/// 127.0.0.0/8 (and its IPv4-mapped IPv6 form) is one source.
+#[test]
+fn device_authorization_is_rate_limited_per_source() {
+    let mut h = harness(true);
+    for (i, addr) in [
+        "127.0.0.1",
+        "127.0.0.2",
+        "127.1.2.3",
+        "::ffff:127.9.9.9",
+        "127.0.0.5",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut c = from(&h, addr);
+        let r = ask_code(&mut h, &mut c, &format!("d{i}"));
+        // The fifth waits on the pending-code share (4 per source), not on the rate.
+        if i < 4 {
+            assert_eq!(r.status, 200, "{addr}");
+        } else {
+            assert_eq!(r.status, 429, "{addr}: four codes per source");
+        }
+    }
+    let mut c = from(&h, "127.200.0.1");
+    let r = ask_code(&mut h, &mut c, "d5");
+    assert_eq!(r.status, 429, "the sixth request of the burst");
+    assert_eq!(r.json()["error"], "slow_down");
+    let wait: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=12).contains(&wait), "{wait}");
+    // Another source is not held up by it.
+    let mut other = from(&h, "192.0.2.7");
+    assert_eq!(ask_code(&mut h, &mut other, "x").status, 200);
+}
+
+/// At the global cap of 64 pending codes, a flood from a few networks displaces only itself:
+/// a device from another network still gets a code.
+#[test]
+fn a_flood_of_pending_codes_never_locks_everyone_out() {
+    let mut h = harness(true);
+    // Four IPv6 /48s, each filling its 16 codes from four /64s (4 codes each): 64 in all.
+    let mut n = 0;
+    for net in 1..=4u16 {
+        for sub in 1..=4u16 {
+            // Four requests from one source: within its burst of five.
+            for _ in 0..4 {
+                let mut c = from(&h, &format!("2001:db8:{net}:{sub}::{}", n + 1));
+                let r = ask_code(&mut h, &mut c, &format!("f{n}"));
+                assert_eq!(r.status, 200, "flood code {n}");
+                n += 1;
+            }
+        }
+        // A fifth /64 of the same /48: the network holds its 16 already.
+        let mut c = from(&h, &format!("2001:db8:{net}:99::1"));
+        let r = ask_code(&mut h, &mut c, "extra");
+        assert_eq!(r.status, 429, "sixteen per network");
+    }
+    let pending = op_call(&mut h, json!({"op": "auth.device.pending"}));
+    let count = |v: &Value| {
+        v["result"]["message"]["parts"][0]["data"]["pending"]
+            .as_array()
+            .map_or(0, Vec::len)
+    };
+    assert_eq!(count(&pending), 64);
+    // The global cap is reached; a device from elsewhere still gets its code.
+    let mut legit = from(&h, "198.51.100.10");
+    let r = ask_code(&mut h, &mut legit, "laptop");
+    assert_eq!(r.status, 200, "{}", r.json());
+    let pending = op_call(&mut h, json!({"op": "auth.device.pending"}));
+    assert_eq!(count(&pending), 64, "one flood code made room");
+}

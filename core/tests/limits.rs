@@ -387,3 +387,23 @@ fn session_tokens_are_checked_even_over_the_limit_and_device_sessions_share_a_ra
         20
     );
 }
+
+/// Rotating loopback addresses (127.x.y.z, or their IPv4-mapped IPv6 form) is one source:
+/// 1,000 wrong bearers from as many loopback addresses were never refused before.
+#[test]
+fn every_loopback_address_is_one_source() {
+    let mut h = secured();
+    for i in 0..20 {
+        let addr = if i % 2 == 0 {
+            format!("127.{}.{}.1", i / 256, i % 256 + 1)
+        } else {
+            format!("::ffff:127.0.{i}.9")
+        };
+        fail_n(&mut h, &addr, 1);
+    }
+    let mut next = from(&h, "127.99.99.99");
+    assert_limited(&one(&next.feed(&mut h, &list(Some("wrong")))));
+    // An address outside loopback is another source.
+    let mut other = from(&h, "192.0.2.1");
+    assert_eq!(status(&mut other, &mut h, &list(Some("wrong"))), 401);
+}
