@@ -739,7 +739,7 @@ mod tests {
         s.authorize(&mut e, "b", Scope::User, None, None, &cfg, 30_000)
             .unwrap();
         let (d4, u4) = s
-            .authorize(&mut e, "c", Scope::User, None, &cfg, 30_000)
+            .authorize(&mut e, "c", Scope::User, None, None, &cfg, 30_000)
             .unwrap();
         assert_eq!(s.deny(Some(&u4), 30_001).len(), 1);
         assert_eq!(s.deny(None, 30_001).len(), 2);

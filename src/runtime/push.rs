@@ -136,35 +136,6 @@ pub fn deliver(d: &Delivery, opts: &DeliveryOptions) -> Outcome {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_name_that_resolves_to_loopback_is_refused_at_delivery() {
-        // The core refuses `localhost` by name at registration; a name that resolves there
-        // anyway is caught here, on the resolved address.
-        let d = Delivery {
-            task_id: "t".into(),
-            config_id: "c".into(),
-            url: "https://localhost:9/hook".into(),
-            headers: Vec::new(),
-            body: b"{}".to_vec(),
-        };
-        let opts = DeliveryOptions {
-            first_backoff: Duration::from_millis(1),
-            ..DeliveryOptions::default()
-        };
-        match deliver(&d, &opts) {
-            Outcome::Failed { attempts, error } => {
-                assert_eq!(attempts, 1, "a forbidden address is not retried");
-                assert!(error.contains("allow_private"), "{error}");
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-}
-
 /// The deliveries in flight: at most `workers` threads, fed from a queue of at most `queue`
 /// deliveries. A webhook that never answers holds one worker for its attempts and backoffs
 /// (about a minute with the defaults), so a thread per delivery would let a slow webhook
@@ -231,6 +202,35 @@ fn work(rx: &Mutex<Receiver<Delivery>>, opts: &DeliveryOptions) {
             Outcome::Failed { attempts, error } => {
                 tracing::warn!(task = %d.task_id, config = %d.config_id, url = %d.url, attempts, %error, "a2a.push.failed");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_that_resolves_to_loopback_is_refused_at_delivery() {
+        // The core refuses `localhost` by name at registration; a name that resolves there
+        // anyway is caught here, on the resolved address.
+        let d = Delivery {
+            task_id: "t".into(),
+            config_id: "c".into(),
+            url: "https://localhost:9/hook".into(),
+            headers: Vec::new(),
+            body: b"{}".to_vec(),
+        };
+        let opts = DeliveryOptions {
+            first_backoff: Duration::from_millis(1),
+            ..DeliveryOptions::default()
+        };
+        match deliver(&d, &opts) {
+            Outcome::Failed { attempts, error } => {
+                assert_eq!(attempts, 1, "a forbidden address is not retried");
+                assert!(error.contains("allow_private"), "{error}");
+            }
+            other => panic!("{other:?}"),
         }
     }
 }

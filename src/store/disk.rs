@@ -1,18 +1,21 @@
-//! The files of a data directory: names, the lock, replay (snapshot + segments) and the
-//! compaction steps. Everything here runs either at open (before any thread starts) or on
-//! the compactor thread, which only touches closed segments and the snapshot.
+//! The files of a data directory: names, the lock, replay (snapshot + segments), new
+//! segments and the compaction steps. Everything here runs at open (before any thread
+//! starts), on the compactor thread (which only touches closed segments and the snapshot),
+//! or on the writer thread (a new segment at rotation).
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::frame::{self, Damage, FrameReader, Next};
+use super::journal::{self, Format};
 use super::{Error, Op, Record, Truncation};
 
 pub(crate) const LOCK: &str = "LOCK";
@@ -61,17 +64,68 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), Error> {
         .map_err(io_err("fsync directory", dir))
 }
 
-/// Creates the directory if needed and takes an exclusive `flock` on `LOCK` for the life of
-/// the returned file. flock (not a pid file) because the kernel drops it when the holder
-/// dies, so a crash never leaves a stale lock. rustix rather than `File::try_lock` because
-/// the latter needs Rust 1.89 and the workspace promises 1.85.
-pub(crate) fn lock(dir: &Path) -> Result<File, Error> {
+/// The identity of a directory: what its path named when the store opened it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DirId {
+    dev: u64,
+    ino: u64,
+}
+
+impl DirId {
+    fn of(st: &rustix::fs::Stat) -> DirId {
+        DirId {
+            dev: st.st_dev,
+            ino: st.st_ino,
+        }
+    }
+}
+
+/// The held lock on a data directory; dropping it (or the process dying) releases it.
+pub(crate) struct Lock {
+    /// flock(LOCK_EX) on the directory itself: the lock that counts. A file in the
+    /// directory can be deleted and recreated by anyone, and a second daemon would then lock
+    /// the new file; the directory cannot be swapped out from under an open descriptor.
+    _dir: OwnedFd,
+    /// `LOCK`, flocked as well: agentd before the directory lock took only this one, so an
+    /// older daemon and this one still exclude each other. Holds "pid N" for the message.
+    _file: File,
+    pub(crate) id: DirId,
+}
+
+/// Creates the directory if needed and takes the lock for the life of the returned
+/// [`Lock`]. flock (not a pid file) because the kernel drops it when the holder dies, so a
+/// crash never leaves a stale lock. rustix rather than `File::try_lock` because the latter
+/// needs Rust 1.89 and the workspace promises 1.85.
+///
+/// The lock is on the directory, not its name: rename the directory of a running store and
+/// a second store opened at the old path gets a new, empty directory (not refused: it
+/// shares nothing), while the first notices at its next rotation or compaction that its
+/// path names another directory and fails rather than touch it ([`check_dir`]).
+pub(crate) fn lock(dir: &Path) -> Result<Lock, Error> {
+    use rustix::fs::{FlockOperation, Mode, OFlags};
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
         .map_err(io_err("create data directory", dir))?;
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let fd = rustix::fs::open(dir, flags, Mode::empty())
+        .map_err(|e| io_err("open data directory", dir)(e.into()))?;
     let path = dir.join(LOCK);
+    let locked = |holder: Option<String>| Error::Locked {
+        dir: dir.to_path_buf(),
+        holder: holder
+            .or_else(|| fs::read_to_string(&path).ok())
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+    };
+    match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => return Err(locked(None)),
+        Err(e) => return Err(io_err("flock", dir)(e.into())),
+    }
+    let id = DirId::of(&rustix::fs::fstat(&fd).map_err(|e| io_err("stat", dir)(e.into()))?);
     let mut file = create_opts()
         .read(true)
         .write(true)
@@ -79,15 +133,15 @@ pub(crate) fn lock(dir: &Path) -> Result<File, Error> {
         .truncate(false)
         .open(&path)
         .map_err(io_err("open lock file", &path))?;
-    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+    match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => {}
         Err(rustix::io::Errno::WOULDBLOCK) => {
             let mut holder = String::new();
             let _ = file.read_to_string(&mut holder);
-            return Err(Error::Locked {
-                dir: dir.to_path_buf(),
-                holder: holder.trim().to_string(),
-            });
+            return Err(locked(Some(format!(
+                "{} (an earlier agentd)",
+                holder.trim()
+            ))));
         }
         Err(e) => return Err(io_err("flock", &path)(e.into())),
     }
@@ -95,7 +149,27 @@ pub(crate) fn lock(dir: &Path) -> Result<File, Error> {
     let _ = file
         .set_len(0)
         .and_then(|()| writeln!(file, "pid {}", std::process::id()));
-    Ok(file)
+    Ok(Lock {
+        _dir: fd,
+        _file: file,
+        id,
+    })
+}
+
+/// Fails if `dir` no longer names the directory the store locked (it was renamed or
+/// deleted, and perhaps another store made a new one there). The store reaches its files
+/// by path, so past this point it would create or delete files in a directory it does not
+/// hold. Checked before each rotation and compaction; a rename racing the check itself
+/// still slips through, which moving a live data directory deserves.
+pub(crate) fn check_dir(dir: &Path, id: DirId) -> Result<(), Error> {
+    match rustix::fs::stat(dir) {
+        Ok(st) if DirId::of(&st) == id => Ok(()),
+        Ok(_) => Err(Error::Layout(format!(
+            "{} is no longer the directory this store locked: it was moved or replaced while open",
+            dir.display()
+        ))),
+        Err(e) => Err(io_err("stat data directory", dir)(e.into())),
+    }
 }
 
 /// The live state while replaying: the last write per (kind, key), with the order of that
@@ -156,16 +230,26 @@ pub(crate) struct Replay<B = serde_json::Value> {
     /// Segments below this are covered by the snapshot (0: no snapshot).
     pub snapshot_gen: u64,
     pub snapshot_bytes: u64,
-    /// Replayed segments, oldest first: (generation, length after any truncation).
-    pub segments: Vec<(u64, u64)>,
+    /// Replayed segments, oldest first.
+    pub segments: Vec<Kept>,
     pub frames: u64,
     pub truncated: Option<Truncation>,
+}
+
+/// A replayed segment, as it stands after any cut.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Kept {
+    pub gen: u64,
+    pub len: u64,
+    pub format: Format,
+    /// Its last batch number (format 2).
+    pub batches: u64,
 }
 
 /// How replay treats the files.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
-    /// Opening the store: tidy up leftovers and truncate a damaged tail of the last segment.
+    /// Opening the store: tidy up leftovers and cut a torn tail off the last segment.
     Open,
     /// Building a snapshot for segments below `upto`: read-only, and every byte must be
     /// good, because those segments were closed after their last fsync.
@@ -228,41 +312,33 @@ pub(crate) fn replay<B: DeserializeOwned>(dir: &Path, mode: Mode) -> Result<Repl
     let last = live.len().checked_sub(1);
     for (i, gen) in live.iter().copied().enumerate() {
         let path = dir.join(journal_name(gen));
-        let SegmentRead {
-            len,
-            frames: n,
-            damage,
-        } = read_segment(&path, &mut state)?;
-        frames += n;
-        let mut kept = len;
-        if let Some((offset, damage)) = damage {
-            // Only the tail of the newest segment can be torn by a crash: it is the only
-            // file written after its last fsync. Its bytes after the damage were never
-            // acknowledged (see the module docs), so truncate and report. Anything else is
-            // damage to acknowledged data: refuse and let the operator decide.
-            if mode != Mode::Open || Some(i) != last {
-                return Err(Error::Corrupt {
-                    file: path,
-                    offset,
-                    damage,
-                });
-            }
+        // Only the newest segment can be torn by a crash: it is the only file written after
+        // its last fsync. `journal::read` decides what in it is a torn tail.
+        let tail = mode == Mode::Open && Some(i) == last;
+        let read = journal::read(&path, gen, tail, &mut state)?;
+        frames += read.frames;
+        if let Some((damage_offset, damage)) = read.damage {
             let f = OpenOptions::new()
                 .write(true)
                 .open(&path)
                 .map_err(io_err("open", &path))?;
-            f.set_len(offset)
+            f.set_len(read.kept)
                 .and_then(|()| f.sync_data())
                 .map_err(io_err("truncate", &path))?;
             truncated = Some(Truncation {
                 file: path,
-                at_offset: offset,
-                dropped_bytes: len - offset,
+                at_offset: read.kept,
+                dropped_bytes: read.len - read.kept,
+                damage_offset,
                 damage,
             });
-            kept = offset;
         }
-        segments.push((gen, kept));
+        segments.push(Kept {
+            gen,
+            len: read.kept,
+            format: read.format,
+            batches: read.batches,
+        });
     }
     if tidied {
         sync_dir(dir)?;
@@ -277,58 +353,36 @@ pub(crate) fn replay<B: DeserializeOwned>(dir: &Path, mode: Mode) -> Result<Repl
     })
 }
 
-fn decode_records<B: DeserializeOwned>(payload: &[u8]) -> Result<Vec<Record<B>>, Damage> {
+pub(crate) fn decode_records<B: DeserializeOwned>(
+    payload: &[u8],
+) -> Result<Vec<Record<B>>, Damage> {
     serde_json::from_slice(payload).map_err(|e| Damage::BadPayload(e.to_string()))
 }
 
-/// One segment read: its length, the good frames, and the first damage (frames after it
-/// are not read: see the module docs on damage mid-file).
-struct SegmentRead {
-    len: u64,
-    frames: u64,
-    damage: Option<(u64, Damage)>,
-}
-
-/// Replays one segment into `state`.
-fn read_segment<B: DeserializeOwned>(
-    path: &Path,
-    state: &mut State<B>,
-) -> Result<SegmentRead, Error> {
-    let file = File::open(path).map_err(io_err("open", path))?;
-    let len = file.metadata().map_err(io_err("stat", path))?.len();
-    let mut r = FrameReader::new(BufReader::with_capacity(1 << 16, file), len);
-    let mut n = 0;
-    loop {
-        match r.next().map_err(io_err("read", path))? {
-            Next::End => {
-                return Ok(SegmentRead {
-                    len,
-                    frames: n,
-                    damage: None,
-                })
-            }
-            Next::Bad { offset, damage } => {
-                return Ok(SegmentRead {
-                    len,
-                    frames: n,
-                    damage: Some((offset, damage)),
-                })
-            }
-            Next::Frame { offset, payload } => match decode_records(&payload) {
-                Ok(records) => {
-                    records.into_iter().for_each(|r| state.apply(r));
-                    n += 1;
-                }
-                Err(damage) => {
-                    return Ok(SegmentRead {
-                        len,
-                        frames: n,
-                        damage: Some((offset, damage)),
-                    })
-                }
-            },
-        }
+/// Creates segment `gen` with its header (or writes the header into it if it exists
+/// empty: a crash after creating it, or a cut that left nothing) and makes header and name
+/// durable before any batch can be written. Recovery relies on the header being synced
+/// first: damage to it with batches after it is damage to synced data.
+pub(crate) fn start_segment(dir: &Path, gen: u64) -> Result<(File, PathBuf, u64), Error> {
+    let path = dir.join(journal_name(gen));
+    let mut file = create_opts()
+        .append(true)
+        .create(true)
+        .open(&path)
+        .map_err(io_err("create segment", &path))?;
+    let len = file.metadata().map_err(io_err("stat", &path))?.len();
+    if len != 0 {
+        return Err(Error::Layout(format!(
+            "{} exists with {len} bytes where a new segment was to start",
+            path.display()
+        )));
     }
+    let header = journal::segment_header(gen);
+    file.write_all(&header)
+        .and_then(|()| file.sync_data())
+        .map_err(io_err("write segment header", &path))?;
+    sync_dir(dir)?;
+    Ok((file, path, header.len() as u64))
 }
 
 /// Loads the snapshot into `state`; returns its generation (0 if there is none) and size.
@@ -349,6 +403,7 @@ fn read_snapshot<B: DeserializeOwned>(
         file: path.clone(),
         offset,
         damage,
+        why: "a snapshot is renamed into place only after its fsync".into(),
     };
     let mut next = || match r.next().map_err(io_err("read", &path))? {
         Next::Bad { offset, damage } => Err(corrupt(offset, damage)),
@@ -478,10 +533,10 @@ pub(crate) fn compact(dir: &Path, upto: u64, stop: Option<Step>) -> Result<Compa
     }
 
     let mut removed = 0;
-    for (gen, len) in covered {
-        let p = dir.join(journal_name(gen));
+    for seg in covered {
+        let p = dir.join(journal_name(seg.gen));
         fs::remove_file(&p).map_err(io_err("remove compacted segment", &p))?;
-        removed += len;
+        removed += seg.len;
     }
     // Not needed for correctness (replay removes segments below the snapshot), only so the
     // space is surely reclaimed; an error here is still reported.

@@ -5,7 +5,9 @@
 //! holds, so a corrupt length can neither allocate without bound nor read past the end.
 
 use std::fmt;
+use std::fs::File;
 use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
 
 /// Bytes before each payload: length and crc.
 pub(crate) const HEADER: usize = 8;
@@ -71,6 +73,8 @@ pub enum Damage {
     BadCrc { stored: u32, computed: u32 },
     /// The crc matched but the payload is not what the format says (bad JSON, wrong shape).
     BadPayload(String),
+    /// The file ends at a frame boundary before the end its batch header announced.
+    ShortBatch { missing: u64 },
 }
 
 impl fmt::Display for Damage {
@@ -94,6 +98,12 @@ impl fmt::Display for Damage {
                 )
             }
             Damage::BadPayload(why) => write!(f, "bad payload: {why}"),
+            Damage::ShortBatch { missing } => {
+                write!(
+                    f,
+                    "the file ends {missing} bytes before the end of its batch"
+                )
+            }
         }
     }
 }
@@ -118,6 +128,11 @@ pub(crate) struct FrameReader<R> {
 impl<R: Read> FrameReader<R> {
     pub(crate) fn new(r: R, len: u64) -> Self {
         FrameReader { r, offset: 0, len }
+    }
+
+    /// Where the next frame starts (after damage: where the damaged one did).
+    pub(crate) fn offset(&self) -> u64 {
+        self.offset
     }
 
     pub(crate) fn next(&mut self) -> io::Result<Next> {
@@ -153,6 +168,52 @@ impl<R: Read> FrameReader<R> {
         self.offset += HEADER as u64 + u64::from(len);
         Ok(Next::Frame { offset, payload })
     }
+}
+
+/// The first frame starting after `from` that is whole, matches its crc, has a payload
+/// beginning with one of `prefixes`, and that `accept` takes; recovery uses it to learn
+/// whether good data follows a damaged frame. Resynchronising on the payload's first bytes
+/// keeps this linear: inside a JSON payload no offset can pass for a frame start, because
+/// JSON text never holds a byte below 0x20 and so reads as a length above [`MAX_FRAME`].
+pub(crate) fn find_frame(
+    file: &File,
+    len: u64,
+    from: u64,
+    prefixes: &[&[u8]],
+    mut accept: impl FnMut(&[u8]) -> bool,
+) -> io::Result<Option<u64>> {
+    const CHUNK: usize = 1 << 20;
+    let longest = prefixes.iter().map(|p| p.len()).max().unwrap_or(0);
+    // Each read covers CHUNK candidate starts plus what is needed to test the last of them.
+    let window = CHUNK + HEADER + longest;
+    let mut buf = Vec::new();
+    let mut at = from;
+    while len.saturating_sub(at) > HEADER as u64 {
+        let n = (len - at).min(window as u64) as usize;
+        buf.resize(n, 0);
+        file.read_exact_at(&mut buf, at)?;
+        let starts = if n < window { n - HEADER } else { CHUNK };
+        for i in 0..starts {
+            let body = &buf[i + HEADER..];
+            if !prefixes.iter().any(|p| body.starts_with(p)) {
+                continue;
+            }
+            let start = at + i as u64;
+            let h = &buf[i..i + HEADER];
+            let size = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
+            let stored = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+            if size == 0 || size > MAX_FRAME || start + (HEADER as u64) + u64::from(size) > len {
+                continue;
+            }
+            let mut payload = vec![0u8; size as usize];
+            file.read_exact_at(&mut payload, start + HEADER as u64)?;
+            if crc32(&payload) == stored && accept(&payload) {
+                return Ok(Some(start));
+            }
+        }
+        at += starts as u64;
+    }
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -210,5 +271,36 @@ mod tests {
             read_all(&huge).1,
             Some((_, Damage::AbsurdLength { .. }))
         ));
+    }
+
+    /// `find_frame` reads in windows of 1 MiB: frames whose header or payload prefix
+    /// straddle a window's end are found all the same, as is one ending the file, and text
+    /// that merely looks like a payload start is passed over.
+    #[test]
+    fn find_frame_sees_across_its_read_windows() {
+        const MIB: usize = 1 << 20;
+        let path = std::env::temp_dir().join(format!("agentd-find-frame-{}", std::process::id()));
+        let prefix: &[u8] = b"{\"batch\":";
+        let mut frame = Vec::new();
+        push_frame(&mut frame, b"{\"batch\":7,\"bytes\":0}");
+        let size = 2 * MIB + 100;
+        let find = |from: u64, accept: fn(&[u8]) -> bool| {
+            let file = File::open(&path).unwrap();
+            find_frame(&file, size as u64, from, &[b"[x", prefix], accept).unwrap()
+        };
+        let mut places = vec![0, 5, MIB - 9, MIB - 8, MIB - 3, MIB, MIB + 1, 2 * MIB - 4];
+        places.push(size - frame.len());
+        for at in places {
+            // A decoy first: the prefix inside text, where no frame header can stand.
+            let mut bytes = b"{\"a\":{\"batch\":1}}".repeat(size / 17 + 1);
+            bytes.truncate(size);
+            bytes[at..at + frame.len()].copy_from_slice(&frame);
+            std::fs::write(&path, &bytes).unwrap();
+            assert_eq!(find(0, |_| true), Some(at as u64), "frame at {at}");
+            assert_eq!(find(at as u64, |_| true), Some(at as u64), "frame at {at}");
+            assert_eq!(find(at as u64 + 1, |_| true), None, "frame at {at}");
+            assert_eq!(find(0, |_| false), None, "refused by accept, at {at}");
+        }
+        let _ = std::fs::remove_file(&path);
     }
 }

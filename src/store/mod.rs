@@ -10,8 +10,8 @@
 //! # Files in the data directory
 //!
 //! ```text
-//! LOCK                          flock(LOCK_EX) while a store has the directory open;
-//!                               holds "pid N" of the holder, for the error message
+//! LOCK                          holds "pid N" of the store that has the directory open,
+//!                               for the error message (see "The lock" below)
 //! snapshot                      the state as of some generation G (absent: G = 0)
 //! snapshot.tmp                  a snapshot being written; never read, deleted at open
 //! journal.00000000000000000007  a journal segment, generation in 20 decimal digits
@@ -20,10 +20,21 @@
 //! Every file is a sequence of frames, `[u32 LE length][u32 LE crc32][payload]`, where the
 //! crc (IEEE, the zlib one) covers the payload and the payload is never empty.
 //!
-//! - A journal frame is one [`Store::append`] call: a JSON array of records,
+//! - A record frame is one [`Store::append`] call: a JSON array of records,
 //!   `[{"kind":"task","key":"t1","op":{"put":{..}}}, {"kind":"push","key":"c9","op":"remove"}]`.
 //!   One frame per call makes a call atomic: after a crash it is replayed whole or not at
 //!   all, so a caller can put a task and its push config together without a half state.
+//! - A journal segment (format 2) is a segment header frame
+//!   `{"format":"agentd-journal","version":2,"gen":G}`, written and synced when the segment
+//!   is created, then batches. A batch is what the writer wrote with one `write` and synced
+//!   with one `fdatasync`: a batch header frame `{"batch":N,"bytes":B}` (N = 1, 2, 3, ...
+//!   within the segment; B = the bytes of record frames that follow), then those record
+//!   frames. The header is the only thing recovery needs to tell a torn write from damage
+//!   to acknowledged data (below); it costs one small frame per fsync.
+//! - A segment of format 1 (agentd before batch headers) is record frames only. It still
+//!   opens, and is read by the strict rule below; a store never appends to one: open starts
+//!   a new segment after it. (An agentd of format 1 cannot read format 2: it would take the
+//!   segment header for a torn tail. Do not downgrade over a data directory.)
 //! - A snapshot is a header frame
 //!   `{"format":"agentd-store-snapshot","version":1,"gen":G,"records":N}` followed by frames
 //!   of the same record arrays (puts only, in the order they were last written). It holds
@@ -38,10 +49,11 @@
 //!
 //! [`Store::append`] encodes on the caller's thread, queues the frame and returns a ticket
 //! (1, 2, 3, ... per open; 0 is always durable). One writer thread takes everything queued,
-//! writes it with one `write`, calls `fdatasync` once, and then publishes the highest
-//! ticket in that batch as durable: [`Store::durable`], [`Store::wait_durable`],
-//! [`Store::poll_durable`] (a `Waker`, for drivers holding answers in an event loop) and
-//! [`Store::on_durable`] (a callback after each fsync).
+//! writes it behind its batch header with one `write`, calls `fdatasync` once, and then
+//! publishes the highest ticket in that batch as durable: [`Store::durable`],
+//! [`Store::wait_durable`], [`Store::poll_durable`] (a `Waker`, for drivers holding answers
+//! in an event loop) and [`Store::on_durable`] (a callback after each fsync). It writes the
+//! next batch only after that fsync succeeded; recovery rests on this.
 //!
 //! A failed write or fsync is fatal: the store keeps the durable mark where it was, refuses
 //! further appends, fails every waiter, and never claims durability again. (After a failed
@@ -52,13 +64,14 @@
 //!
 //! When the segments since the snapshot exceed `max(compact_after_bytes, snapshot size)`
 //! (the second term bounds write amplification when the state itself is large), the writer
-//! rotates: it creates `journal.<G'>`, syncs the directory (so the new name survives before
-//! anything in it is acknowledged) and appends there from then on. The compactor thread then
-//! replays the snapshot and the closed segments below G', writes `snapshot.tmp` with
-//! `gen: G'`, fsyncs it, renames it to `snapshot`, fsyncs the directory (the commit point),
-//! and deletes the segments below G'. A crash anywhere leaves either the old snapshot with
-//! all its segments, or the new snapshot with (possibly) stale segments that replay ignores
-//! and removes; appends continue during compaction.
+//! rotates: it creates `journal.<G'>` with its header, syncs it and the directory (so the
+//! header and the name survive before anything in the segment is acknowledged) and appends
+//! there from then on. The compactor thread then replays the snapshot and the closed
+//! segments below G', writes `snapshot.tmp` with `gen: G'`, fsyncs it, renames it to
+//! `snapshot`, fsyncs the directory (the commit point), and deletes the segments below G'.
+//! A crash anywhere leaves either the old snapshot with all its segments, or the new
+//! snapshot with (possibly) stale segments that replay ignores and removes; appends continue
+//! during compaction.
 //!
 //! # Recovery
 //!
@@ -66,28 +79,68 @@
 //! segments below its generation, and replays the rest in order. The segments must run on
 //! from the snapshot's generation without a gap, or open refuses (`Error::Layout`).
 //!
-//! Only the newest segment can be torn by a crash, because it is the only file written
-//! after its last fsync. Damage there (short header, zero length, absurd length, length past
-//! end of file, bad crc, bad payload) ends replay: the file is truncated to the last good
-//! frame and the cut is reported in [`Recovered::truncated`] for the daemon to log.
+//! Damage is a frame that does not read well: short header, zero length, absurd length,
+//! length past end of file, bad crc, bad payload, or (format 2) a frame out of place (a
+//! record frame where a batch header is due, a batch number out of sequence, a frame running
+//! past its batch, a file ending inside a batch). Replay stops at the first damage. Damage
+//! in a snapshot or a closed segment (one with a newer segment after it) is never a torn
+//! write, since each was synced whole before anything after it was written: open refuses.
 //!
-//! Damage in the *middle* of that segment (a bad frame followed by frames that look good)
-//! is treated the same way: truncated there, the rest dropped. Within one unsynced batch the
-//! kernel may write later pages before earlier ones, so a crash can legitimately leave good
-//! frames after a hole, and none of them was acknowledged. Media damage under already
-//! acknowledged frames cannot be told apart from that without more metadata; the prefix
-//! stays consistent, and the report (`dropped_bytes`) makes the loss loud. Damage in a
-//! snapshot or in an older (closed, fully synced) segment is never a torn write: open
-//! refuses with [`Error::Corrupt`] naming the file and offset, for an operator to decide.
+//! Only the newest segment can be torn by a crash. Its last batch may have been written and
+//! not yet synced, and then the kernel may have written any of its pages and not others, in
+//! any order: a crash can leave a hole with good frames after it, none of them acknowledged.
+//! Every batch before the last one was synced before the next was written, so damage in it
+//! is damage to acknowledged data. The rule: **cut only when everything from the damage to
+//! the end of the file can belong to the last batch; otherwise refuse.** Precisely, for
+//! damage found at offset D of the newest segment:
+//!
+//! - in a record frame of batch N, whose header (read well) puts its end at E: cut at the
+//!   start of batch N if E >= the file's length; refuse if the file goes on past E (bytes
+//!   past E can only be a later batch, written after N was synced);
+//! - where a batch header is due (after batch N-1 ended, or in that header itself): cut
+//!   there unless a good batch header numbered above N-1 starts anywhere after D (found by
+//!   scanning for `{"batch":`), which would be a later batch; refuse if one does;
+//! - in the first frame of a segment, or anywhere in a segment of format 1: cut there unless
+//!   any good frame (record frame or batch header) starts anywhere after D; refuse if one
+//!   does. A format-2 segment header is synced before any batch is written, so damage to it
+//!   with data after it is damage to synced data; a format-1 segment has no batches to show
+//!   that good frames after damage were never acknowledged.
+//!
+//! A cut truncates the file (a whole batch, so the frames before the damage in that batch go
+//! too: they were never acknowledged either) and is reported in [`Recovered::truncated`]
+//! for the daemon to log. A refusal is [`Error::Corrupt`] naming the file, the offset of the
+//! damaged frame and why it cannot be a torn write; the file is left as it is, for an
+//! operator to decide (restore it from a backup, say). Damage in the last batch itself
+//! cannot be told from a torn write: if that batch had been acknowledged (a flipped byte
+//! after a clean stop), it is cut all the same. Before appending after what an earlier
+//! process wrote, open syncs the newest segment, so a batch of this process never reaches
+//! the disk before the unsynced last batch of the process before.
+//!
+//! # The lock
+//!
+//! One store per directory: open takes `flock(LOCK_EX | LOCK_NB)` on the data directory
+//! itself, through a descriptor held until the store closes (the kernel drops it if the
+//! process dies, so a crash leaves no stale lock). A lock on a file in the directory would
+//! not do: deleting the file lets a second store create and lock a new one, and its
+//! compaction would then delete the first store's journal under it. `LOCK` is still
+//! written ("pid N") for the message a refused store prints, and still flocked, so that an
+//! agentd from before the directory lock (which locks only `LOCK`) and this one exclude
+//! each other; deleting it changes nothing for this version. The lock follows the
+//! directory, not its name: if a live data directory is renamed, a store opened at the old
+//! path gets a new, empty directory (it shares nothing, so it is not refused), and the
+//! first store, which reaches its files by path, fails at its next rotation or compaction
+//! (`Error::Layout`: its path names another directory) rather than create or delete files
+//! in a directory it does not hold. What it acknowledged is in the renamed directory.
 
 mod disk;
 mod frame;
+mod journal;
 #[cfg(test)]
 mod tests;
 
 use std::fmt;
 use std::fs::File;
-use std::io::{self, Write};
+use std::io::{self, IoSlice, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -184,9 +237,12 @@ pub struct Recovered {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Truncation {
     pub file: PathBuf,
-    /// The file now ends here, after the last good frame.
+    /// The file now ends here: at the start of the torn batch (in a segment of format 1,
+    /// at the damaged frame).
     pub at_offset: u64,
     pub dropped_bytes: u64,
+    /// Where the damage was found, at or after `at_offset`.
+    pub damage_offset: u64,
     pub damage: Damage,
 }
 
@@ -194,10 +250,11 @@ impl fmt::Display for Truncation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}: dropped {} bytes from offset {}: {}",
+            "{}: dropped {} bytes from offset {} (damage at offset {}: {})",
             self.file.display(),
             self.dropped_bytes,
             self.at_offset,
+            self.damage_offset,
             self.damage
         )
     }
@@ -214,11 +271,14 @@ pub enum Error {
         dir: PathBuf,
         holder: String,
     },
-    /// Damage where no crash can cause it: a snapshot or a closed segment.
+    /// Damage where no crash can cause it: in a snapshot, a closed segment, or data of the
+    /// newest segment that provably had been synced. The file is left as it is.
     Corrupt {
         file: PathBuf,
         offset: u64,
         damage: Damage,
+        /// Why this cannot be a torn write.
+        why: String,
     },
     /// Files that cannot come from this store's own sequence of steps (a missing segment).
     Layout(String),
@@ -249,10 +309,12 @@ impl fmt::Display for Error {
                 file,
                 offset,
                 damage,
+                why,
             } => {
                 write!(
                     f,
-                    "{} is corrupt at offset {offset}: {damage}",
+                    "{} is corrupt at offset {offset}: {damage}; {why}. The file is left as \
+                     it is, for an operator to decide",
                     file.display()
                 )
             }
@@ -331,6 +393,8 @@ struct Inner {
 
 struct Shared {
     dir: PathBuf,
+    /// What `dir` named when the store locked it (see `disk::check_dir`).
+    dir_id: disk::DirId,
     opts: Options,
     inner: Mutex<Inner>,
     /// The writer waits here for work.
@@ -358,7 +422,7 @@ pub struct Store {
     writer: Option<JoinHandle<()>>,
     compactor: Option<JoinHandle<()>>,
     jobs: Option<mpsc::Sender<Job>>,
-    _lock: File,
+    _lock: disk::Lock,
 }
 
 struct Job {
@@ -378,29 +442,45 @@ impl Store {
         let lock = disk::lock(&dir)?;
         let replay = disk::replay(&dir, disk::Mode::Open)?;
 
-        let (live_gen, live_bytes) = match replay.segments.last() {
-            Some(&last) => last,
-            None => (replay.snapshot_gen, 0),
+        let all_bytes: u64 = replay.segments.iter().map(|s| s.len).sum();
+        let seg = match replay.segments.last() {
+            // Appends go on in the newest segment when it has the current format.
+            Some(last) if last.len > 0 && last.format == journal::Format::Batched => {
+                let path = dir.join(disk::journal_name(last.gen));
+                let file = disk::create_opts()
+                    .append(true)
+                    .open(&path)
+                    .map_err(disk::io_err("open", &path))?;
+                sync_earlier_writes(&file, &path)?;
+                Segment {
+                    file,
+                    gen: last.gen,
+                    path,
+                    batches: last.batches,
+                    bytes: last.len,
+                }
+            }
+            // Format 1: batches never follow its unmarked frames in one file. It becomes a
+            // closed segment, which is trusted to be synced whole, so sync it first.
+            Some(last) if last.len > 0 => {
+                let path = dir.join(disk::journal_name(last.gen));
+                let file = File::open(&path).map_err(disk::io_err("open", &path))?;
+                sync_earlier_writes(&file, &path)?;
+                Segment::start(&dir, last.gen + 1)?
+            }
+            // Empty: a rotation that crashed before writing the header, or a cut to nothing.
+            Some(last) => Segment::start(&dir, last.gen)?,
+            None => Segment::start(&dir, replay.snapshot_gen)?,
         };
-        let closed_bytes: u64 = replay
-            .segments
-            .iter()
-            .rev()
-            .skip(1)
-            .map(|(_, len)| len)
-            .sum();
-        let path = dir.join(disk::journal_name(live_gen));
-        let file = disk::create_opts()
-            .append(true)
-            .create(true)
-            .open(&path)
-            .map_err(disk::io_err("open", &path))?;
-        if replay.segments.is_empty() {
-            disk::sync_dir(&dir)?;
-        }
-
+        let live_gen = seg.gen;
+        let live_bytes = seg.bytes;
+        let closed_bytes = match replay.segments.last() {
+            Some(last) if last.gen == seg.gen => all_bytes - last.len,
+            _ => all_bytes,
+        };
         let shared = Arc::new(Shared {
             dir: dir.clone(),
+            dir_id: lock.id,
             opts,
             inner: Mutex::new(Inner {
                 pending: Vec::new(),
@@ -442,17 +522,7 @@ impl Store {
         let jobs = tx.clone();
         let writer = thread::Builder::new()
             .name("agentd-store-writer".into())
-            .spawn(move || {
-                writer_loop(
-                    &s,
-                    Segment {
-                        file,
-                        gen: live_gen,
-                        path,
-                    },
-                    &jobs,
-                )
-            })
+            .spawn(move || writer_loop(&s, seg, &jobs))
             .map_err(|e| Error::Io {
                 what: "spawn writer thread".into(),
                 source: e,
@@ -654,10 +724,52 @@ impl Drop for Store {
     }
 }
 
+/// The segment the writer appends to.
 struct Segment {
     file: File,
     gen: u64,
     path: PathBuf,
+    /// Batches written to it so far: the next one is numbered one higher.
+    batches: u64,
+    /// Its length when the writer took it over.
+    bytes: u64,
+}
+
+impl Segment {
+    /// A new segment, its header and name durable.
+    fn start(dir: &Path, gen: u64) -> Result<Segment, Error> {
+        let (file, path, bytes) = disk::start_segment(dir, gen)?;
+        Ok(Segment {
+            file,
+            gen,
+            path,
+            batches: 0,
+            bytes,
+        })
+    }
+}
+
+/// Syncs what an earlier process wrote to the newest segment. It died, but its last batch
+/// may still sit in the page cache, unsynced; recovery read it from there. Were a batch
+/// appended after it before it reached the disk, a crash of the machine could leave a hole
+/// in it followed by that later batch, which recovery takes as proof of damage to synced
+/// data and refuses.
+fn sync_earlier_writes(file: &File, path: &Path) -> Result<(), Error> {
+    file.sync_data().map_err(disk::io_err("fdatasync", path))
+}
+
+/// `write_all` over several buffers in one `writev`: a batch header and its frames reach the
+/// kernel as one write, as one batch did before it had a header.
+fn write_all_vectored(file: &mut File, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    while !bufs.is_empty() {
+        match file.write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn writer_loop(shared: &Shared, mut seg: Segment, jobs: &mpsc::Sender<Job>) {
@@ -680,11 +792,16 @@ fn writer_loop(shared: &Shared, mut seg: Segment, jobs: &mpsc::Sender<Job>) {
         shared.progress.notify_all();
 
         if !batch.is_empty() {
-            let res = seg
-                .file
-                .write_all(&batch)
-                .and_then(|()| injected_fault(shared))
-                .and_then(|()| seg.file.sync_data());
+            // The header that makes this a batch for recovery. The next batch is written only
+            // after this one's fsync succeeded (this loop), which is what lets recovery tell
+            // damage under a synced batch from a torn last one.
+            let head = journal::batch_header(seg.batches + 1, batch.len() as u64);
+            let res = write_all_vectored(
+                &mut seg.file,
+                &mut [IoSlice::new(&head), IoSlice::new(&batch)],
+            )
+            .and_then(|()| injected_fault(shared))
+            .and_then(|()| seg.file.sync_data());
             if let Err(e) = res {
                 fail(
                     shared,
@@ -692,12 +809,13 @@ fn writer_loop(shared: &Shared, mut seg: Segment, jobs: &mpsc::Sender<Job>) {
                 );
                 return;
             }
+            seg.batches += 1;
             let wakers;
             let callbacks;
             {
                 let mut g = shared.lock();
                 g.durable = last;
-                g.live_bytes += batch.len() as u64;
+                g.live_bytes += (head.len() + batch.len()) as u64;
                 g.batches += 1;
                 let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut g.wakers)
                     .into_iter()
@@ -744,20 +862,14 @@ fn rotate_due(shared: &Shared) -> Option<Job> {
     })
 }
 
-/// Starts segment `gen` and makes its name durable before anything in it can be
+/// Starts segment `gen` and makes its header and name durable before anything in it can be
 /// acknowledged.
 fn rotate(shared: &Shared, seg: &mut Segment, gen: u64) -> Result<(), Error> {
-    let path = shared.dir.join(disk::journal_name(gen));
-    let file = disk::create_opts()
-        .append(true)
-        .create_new(true)
-        .open(&path)
-        .map_err(disk::io_err("create segment", &path))?;
-    disk::sync_dir(&shared.dir)?;
-    *seg = Segment { file, gen, path };
+    disk::check_dir(&shared.dir, shared.dir_id)?;
+    *seg = Segment::start(&shared.dir, gen)?;
     let mut g = shared.lock();
     g.closed_bytes += g.live_bytes;
-    g.live_bytes = 0;
+    g.live_bytes = seg.bytes;
     g.live_gen = seg.gen;
     Ok(())
 }
@@ -794,7 +906,8 @@ fn fail(shared: &Shared, why: String) {
 
 fn compactor_loop(shared: &Shared, jobs: mpsc::Receiver<Job>) {
     while let Ok(job) = jobs.recv() {
-        let res = disk::compact(&shared.dir, job.upto, None);
+        let res = disk::check_dir(&shared.dir, shared.dir_id)
+            .and_then(|()| disk::compact(&shared.dir, job.upto, None));
         let mut g = shared.lock();
         g.compacting = false;
         g.force_done = g.force_done.max(job.force);

@@ -1,6 +1,7 @@
-//! Store tests on real files in temp directories: recovery from every torn tail, bit flips,
-//! compaction interrupted at each step, the fatal-fsync path. Concurrency, the lock and the
-//! SIGKILL crash test live in `tests/store.rs`.
+//! Store tests on real files in temp directories: recovery from every torn tail, bit flips
+//! and other damage (cut off when it can be a torn last batch, refused when it lies in
+//! synced data), segments of format 1, compaction interrupted at each step, the fatal-fsync
+//! path. Concurrency, the lock and the SIGKILL crash test live in `tests/store.rs`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -13,6 +14,7 @@ use serde_json::json;
 
 use super::disk::{self, Step};
 use super::frame::{FrameReader, Next};
+use super::journal;
 use super::*;
 
 const T: Duration = Duration::from_secs(10);
@@ -58,14 +60,14 @@ fn put(key: &str, v: serde_json::Value) -> Record {
     Record::put("task", key, v)
 }
 
-/// Appends each batch as its own frame, waits for durability, closes.
+/// Appends each batch as its own frame and waits for it to be durable before the next, so
+/// each is also a write batch of its own (acknowledged before the next is written); closes.
 fn write_batches(dir: &Path, batches: &[Vec<Record>]) {
     let (store, _) = open(dir);
-    let mut last = 0;
     for b in batches {
-        last = store.append(b).unwrap();
+        let t = store.append(b).unwrap();
+        store.wait_durable(t, T).unwrap();
     }
-    store.wait_durable(last, T).unwrap();
     store.close().unwrap();
 }
 
@@ -109,18 +111,72 @@ fn only_segment(dir: &Path) -> PathBuf {
     segs.into_iter().next().unwrap()
 }
 
-/// Start offsets of every frame in a file.
-fn frame_starts(path: &Path) -> Vec<u64> {
-    let bytes = fs::read(path).unwrap();
-    let mut r = FrameReader::new(&bytes[..], bytes.len() as u64);
+/// Start offsets and payloads of every frame in a file.
+fn frames_of(bytes: &[u8]) -> Vec<(u64, Vec<u8>)> {
+    let mut r = FrameReader::new(bytes, bytes.len() as u64);
     let mut out = Vec::new();
     loop {
         match r.next().unwrap() {
-            Next::Frame { offset, .. } => out.push(offset),
+            Next::Frame { offset, payload } => out.push((offset, payload)),
             Next::End => return out,
             Next::Bad { offset, damage } => panic!("damage at {offset}: {damage}"),
         }
     }
+}
+
+/// Start offsets of every frame in a file (headers included).
+fn frame_starts(path: &Path) -> Vec<u64> {
+    frames_of(&fs::read(path).unwrap())
+        .into_iter()
+        .map(|(o, _)| o)
+        .collect()
+}
+
+/// Where one batch of a format-2 segment lies: `[start, end)`, its header included, and
+/// where its record frames start.
+#[derive(Debug)]
+struct BatchAt {
+    start: u64,
+    end: u64,
+    frames: Vec<u64>,
+}
+
+/// The batches of a format-2 segment.
+fn batches_of(bytes: &[u8]) -> Vec<BatchAt> {
+    let frames = frames_of(bytes);
+    assert!(frames[0].1.starts_with(br#"{"format":"agentd-journal""#));
+    let mut out: Vec<BatchAt> = Vec::new();
+    for (offset, payload) in &frames[1..] {
+        if payload.starts_with(br#"{"batch":"#) {
+            out.push(BatchAt {
+                start: *offset,
+                end: *offset,
+                frames: Vec::new(),
+            });
+        } else {
+            out.last_mut().unwrap().frames.push(*offset);
+        }
+    }
+    for i in 0..out.len() {
+        out[i].end = out.get(i + 1).map_or(bytes.len() as u64, |b| b.start);
+    }
+    out
+}
+
+/// A format-2 segment laid out as the writer lays it out: `batches[i]` holds the appends
+/// (one frame each) of batch i + 1. Lets a test build batches of several frames, which the
+/// writer makes only when appends race an fsync.
+fn build_segment(gen: u64, batches: &[Vec<Vec<Record>>]) -> Vec<u8> {
+    let mut out = journal::segment_header(gen);
+    for (i, appends) in batches.iter().enumerate() {
+        let mut body = Vec::new();
+        for records in appends {
+            frame::push_frame(&mut body, &serde_json::to_vec(records).unwrap());
+        }
+        out.extend(journal::batch_header(i as u64 + 1, body.len() as u64));
+        out.extend(body);
+    }
+    out
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -199,17 +255,18 @@ fn removals_and_overwrites_survive_compaction_and_restart() {
     assert!(!d.path().join("snapshot.tmp").exists());
 }
 
-/// Cutting the newest segment at any byte inside its last frame recovers exactly the frames
-/// before it, truncates the file there, and says so.
+/// Cutting the newest segment at any byte inside its last batch (header or frame) recovers
+/// exactly the batches before it, truncates the file where that batch started, and says so.
 #[test]
-fn truncation_at_every_offset_of_the_last_frame() {
+fn truncation_at_every_offset_of_the_last_batch() {
     let src = TempDir::new("trunc-src");
     let b = batches();
     write_batches(src.path(), &b);
     let seg = only_segment(src.path());
     let full = fs::read(&seg).unwrap();
-    let starts = frame_starts(&seg);
-    let last = *starts.last().unwrap();
+    let layout = batches_of(&full);
+    assert_eq!(layout.len(), b.len(), "one batch per acknowledged append");
+    let last = layout.last().unwrap().start;
     for cut in last..full.len() as u64 {
         let d = TempDir::new("trunc");
         copy_dir(src.path(), d.path());
@@ -220,7 +277,7 @@ fn truncation_at_every_offset_of_the_last_frame() {
         if cut == last {
             assert_eq!(
                 rec.truncated, None,
-                "a cut on a frame boundary is a clean end"
+                "a cut on a batch boundary is a clean end"
             );
         } else {
             let t = rec
@@ -236,6 +293,10 @@ fn truncation_at_every_offset_of_the_last_frame() {
         // The store goes on appending after the cut, and that survives.
         let n = store.append(&[put("after", json!(cut))]).unwrap();
         store.wait_durable(n, T).unwrap();
+        assert_eq!(
+            store.stats().journal_bytes,
+            fs::metadata(&seg).unwrap().len()
+        );
         drop(store);
         let (_, rec) = open(d.path());
         assert_eq!(rec.truncated, None);
@@ -245,33 +306,32 @@ fn truncation_at_every_offset_of_the_last_frame() {
     }
 }
 
-/// Every single-bit flip in the segment ends replay at the frame it hit (crc, length or
-/// JSON), never produces a state other than a prefix, and never crashes open.
+/// Every single-bit flip is caught (crc, length or JSON). In the last batch it may be a torn
+/// write, never acknowledged: that batch is cut off whole. Anywhere before it, a later batch
+/// proves the damaged data had been synced: open refuses, naming the damaged frame, and
+/// leaves the file as it was.
 #[test]
-fn bit_flips_in_the_journal_recover_a_prefix() {
+fn bit_flips_refuse_synced_batches_and_cut_only_the_last() {
     let src = TempDir::new("flip-src");
     let b = batches();
     write_batches(src.path(), &b);
     let seg = only_segment(src.path());
     let full = fs::read(&seg).unwrap();
     let starts = frame_starts(&seg);
-    // Deterministic pseudo-random positions (xorshift), biased to the tail, plus every bit
-    // of the last frame's header.
+    let last = batches_of(&full).last().unwrap().start;
+    // Deterministic pseudo-random positions (xorshift) over the whole file, plus every bit
+    // of the segment header's frame header and of the last batch's header.
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
     let mut bits: Vec<u64> = (0..400)
-        .map(|i| {
+        .map(|_| {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            let span = if i % 2 == 0 {
-                full.len() as u64 - starts[starts.len() - 1]
-            } else {
-                full.len() as u64
-            };
-            (full.len() as u64 - 1 - x % span) * 8 + (x >> 32) % 8
+            (x % full.len() as u64) * 8 + (x >> 32) % 8
         })
         .collect();
-    bits.extend((0..64).map(|b| starts[starts.len() - 1] * 8 + b));
+    bits.extend(0..64);
+    bits.extend((0..64).map(|b| last * 8 + b));
     for bit in bits {
         let d = TempDir::new("flip");
         copy_dir(src.path(), d.path());
@@ -279,13 +339,335 @@ fn bit_flips_in_the_journal_recover_a_prefix() {
         bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
         let seg = d.path().join(seg.file_name().unwrap());
         fs::write(&seg, &bytes).unwrap();
-        let hit = starts.iter().rposition(|s| *s <= bit / 8).unwrap();
-        let (_, rec) = open(d.path());
-        assert_eq!(rec.records, model(&b, hit), "bit {bit} in frame {hit}");
-        let t = rec.truncated.unwrap();
-        assert_eq!(t.at_offset, starts[hit], "bit {bit}");
-        assert_eq!(t.dropped_bytes, full.len() as u64 - starts[hit]);
+        let hit = starts[starts.iter().rposition(|s| *s <= bit / 8).unwrap()];
+        match Store::open(d.path(), opts()) {
+            Ok((_, rec)) => {
+                assert!(hit >= last, "bit {bit} in synced data was cut, not refused");
+                assert_eq!(rec.records, model(&b, b.len() - 1), "bit {bit}");
+                let t = rec.truncated.unwrap();
+                assert_eq!((t.at_offset, t.damage_offset), (last, hit), "bit {bit}");
+                assert_eq!(t.dropped_bytes, full.len() as u64 - last);
+            }
+            Err(Error::Corrupt { file, offset, .. }) => {
+                assert!(hit < last, "bit {bit} in the last batch was refused");
+                assert_eq!((file, offset), (seg.clone(), hit), "bit {bit}");
+                assert_eq!(fs::read(&seg).unwrap(), bytes, "bit {bit}: file untouched");
+            }
+            Err(e) => panic!("bit {bit}: {e}"),
+        }
     }
+}
+
+/// What a test expects of open after damage.
+#[derive(Clone, Copy, Debug)]
+enum Expect {
+    /// The file is cut at this offset; the batches before it are recovered.
+    Cut { at: u64, batches: usize },
+    /// Open refuses with damage at this offset, leaving the file alone.
+    Refuse { at: u64 },
+}
+
+/// Runs open on `bytes` as the only segment and checks the outcome. After a cut the store
+/// must go on: an append after it survives a reopen with no further cut.
+fn check_damage(name: &str, bytes: &[u8], plan: &[Vec<Vec<Record>>], expect: Expect) {
+    let d = TempDir::new("damage");
+    let seg = d.path().join(disk::journal_name(0));
+    fs::write(&seg, bytes).unwrap();
+    let appends: Vec<Vec<Record>> = plan.iter().flatten().cloned().collect();
+    match (Store::open(d.path(), opts()), expect) {
+        (Ok((store, rec)), Expect::Cut { at, batches }) => {
+            let kept = plan[..batches].iter().map(Vec::len).sum();
+            assert_eq!(rec.records, model(&appends, kept), "{name}");
+            let t = rec.truncated.unwrap_or_else(|| panic!("{name}: no cut"));
+            assert_eq!(t.at_offset, at, "{name}");
+            assert_eq!(t.dropped_bytes, bytes.len() as u64 - at, "{name}");
+            assert_eq!(fs::metadata(&seg).unwrap().len(), at, "{name}");
+            let n = store.append(&[put("after", json!(name))]).unwrap();
+            store.wait_durable(n, T).unwrap();
+            drop(store);
+            let (_, rec) = open(d.path());
+            assert_eq!(rec.truncated, None, "{name}");
+            let mut want = model(&appends, kept);
+            want.push(put("after", json!(name)));
+            assert_eq!(rec.records, want, "{name} after reopen");
+        }
+        (Err(Error::Corrupt { file, offset, .. }), Expect::Refuse { at }) => {
+            assert_eq!((&file, offset), (&seg, at), "{name}");
+            assert_eq!(fs::read(&seg).unwrap(), bytes, "{name}: file untouched");
+            // Refused again: nothing was half done.
+            let again = Store::open(d.path(), opts()).err().unwrap();
+            assert!(
+                matches!(again, Error::Corrupt { offset, .. } if offset == at),
+                "{name}"
+            );
+        }
+        (Ok((_, rec)), expect) => {
+            panic!(
+                "{name}: expected {expect:?}, opened with {:?}",
+                rec.truncated
+            )
+        }
+        (Err(e), expect) => panic!("{name}: expected {expect:?}, got {e}"),
+    }
+}
+
+/// The audit's cases on a segment with batches of several frames: batch 1 (three frames)
+/// and batch 2 (one) were acknowledged; batch 3 (three frames) was being written when the
+/// machine crashed, so none of it was acknowledged and any part of it may be missing.
+#[test]
+fn damage_in_synced_batches_is_refused_and_a_torn_last_batch_cut() {
+    let big = |k: &str| put(k, json!({"pad": "p".repeat(2000)}));
+    let plan = vec![
+        vec![vec![big("a1")], vec![big("a2")], vec![big("a3")]],
+        vec![vec![put("b1", json!(1)), Record::remove("task", "a2")]],
+        vec![vec![big("c1")], vec![big("c2")], vec![big("c3")]],
+    ];
+    let full = build_segment(0, &plan);
+    let at = batches_of(&full);
+    let (b1, b2, b3) = (&at[0], &at[1], &at[2]);
+    assert!(
+        b1.end > 4096 && b3.start < 8192 && full.len() > 8192,
+        "{at:?}"
+    );
+    let flip = |offsets: &[u64]| {
+        let mut v = full.clone();
+        offsets.iter().for_each(|o| v[*o as usize] ^= 0x20);
+        v
+    };
+    let zero = |from: u64, to: u64| {
+        let mut v = full.clone();
+        v[from as usize..to as usize].fill(0);
+        v
+    };
+    let len = full.len() as u64;
+    let cut3 = Expect::Cut {
+        at: b3.start,
+        batches: 2,
+    };
+    let cases: Vec<(&str, Vec<u8>, Expect)> = vec![
+        (
+            "a byte in the segment header",
+            flip(&[12]),
+            Expect::Refuse { at: 0 },
+        ),
+        (
+            "a byte in the first batch header",
+            flip(&[b1.start + 10]),
+            Expect::Refuse { at: b1.start },
+        ),
+        (
+            "a byte in the first record frame",
+            flip(&[b1.frames[0] + 20]),
+            Expect::Refuse { at: b1.frames[0] },
+        ),
+        (
+            "a byte in a middle frame of an old batch",
+            flip(&[b1.frames[1] + 100]),
+            Expect::Refuse { at: b1.frames[1] },
+        ),
+        (
+            "a length byte of a middle frame",
+            flip(&[b1.frames[1] + 1]),
+            Expect::Refuse { at: b1.frames[1] },
+        ),
+        (
+            "bytes across a frame boundary in an old batch",
+            flip(&[
+                b1.frames[1] - 2,
+                b1.frames[1] - 1,
+                b1.frames[1],
+                b1.frames[1] + 1,
+            ]),
+            Expect::Refuse { at: b1.frames[0] },
+        ),
+        (
+            "bytes across the boundary of an old batch and the last",
+            flip(&[b3.start - 2, b3.start - 1, b3.start, b3.start + 1]),
+            Expect::Refuse { at: b2.frames[0] },
+        ),
+        (
+            "a zeroed page in the middle",
+            zero(4096, 8192),
+            Expect::Refuse { at: b1.frames[1] },
+        ),
+        (
+            "a byte in the header of the last batch",
+            flip(&[b3.start + 12]),
+            cut3,
+        ),
+        (
+            "a byte in the last frame of the last batch",
+            flip(&[len - 5]),
+            cut3,
+        ),
+        (
+            "bytes across a frame boundary in the last batch",
+            flip(&[
+                b3.frames[2] - 2,
+                b3.frames[2] - 1,
+                b3.frames[2],
+                b3.frames[2] + 1,
+            ]),
+            cut3,
+        ),
+        ("zeroed tail pages", zero(8192, len), cut3),
+        (
+            "a hole in the last batch with good frames after it",
+            zero(b3.frames[0], b3.frames[1]),
+            cut3,
+        ),
+        (
+            "the last batch's header page lost, its later frames whole",
+            zero(b3.start, b3.frames[0] + 8),
+            cut3,
+        ),
+        (
+            "the file cut short mid-frame",
+            full[..b3.frames[1] as usize + 50].to_vec(),
+            cut3,
+        ),
+        (
+            "the file cut short mid-header",
+            full[..b3.start as usize + 5].to_vec(),
+            cut3,
+        ),
+        (
+            "the file cut after the last batch's header",
+            full[..b3.frames[0] as usize].to_vec(),
+            cut3,
+        ),
+        (
+            "a zero-filled extension after the last batch",
+            [&full[..], &[0u8; 4096]].concat(),
+            Expect::Cut {
+                at: len,
+                batches: 3,
+            },
+        ),
+    ];
+    for (name, bytes, expect) in cases {
+        check_damage(name, &bytes, &plan, expect);
+    }
+}
+
+/// A segment the writer wrote has exactly the layout `build_segment` makes (so the damage
+/// cases above test the real format), and the stats count its headers.
+#[test]
+fn the_writer_lays_out_segments_as_documented() {
+    let d = TempDir::new("layout");
+    let b = batches();
+    write_batches(d.path(), &b);
+    let seg = only_segment(d.path());
+    let plan: Vec<Vec<Vec<Record>>> = b.iter().map(|a| vec![a.clone()]).collect();
+    assert_eq!(fs::read(&seg).unwrap(), build_segment(0, &plan));
+    let (store, rec) = open(d.path());
+    assert_eq!(rec.frames, b.len() as u64);
+    assert_eq!(
+        store.stats().journal_bytes,
+        fs::metadata(&seg).unwrap().len()
+    );
+    // Reopened, the writer numbers on from the last batch in the file.
+    let t = store.append(&[put("z", json!(0))]).unwrap();
+    store.wait_durable(t, T).unwrap();
+    drop(store);
+    let bytes = fs::read(&seg).unwrap();
+    let last = frames_of(&bytes)
+        .into_iter()
+        .rev()
+        .find(|(_, p)| p.starts_with(b"{\"batch\""))
+        .unwrap();
+    let head = String::from_utf8(last.1).unwrap();
+    assert!(
+        head.starts_with(&format!("{{\"batch\":{},", b.len() + 1)),
+        "{head}"
+    );
+}
+
+/// A good segment header that is not this segment's, or of a version this agentd does not
+/// know, is no torn write: refused as a layout problem whatever follows it.
+#[test]
+fn a_foreign_segment_header_is_refused() {
+    for (payload, says) in [
+        (
+            br#"{"format":"agentd-journal","version":3,"gen":0,"more":1}"#.as_slice(),
+            "format version 3",
+        ),
+        (
+            br#"{"format":"agentd-journal","version":2,"gen":4}"#,
+            "holds segment 4",
+        ),
+    ] {
+        let d = TempDir::new("foreign");
+        let mut bytes = Vec::new();
+        frame::push_frame(&mut bytes, payload);
+        fs::write(d.path().join(disk::journal_name(0)), &bytes).unwrap();
+        let err = Store::open(d.path(), opts()).err().unwrap();
+        assert!(
+            matches!(err, Error::Layout(_)) && err.to_string().contains(says),
+            "{err}"
+        );
+    }
+}
+
+/// Segments of format 1 (bare record frames, before batch headers) still open. Damage with
+/// a good frame after it is refused, since nothing shows it was never acknowledged; a torn
+/// tail is cut as before. Appends then go to a new segment of format 2, and compaction
+/// folds both.
+#[test]
+fn format_1_segments_open_and_are_read_strictly() {
+    let b = batches();
+    let mut v1 = Vec::new();
+    let mut starts = Vec::new();
+    for records in &b {
+        starts.push(v1.len() as u64);
+        frame::push_frame(&mut v1, &serde_json::to_vec(records).unwrap());
+    }
+    let write = |bytes: &[u8]| {
+        let d = TempDir::new("v1");
+        fs::write(d.path().join(disk::journal_name(0)), bytes).unwrap();
+        d
+    };
+
+    let d = write(&v1);
+    let (store, rec) = open(d.path());
+    assert_eq!((rec.records, rec.truncated), (model(&b, b.len()), None));
+    assert_eq!(store.stats().live_gen, 1, "appends go to a new segment");
+    let t = store.append(&[put("new", json!(1))]).unwrap();
+    store.wait_durable(t, T).unwrap();
+    let mut all = b.clone();
+    all.push(vec![put("new", json!(1))]);
+    drop(store);
+    let (store, rec) = open(d.path());
+    assert_eq!(rec.records, model(&all, all.len()));
+    assert_eq!(fs::read(d.path().join(disk::journal_name(0))).unwrap(), v1);
+    store.compact().unwrap();
+    drop(store);
+    let (_, rec) = open(d.path());
+    assert_eq!(rec.records, model(&all, all.len()));
+    assert_eq!(rec.frames, 0);
+
+    // A flipped byte in a middle frame, good frames after it: refused.
+    let mut bytes = v1.clone();
+    bytes[starts[2] as usize + 12] ^= 1;
+    let d = write(&bytes);
+    let err = Store::open(d.path(), opts()).err().unwrap();
+    assert!(
+        matches!(err, Error::Corrupt { offset, .. } if offset == starts[2]),
+        "{err}"
+    );
+    assert!(err.to_string().contains("a good frame follows"), "{err}");
+    // The same in the first frame.
+    let mut bytes = v1.clone();
+    bytes[3] ^= 1;
+    let d = write(&bytes);
+    let err = Store::open(d.path(), opts()).err().unwrap();
+    assert!(matches!(err, Error::Corrupt { offset: 0, .. }), "{err}");
+    // A torn last frame: cut there, as before.
+    let last = *starts.last().unwrap();
+    let d = write(&v1[..v1.len() - 3]);
+    let (_, rec) = open(d.path());
+    assert_eq!(rec.records, model(&b, b.len() - 1));
+    assert_eq!(rec.truncated.unwrap().at_offset, last);
 }
 
 /// A crc-valid frame whose payload is not a record array: caught by the parser, truncated.
