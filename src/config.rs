@@ -14,7 +14,7 @@
 
 use std::path::Path;
 
-use agentd_core::{ConnLimits, InstanceConfig, ListenerInfo};
+use agentd_core::{InstanceConfig, ListenerInfo};
 use agentd_io_std::Endpoint;
 use serde::Deserialize;
 
@@ -57,7 +57,7 @@ pub struct AgentSection {
     /// The conversation agent: a program (and its arguments) that answers turns over the
     /// JSON-lines protocol of `docs/agent-protocol.md`. Without one, turns are rejected.
     pub command: Option<Vec<String>>,
-    /// How long one turn may take (default 300000).
+    /// How long one turn may take, in ms (default 300000; 1 to [`MAX_TIMEOUT_MS`]).
     pub turn_timeout_ms: Option<u64>,
     /// Environment variables set for the agent on top of agentd's own.
     #[serde(default)]
@@ -70,6 +70,7 @@ pub struct AgentSection {
 pub struct SubagentSection {
     pub name: String,
     pub command: Vec<String>,
+    /// How long one turn may take, in ms (default 300000; 1 to [`MAX_TIMEOUT_MS`]).
     pub turn_timeout_ms: Option<u64>,
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
@@ -113,14 +114,21 @@ pub struct PushSection {
     /// Webhooks may point at private, loopback and link-local addresses.
     #[serde(default)]
     pub allow_private: bool,
-    /// Attempts per notification before it is given up (default 5).
+    /// Attempts per notification before it is given up (default 5; 1 to
+    /// [`MAX_PUSH_ATTEMPTS`]).
     pub max_attempts: Option<u32>,
-    /// The wait before the first retry, doubling each time (default 500).
+    /// The wait before the first retry, in ms, doubling each time up to 30 s (default 500;
+    /// 0 to [`MAX_PUSH_BACKOFF_MS`]: 0 retries at once).
     pub backoff_ms: Option<u64>,
-    /// One attempt's deadline (default 10000).
+    /// One attempt's deadline, in ms (default 10000; 1 to [`MAX_PUSH_TIMEOUT_MS`]).
     pub timeout_ms: Option<u64>,
     /// PEM CAs to trust for https webhooks (default: the system's).
     pub ca: Option<String>,
+    /// Deliveries made at once (default 4; 1 to [`MAX_PUSH_WORKERS`]).
+    pub workers: Option<usize>,
+    /// Deliveries waiting for a worker; past it one is given up at once (default 1024; 1 to
+    /// [`MAX_PUSH_QUEUE`]).
+    pub queue: Option<usize>,
 }
 
 /// `[[a2a.peers]]`: one peer agent.
@@ -171,9 +179,9 @@ pub struct DeviceGrantSection {
     pub enabled: bool,
     /// Scopes a device may be approved for: `user`, `operator` (default `["user"]`).
     pub scopes: Option<Vec<String>>,
-    /// Seconds a session token lives (default 28800; 300 to 2592000).
+    /// Seconds a session token lives (default 28800; [`TOKEN_TTL_S`]: 300 to 2592000).
     pub token_ttl_s: Option<u64>,
-    /// Seconds a device code waits for a decision (default 600; 60 to 1800).
+    /// Seconds a device code waits for a decision (default 600; [`CODE_TTL_S`]: 60 to 1800).
     pub code_ttl_s: Option<u64>,
     /// `"<burst>/<per>s"`: the request rate of each device name's sessions (unset: none).
     pub rate: Option<String>,
@@ -228,9 +236,11 @@ pub struct EventsSection {
     /// Declares the events extension and builds the feed.
     #[serde(default)]
     pub enabled: bool,
-    /// Events kept for a reconnecting subscriber (default 1024).
+    /// Events kept for a reconnecting subscriber (default 1024; 1 to [`MAX_EVENTS_RING`]).
+    /// The ring is allocated whole at start-up.
     pub ring: Option<usize>,
-    /// A feed stream ends with `goodbye` `deadline` after this long (default 600000).
+    /// A feed stream ends with `goodbye` `deadline` after this long, in ms (default 600000;
+    /// 1 to [`MAX_TIMEOUT_MS`]).
     pub stream_deadline_ms: Option<u64>,
 }
 
@@ -243,35 +253,141 @@ pub enum Listen {
     Many(Vec<String>),
 }
 
-/// Every bound of a connection, overriding the defaults of [`ConnLimits::DEFAULT`].
+/// Every bound of a connection, overriding the defaults of
+/// [`agentd_core::ConnLimits::DEFAULT`]. Each key has a range, checked at load by
+/// [`in_range`] (a value outside it is a load error naming the key); the defaults are inside.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsSection {
+    /// Request line plus headers, in bytes (default 16384; 1 to [`MAX_HEADER_BYTES`]).
     pub max_header_bytes: Option<usize>,
+    /// Header fields in one request (default 64; 1 to [`MAX_HEADERS`]).
     pub max_headers: Option<usize>,
+    /// Decoded body bytes (default 2097152; 1 to [`MAX_BODY_BYTES`]).
     pub max_body_bytes: Option<usize>,
+    /// In ms, as every `*_timeout_ms` and `sse_keepalive_ms` here (default 60000; 1 to
+    /// [`MAX_TIMEOUT_MS`]).
     pub idle_timeout_ms: Option<u64>,
+    /// Default 10000; 1 to [`MAX_TIMEOUT_MS`].
     pub header_timeout_ms: Option<u64>,
+    /// Default 30000; 1 to [`MAX_TIMEOUT_MS`].
     pub body_timeout_ms: Option<u64>,
+    /// Default 120000; 1 to [`MAX_TIMEOUT_MS`].
     pub request_timeout_ms: Option<u64>,
+    /// Default 30000; 1 to [`MAX_TIMEOUT_MS`].
     pub write_timeout_ms: Option<u64>,
+    /// Default 15000; 1 to [`MAX_TIMEOUT_MS`].
     pub sse_keepalive_ms: Option<u64>,
+    /// Events queued for one slow stream reader (default 256; 1 to [`MAX_STREAM_QUEUE`]).
     pub stream_queue: Option<usize>,
-    /// Stream events kept per task for `Last-Event-ID` reconnection.
+    /// Stream events kept per task for `Last-Event-ID` reconnection (default 64; 1 to
+    /// [`MAX_REPLAY_EVENTS_PER_TASK`]).
     pub replay_events_per_task: Option<usize>,
-    /// Stream events kept over all tasks.
+    /// Stream events kept over all tasks (default 4096; 1 to [`MAX_REPLAY_EVENTS`]).
     pub replay_events: Option<usize>,
-    /// Serialized bytes of stream events kept over all tasks.
+    /// Serialized bytes of stream events kept over all tasks (default 4194304; 1 to
+    /// [`MAX_REPLAY_BYTES`]).
     pub replay_bytes: Option<usize>,
+    /// Tasks held (default 10000; 1 to [`MAX_TASKS`]).
     pub max_tasks: Option<usize>,
-    /// Serialized bytes of one task's artifacts together.
+    /// Serialized bytes of one task's artifacts together (1 to [`MAX_TASK_ARTIFACT_BYTES`]).
     pub task_artifact_bytes: Option<usize>,
+    /// Parts one message may carry (default 256; 1 to [`MAX_MESSAGE_PARTS`]).
+    pub max_message_parts: Option<usize>,
+    /// Live subagents of one principal (default 8; 1 to [`MAX_SUBAGENTS`]).
+    pub max_subagents_per_principal: Option<usize>,
+    /// Live subagents in all (default 64; 1 to [`MAX_SUBAGENTS`]).
+    pub max_subagents: Option<usize>,
+    /// Connections held at once (default: the driver's, 10000 or 1024; 1 to
+    /// [`MAX_CONNECTIONS`]).
     pub max_connections: Option<usize>,
 }
+
+/// The most any timeout or interval in milliseconds may be: a day. It also keeps every
+/// `now + timeout` (a monotonic `u64` of ms, or an `Instant`) far from overflowing.
+pub const MAX_TIMEOUT_MS: u64 = 86_400_000;
+
+/// The most `limits.max_header_bytes` may be (1 MiB).
+pub const MAX_HEADER_BYTES: usize = 1 << 20;
+
+/// The most `limits.max_headers` may be: the HTTP parser has room for 128 header fields, so a
+/// larger bound would be lowered to it silently.
+pub const MAX_HEADERS: usize = 128;
+
+/// The most `limits.max_body_bytes` may be (4 MiB). One message is stored whole in its task's
+/// record, beside the task's history, status and up to [`MAX_TASK_ARTIFACT_BYTES`] of
+/// artifacts, and the store's largest append is 16 MiB: a larger body could make a task
+/// record the store cannot write.
+pub const MAX_BODY_BYTES: usize = 4 << 20;
+
+/// The most `limits.stream_queue` may be.
+pub const MAX_STREAM_QUEUE: usize = 65_536;
+
+/// The most `limits.replay_events_per_task` may be.
+pub const MAX_REPLAY_EVENTS_PER_TASK: usize = 65_536;
+
+/// The most `limits.replay_events` may be.
+pub const MAX_REPLAY_EVENTS: usize = 1 << 20;
+
+/// The most `limits.replay_bytes` may be (1 GiB).
+pub const MAX_REPLAY_BYTES: usize = 1 << 30;
+
+/// The most `limits.max_tasks` may be.
+pub const MAX_TASKS: usize = 1_000_000;
 
 /// The most `limits.task_artifact_bytes` may be: with a task's history and status it keeps
 /// the largest task record well inside the store's largest append (16 MiB).
 pub const MAX_TASK_ARTIFACT_BYTES: usize = 8 << 20;
+
+/// The most `limits.max_message_parts` may be.
+pub const MAX_MESSAGE_PARTS: usize = 4096;
+
+/// The most `limits.max_subagents` (and `max_subagents_per_principal`) may be: each is a
+/// process with three threads of its own.
+pub const MAX_SUBAGENTS: usize = 1024;
+
+/// The most `a2a.push.workers` may be.
+pub const MAX_PUSH_WORKERS: usize = 256;
+
+/// The most `a2a.push.queue` may be.
+pub const MAX_PUSH_QUEUE: usize = 1 << 20;
+
+/// The most `limits.max_connections` may be (Linux's default ceiling of open files).
+pub const MAX_CONNECTIONS: usize = 1 << 20;
+
+/// The most `a2a.events.ring` may be: the ring is allocated whole at start-up.
+pub const MAX_EVENTS_RING: usize = 65_536;
+
+/// The most `a2a.push.max_attempts` may be.
+pub const MAX_PUSH_ATTEMPTS: u32 = 20;
+
+/// The most `a2a.push.backoff_ms` may be: the backoff doubles up to 30 s, so a first wait
+/// past that would be the longest.
+pub const MAX_PUSH_BACKOFF_MS: u64 = 30_000;
+
+/// The most `a2a.push.timeout_ms` may be (5 minutes).
+pub const MAX_PUSH_TIMEOUT_MS: u64 = 300_000;
+
+/// `a2a.device_grant.token_ttl_s`: 5 minutes to 30 days.
+pub const TOKEN_TTL_S: (u64, u64) = (300, 2_592_000);
+
+/// `a2a.device_grant.code_ttl_s`: 1 to 30 minutes.
+pub const CODE_TTL_S: (u64, u64) = (60, 1800);
+
+/// Checks a numeric key against its range, `min..=max`: the one check every numeric key of
+/// the file goes through, so each refusal reads alike and names the key.
+pub fn in_range<T: Copy + PartialOrd + std::fmt::Display>(
+    key: &str,
+    value: T,
+    min: T,
+    max: T,
+) -> Result<T, String> {
+    if min <= value && value <= max {
+        Ok(value)
+    } else {
+        Err(format!("{key}: must be from {min} to {max}, not {value}"))
+    }
+}
 
 impl Config {
     pub fn load(path: &Path) -> Result<Config, String> {
@@ -298,6 +414,7 @@ impl Config {
 
     /// What the runtime is configured with.
     pub fn runtime_settings(&self) -> Result<crate::runtime::Settings, String> {
+        self.check_ranges()?;
         let approval = match self.agent.approval.as_deref() {
             None => crate::runtime::Approval::Auto,
             Some(a) => crate::runtime::Approval::parse(a)
@@ -316,9 +433,7 @@ impl Config {
             }
             let mut spec = crate::runtime::agent::AgentSpec::new(name, command.to_vec());
             if let Some(ms) = timeout {
-                if ms == 0 {
-                    return Err(format!("{key}.turn_timeout_ms: must be greater than 0"));
-                }
+                let ms = in_range(&format!("{key}.turn_timeout_ms"), ms, 1, MAX_TIMEOUT_MS)?;
                 spec.turn_timeout = std::time::Duration::from_millis(ms);
             }
             spec.env = env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -364,8 +479,21 @@ impl Config {
             subagents,
             peers: self.peers()?,
             push: self.push_delivery()?,
-            limits: crate::runtime::RuntimeLimits::default(),
+            limits: self.runtime_limits()?,
         })
+    }
+
+    fn runtime_limits(&self) -> Result<crate::runtime::RuntimeLimits, String> {
+        let mut r = crate::runtime::RuntimeLimits::default();
+        let l = &self.limits;
+        if let Some(n) = l.max_subagents_per_principal {
+            r.max_subagents_per_principal =
+                in_range("limits.max_subagents_per_principal", n, 1, MAX_SUBAGENTS)?;
+        }
+        if let Some(n) = l.max_subagents {
+            r.max_subagents = in_range("limits.max_subagents", n, 1, MAX_SUBAGENTS)?;
+        }
+        Ok(r)
     }
 
     fn push_delivery(&self) -> Result<crate::runtime::push::DeliveryOptions, String> {
@@ -378,22 +506,24 @@ impl Config {
             ..Default::default()
         };
         if let Some(n) = p.max_attempts {
-            if n == 0 {
-                return Err("a2a.push.max_attempts: must be greater than 0".into());
-            }
-            o.max_attempts = n;
+            o.max_attempts = in_range("a2a.push.max_attempts", n, 1, MAX_PUSH_ATTEMPTS)?;
         }
         if let Some(ms) = p.backoff_ms {
+            let ms = in_range("a2a.push.backoff_ms", ms, 0, MAX_PUSH_BACKOFF_MS)?;
             o.first_backoff = std::time::Duration::from_millis(ms);
         }
         if let Some(ms) = p.timeout_ms {
-            if ms == 0 {
-                return Err("a2a.push.timeout_ms: must be greater than 0".into());
-            }
+            let ms = in_range("a2a.push.timeout_ms", ms, 1, MAX_PUSH_TIMEOUT_MS)?;
             o.timeout = std::time::Duration::from_millis(ms);
         }
         if let Some(ca) = &p.ca {
             o.ca = Some(std::fs::read(ca).map_err(|e| format!("a2a.push.ca: {ca}: {e}"))?);
+        }
+        if let Some(n) = p.workers {
+            o.workers = in_range("a2a.push.workers", n, 1, MAX_PUSH_WORKERS)?;
+        }
+        if let Some(n) = p.queue {
+            o.queue = in_range("a2a.push.queue", n, 1, MAX_PUSH_QUEUE)?;
         }
         Ok(o)
     }
@@ -573,6 +703,7 @@ impl Config {
     }
 
     pub fn instance_config(&self, listeners: Vec<ListenerInfo>) -> Result<InstanceConfig, String> {
+        self.check_ranges()?;
         let mut c = InstanceConfig::new(listeners);
         if let Some(n) = &self.agent.name {
             c.name = n.clone();
@@ -582,59 +713,37 @@ impl Config {
         if let Some(d) = &self.agent.description {
             c.description = d.clone();
         }
+        // Every value below was checked against its range by `check_ranges`.
         let l = &self.limits;
-        let mut conn = ConnLimits::DEFAULT;
-        macro_rules! set {
-            ($($field:ident).+ = $value:expr) => {
-                if let Some(v) = $value {
-                    if v == 0 {
-                        return Err(format!("limits.{}: must be greater than 0", stringify!($($field).+).rsplit('.').next().unwrap_or("")));
-                    }
-                    conn.$($field).+ = v;
-                }
-            };
-        }
-        set!(http.max_header_bytes = l.max_header_bytes);
-        set!(http.max_headers = l.max_headers);
-        set!(http.max_body_bytes = l.max_body_bytes);
-        set!(idle_timeout_ms = l.idle_timeout_ms);
-        set!(header_timeout_ms = l.header_timeout_ms);
-        set!(body_timeout_ms = l.body_timeout_ms);
-        set!(request_timeout_ms = l.request_timeout_ms);
-        set!(write_timeout_ms = l.write_timeout_ms);
-        set!(sse_keepalive_ms = l.sse_keepalive_ms);
-        set!(stream_queue = l.stream_queue);
-        c.conn = conn;
-        if let Some(n) = l.max_tasks {
-            if n == 0 {
-                return Err("limits.max_tasks: must be greater than 0".into());
+        let conn = &mut c.conn;
+        let set = |field: &mut usize, value: Option<usize>| {
+            if let Some(v) = value {
+                *field = v;
             }
-            c.tasks.max_tasks = n;
-        }
-        if let Some(n) = l.task_artifact_bytes {
-            if n == 0 || n > MAX_TASK_ARTIFACT_BYTES {
-                return Err(format!(
-                    "limits.task_artifact_bytes: must be from 1 to {MAX_TASK_ARTIFACT_BYTES} \
-                     (a task is stored as one record), not {n}"
-                ));
-            }
-            c.tasks.artifact_bytes = n;
-        }
-        for (name, value, field) in [
-            (
-                "replay_events_per_task",
-                l.replay_events_per_task,
-                &mut c.replay.per_task,
-            ),
-            ("replay_events", l.replay_events, &mut c.replay.events),
-            ("replay_bytes", l.replay_bytes, &mut c.replay.bytes),
+        };
+        set(&mut conn.http.max_header_bytes, l.max_header_bytes);
+        set(&mut conn.http.max_headers, l.max_headers);
+        set(&mut conn.http.max_body_bytes, l.max_body_bytes);
+        set(&mut conn.stream_queue, l.stream_queue);
+        for (field, value) in [
+            (&mut conn.idle_timeout_ms, l.idle_timeout_ms),
+            (&mut conn.header_timeout_ms, l.header_timeout_ms),
+            (&mut conn.body_timeout_ms, l.body_timeout_ms),
+            (&mut conn.request_timeout_ms, l.request_timeout_ms),
+            (&mut conn.write_timeout_ms, l.write_timeout_ms),
+            (&mut conn.sse_keepalive_ms, l.sse_keepalive_ms),
         ] {
-            match value {
-                Some(0) => return Err(format!("limits.{name}: must be greater than 0")),
-                Some(n) => *field = n,
-                None => {}
+            if let Some(v) = value {
+                *field = v;
             }
         }
+        set(&mut c.tasks.max_tasks, l.max_tasks);
+        // The bound keeps a task record inside the store's largest append.
+        set(&mut c.tasks.artifact_bytes, l.task_artifact_bytes);
+        set(&mut c.tasks.max_message_parts, l.max_message_parts);
+        set(&mut c.replay.per_task, l.replay_events_per_task);
+        set(&mut c.replay.events, l.replay_events);
+        set(&mut c.replay.bytes, l.replay_bytes);
         c.introspection_enabled = self.a2a.introspection.enabled;
         c.push = agentd_core::push::PushPolicy {
             enabled: self.a2a.push.enabled,
@@ -643,15 +752,9 @@ impl Config {
         let ev = &self.a2a.events;
         c.events_enabled = ev.enabled;
         if let Some(n) = ev.ring {
-            if n == 0 {
-                return Err("a2a.events.ring: must be greater than 0".into());
-            }
             c.events_ring = n;
         }
         if let Some(ms) = ev.stream_deadline_ms {
-            if ms == 0 {
-                return Err("a2a.events.stream_deadline_ms: must be greater than 0".into());
-            }
             c.events_stream_deadline_ms = ms;
         }
         c.auth = self.auth_config()?;
@@ -684,6 +787,102 @@ impl Config {
         Ok(c)
     }
 
+    /// Checks every numeric key of the file against its range (see the field docs), with
+    /// [`in_range`]. Run by [`Config::runtime_settings`] (so by [`Config::load`]) and
+    /// [`Config::instance_config`]; the workflow steps' `timeout_ms` are checked with their
+    /// workflow (`crate::runtime::workflow`).
+    pub fn check_ranges(&self) -> Result<(), String> {
+        let l = &self.limits;
+        let sizes: [(&str, Option<usize>, usize); 11] = [
+            (
+                "limits.max_header_bytes",
+                l.max_header_bytes,
+                MAX_HEADER_BYTES,
+            ),
+            ("limits.max_headers", l.max_headers, MAX_HEADERS),
+            ("limits.max_body_bytes", l.max_body_bytes, MAX_BODY_BYTES),
+            ("limits.stream_queue", l.stream_queue, MAX_STREAM_QUEUE),
+            (
+                "limits.replay_events_per_task",
+                l.replay_events_per_task,
+                MAX_REPLAY_EVENTS_PER_TASK,
+            ),
+            ("limits.replay_events", l.replay_events, MAX_REPLAY_EVENTS),
+            ("limits.replay_bytes", l.replay_bytes, MAX_REPLAY_BYTES),
+            ("limits.max_tasks", l.max_tasks, MAX_TASKS),
+            (
+                "limits.task_artifact_bytes",
+                l.task_artifact_bytes,
+                MAX_TASK_ARTIFACT_BYTES,
+            ),
+            (
+                "limits.max_message_parts",
+                l.max_message_parts,
+                MAX_MESSAGE_PARTS,
+            ),
+            ("limits.max_connections", l.max_connections, MAX_CONNECTIONS),
+        ];
+        for (key, value, max) in sizes {
+            if let Some(v) = value {
+                in_range(key, v, 1, max)?;
+            }
+        }
+        if let Some(n) = self.a2a.events.ring {
+            in_range("a2a.events.ring", n, 1, MAX_EVENTS_RING)?;
+        }
+        self.runtime_limits()?;
+        if let Some(n) = self.a2a.push.workers {
+            in_range("a2a.push.workers", n, 1, MAX_PUSH_WORKERS)?;
+        }
+        if let Some(n) = self.a2a.push.queue {
+            in_range("a2a.push.queue", n, 1, MAX_PUSH_QUEUE)?;
+        }
+        let mut timeouts: Vec<(String, Option<u64>)> = vec![
+            ("limits.idle_timeout_ms".into(), l.idle_timeout_ms),
+            ("limits.header_timeout_ms".into(), l.header_timeout_ms),
+            ("limits.body_timeout_ms".into(), l.body_timeout_ms),
+            ("limits.request_timeout_ms".into(), l.request_timeout_ms),
+            ("limits.write_timeout_ms".into(), l.write_timeout_ms),
+            ("limits.sse_keepalive_ms".into(), l.sse_keepalive_ms),
+            (
+                "a2a.events.stream_deadline_ms".into(),
+                self.a2a.events.stream_deadline_ms,
+            ),
+            ("agent.turn_timeout_ms".into(), self.agent.turn_timeout_ms),
+        ];
+        for (i, s) in self.subagents.iter().enumerate() {
+            timeouts.push((format!("subagents[{i}].turn_timeout_ms"), s.turn_timeout_ms));
+        }
+        for (key, value) in timeouts {
+            if let Some(ms) = value {
+                in_range(&key, ms, 1, MAX_TIMEOUT_MS)?;
+            }
+        }
+        let p = &self.a2a.push;
+        if let Some(n) = p.max_attempts {
+            in_range("a2a.push.max_attempts", n, 1, MAX_PUSH_ATTEMPTS)?;
+        }
+        if let Some(ms) = p.backoff_ms {
+            in_range("a2a.push.backoff_ms", ms, 0, MAX_PUSH_BACKOFF_MS)?;
+        }
+        if let Some(ms) = p.timeout_ms {
+            in_range("a2a.push.timeout_ms", ms, 1, MAX_PUSH_TIMEOUT_MS)?;
+        }
+        let d = &self.a2a.device_grant;
+        if let Some(t) = d.token_ttl_s {
+            in_range(
+                "a2a.device_grant.token_ttl_s",
+                t,
+                TOKEN_TTL_S.0,
+                TOKEN_TTL_S.1,
+            )?;
+        }
+        if let Some(t) = d.code_ttl_s {
+            in_range("a2a.device_grant.code_ttl_s", t, CODE_TTL_S.0, CODE_TTL_S.1)?;
+        }
+        Ok(())
+    }
+
     fn device_grant(
         &self,
         auth: &agentd_core::auth::AuthConfig,
@@ -711,16 +910,12 @@ impl Config {
             g.scopes = parsed;
         }
         if let Some(t) = d.token_ttl_s {
-            if !(300..=2_592_000).contains(&t) {
-                return Err("a2a.device_grant.token_ttl_s: must be 300 to 2592000".into());
-            }
-            g.token_ttl_ms = t * 1000;
+            let (min, max) = TOKEN_TTL_S;
+            g.token_ttl_ms = in_range("a2a.device_grant.token_ttl_s", t, min, max)? * 1000;
         }
         if let Some(t) = d.code_ttl_s {
-            if !(60..=1800).contains(&t) {
-                return Err("a2a.device_grant.code_ttl_s: must be 60 to 1800".into());
-            }
-            g.code_ttl_ms = t * 1000;
+            let (min, max) = CODE_TTL_S;
+            g.code_ttl_ms = in_range("a2a.device_grant.code_ttl_s", t, min, max)? * 1000;
         }
         if let Some(rate) = &d.rate {
             g.rate = Some(
@@ -743,7 +938,7 @@ impl Config {
     /// Credentials and rules, resolved from their secret references and checked.
     fn auth_config(&self) -> Result<agentd_core::auth::AuthConfig, String> {
         use agentd_core::auth::{AuthConfig, BearerRule, Principal, Role};
-        use agentd_core::ext::command::table::{self, Floor, REMOVED_OPS};
+        use agentd_core::ext::command::table::{self, REMOVED_OPS};
         let mut auth = AuthConfig::default();
         let mut secrets: Vec<(String, String)> = Vec::new();
         if let Some(reference) = &self.a2a.bearer {
@@ -769,11 +964,27 @@ impl Config {
                 if let Some((_, hint)) = REMOVED_OPS.iter().find(|(op, _)| op == grant) {
                     return Err(format!("{at}.grants: {grant} was removed ({hint})"));
                 }
-                let floor_op = table::find(grant).is_some_and(|s| s.floor == Floor::Operator)
-                    || grant.starts_with(table::RESERVED_PREFIX);
-                if floor_op && role != Role::Operator {
+                if role == Role::Operator {
+                    continue;
+                }
+                // A grant that names an operator-only op, by name or by a pattern
+                // (`admin.*`, `auth.*`, `config:x`), is refused rather than left to grant
+                // nothing: the rule would not do what it says. `*` is the exception: it
+                // means every op the role may be granted, never an operator-only one.
+                let mut reached = table::operator_only_ops_granted_by(grant);
+                if reached.is_empty() && grant.starts_with(table::RESERVED_PREFIX) {
+                    reached.push(grant.as_str());
+                }
+                if !reached.is_empty() {
+                    let rule_name = rule
+                        .id
+                        .as_deref()
+                        .map_or(String::new(), |id| format!(" (rule {id:?})"));
                     return Err(format!(
-                        "{at}.grants: {grant} is operator-only, and no grant reaches it for role {}",
+                        "{at}.grants: {grant:?}{rule_name} would grant the operator-only {} {} \
+                         to role {}; no grant reaches an operator-only op (a \"*\" grant never does)",
+                        if reached.len() == 1 { "op" } else { "ops" },
+                        reached.join(", "),
                         role.as_str()
                     ));
                 }
@@ -939,6 +1150,7 @@ fn effective_document(c: &InstanceConfig, max_connections: Option<usize>) -> ser
             "replay_bytes": c.replay.bytes,
             "max_tasks": c.tasks.max_tasks,
             "task_artifact_bytes": c.tasks.artifact_bytes,
+            "max_message_parts": c.tasks.max_message_parts,
             "max_connections": max_connections,
         },
     })
@@ -1160,6 +1372,295 @@ match = { bearer_ref = "{{secret:AGENTD_TEST_OP}}" }"#,
         assert!(err.starts_with("a2a.device_grant.rate: "), "{err}");
     }
 
+    /// Writes `text` to a fresh file and loads it as the daemon does.
+    fn load_text(name: &str, text: &str) -> Result<Config, String> {
+        let dir = std::env::temp_dir().join(format!("agentd-config-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("agentd.toml");
+        std::fs::write(&path, text).unwrap();
+        let loaded = Config::load(&path);
+        let _ = std::fs::remove_dir_all(&dir);
+        loaded
+    }
+
+    /// Issue 15, item 10: a value no bound can honour (a ring of 10^12 allocated whole, a
+    /// timeout of 2^64-1 ms added to a clock) is a load error naming the key and its range.
+    #[test]
+    fn every_numeric_key_is_checked_against_its_range_at_load() {
+        const MAX: &str = "18446744073709551615";
+        let cases: Vec<(String, String)> = [
+            (
+                "[limits]\nmax_header_bytes = 1048577",
+                "limits.max_header_bytes: must be from 1 to 1048576, not 1048577",
+            ),
+            (
+                "[limits]\nmax_header_bytes = 0",
+                "limits.max_header_bytes: must be from 1 to 1048576, not 0",
+            ),
+            (
+                "[limits]\nmax_headers = 129",
+                "limits.max_headers: must be from 1 to 128, not 129",
+            ),
+            (
+                "[limits]\nmax_body_bytes = 4194305",
+                "limits.max_body_bytes: must be from 1 to 4194304, not 4194305",
+            ),
+            (
+                "[limits]\nmax_message_parts = 0",
+                "limits.max_message_parts: must be from 1 to 4096, not 0",
+            ),
+            (
+                "[limits]\nmax_subagents = 1025",
+                "limits.max_subagents: must be from 1 to 1024, not 1025",
+            ),
+            (
+                "[limits]\nmax_subagents_per_principal = 0",
+                "limits.max_subagents_per_principal: must be from 1 to 1024, not 0",
+            ),
+            (
+                "[a2a.push]\nworkers = 0",
+                "a2a.push.workers: must be from 1 to 256, not 0",
+            ),
+            (
+                "[a2a.push]\nqueue = 1048577",
+                "a2a.push.queue: must be from 1 to 1048576, not 1048577",
+            ),
+            (
+                "[limits]\nidle_timeout_ms = {MAX}",
+                "limits.idle_timeout_ms: must be from 1 to 86400000, not {MAX}",
+            ),
+            (
+                "[limits]\nidle_timeout_ms = 0",
+                "limits.idle_timeout_ms: must be from 1 to 86400000, not 0",
+            ),
+            (
+                "[limits]\nheader_timeout_ms = 86400001",
+                "limits.header_timeout_ms: must be from 1 to 86400000, not 86400001",
+            ),
+            (
+                "[limits]\nbody_timeout_ms = {MAX}",
+                "limits.body_timeout_ms: must be from 1 to 86400000, not {MAX}",
+            ),
+            (
+                "[limits]\nrequest_timeout_ms = {MAX}",
+                "limits.request_timeout_ms: must be from 1 to 86400000, not {MAX}",
+            ),
+            (
+                "[limits]\nwrite_timeout_ms = 86400001",
+                "limits.write_timeout_ms: must be from 1 to 86400000, not 86400001",
+            ),
+            (
+                "[limits]\nsse_keepalive_ms = 86400001",
+                "limits.sse_keepalive_ms: must be from 1 to 86400000, not 86400001",
+            ),
+            (
+                "[limits]\nstream_queue = 65537",
+                "limits.stream_queue: must be from 1 to 65536, not 65537",
+            ),
+            (
+                "[limits]\nreplay_events_per_task = 65537",
+                "limits.replay_events_per_task: must be from 1 to 65536, not 65537",
+            ),
+            (
+                "[limits]\nreplay_events = 1048577",
+                "limits.replay_events: must be from 1 to 1048576, not 1048577",
+            ),
+            (
+                "[limits]\nreplay_bytes = 1073741825",
+                "limits.replay_bytes: must be from 1 to 1073741824, not 1073741825",
+            ),
+            (
+                "[limits]\nmax_tasks = 1000001",
+                "limits.max_tasks: must be from 1 to 1000000, not 1000001",
+            ),
+            (
+                "[limits]\ntask_artifact_bytes = 8388609",
+                "limits.task_artifact_bytes: must be from 1 to 8388608, not 8388609",
+            ),
+            (
+                "[limits]\nmax_connections = 0",
+                "limits.max_connections: must be from 1 to 1048576, not 0",
+            ),
+            (
+                "[limits]\nmax_connections = 1048577",
+                "limits.max_connections: must be from 1 to 1048576, not 1048577",
+            ),
+            (
+                "[a2a.events]\nring = 1000000000000",
+                "a2a.events.ring: must be from 1 to 65536, not 1000000000000",
+            ),
+            (
+                "[a2a.events]\nstream_deadline_ms = {MAX}",
+                "a2a.events.stream_deadline_ms: must be from 1 to 86400000, not {MAX}",
+            ),
+            (
+                "[a2a.push]\nmax_attempts = 0",
+                "a2a.push.max_attempts: must be from 1 to 20, not 0",
+            ),
+            (
+                "[a2a.push]\nmax_attempts = 4294967295",
+                "a2a.push.max_attempts: must be from 1 to 20, not 4294967295",
+            ),
+            (
+                "[a2a.push]\nbackoff_ms = {MAX}",
+                "a2a.push.backoff_ms: must be from 0 to 30000, not {MAX}",
+            ),
+            (
+                "[a2a.push]\ntimeout_ms = {MAX}",
+                "a2a.push.timeout_ms: must be from 1 to 300000, not {MAX}",
+            ),
+            (
+                "[a2a.device_grant]\ntoken_ttl_s = 299",
+                "a2a.device_grant.token_ttl_s: must be from 300 to 2592000, not 299",
+            ),
+            (
+                "[a2a.device_grant]\ntoken_ttl_s = {MAX}",
+                "a2a.device_grant.token_ttl_s: must be from 300 to 2592000, not {MAX}",
+            ),
+            (
+                "[a2a.device_grant]\ncode_ttl_s = 1801",
+                "a2a.device_grant.code_ttl_s: must be from 60 to 1800, not 1801",
+            ),
+            (
+                "[agent]\ncommand = [\"x\"]\nturn_timeout_ms = {MAX}",
+                "agent.turn_timeout_ms: must be from 1 to 86400000, not {MAX}",
+            ),
+            (
+                "[[subagents]]\nname = \"s\"\ncommand = [\"x\"]\nturn_timeout_ms = 0",
+                "subagents[0].turn_timeout_ms: must be from 1 to 86400000, not 0",
+            ),
+        ]
+        .iter()
+        .map(|(t, e)| (t.replace("{MAX}", MAX), e.replace("{MAX}", MAX)))
+        .collect();
+        let listener = || {
+            vec![agentd_core::ListenerInfo {
+                kind: agentd_core::ListenerKind::Tcp,
+                url: "http://127.0.0.1:1/".into(),
+                loopback: true,
+            }]
+        };
+        for (i, (text, want)) in cases.iter().enumerate() {
+            let err = load_text(&format!("range-{i}"), text)
+                .map(|_| ())
+                .expect_err(text);
+            assert_eq!(&err, want, "{text}");
+            // instance_config checks alike, for a Config not read by load.
+            let c: Config = toml::from_str(text).unwrap();
+            assert_eq!(
+                c.instance_config(listener()).map(|_| ()).unwrap_err(),
+                *want
+            );
+        }
+        // Both ends of each range load.
+        let edges =
+            "[limits]\nmax_header_bytes = 1048576\nmax_headers = 128\nmax_body_bytes = 4194304\n\
+            idle_timeout_ms = 86400000\nrequest_timeout_ms = 1\nstream_queue = 65536\n\
+            replay_events = 1048576\nreplay_bytes = 1073741824\nmax_tasks = 1000000\n\
+            task_artifact_bytes = 8388608\nmax_connections = 1048576\n\
+            [a2a.events]\nring = 65536\nstream_deadline_ms = 86400000\n\
+            [a2a.push]\nmax_attempts = 20\nbackoff_ms = 0\ntimeout_ms = 300000\n";
+        let c = load_text("edges", edges).unwrap();
+        let ic = c.instance_config(listener()).unwrap();
+        assert_eq!(ic.conn.http.max_body_bytes, MAX_BODY_BYTES);
+        assert_eq!(ic.conn.idle_timeout_ms, MAX_TIMEOUT_MS);
+        assert_eq!(ic.events_ring, MAX_EVENTS_RING);
+    }
+
+    /// The defaults sit inside the ranges the file is held to.
+    #[test]
+    fn the_defaults_are_inside_their_ranges() {
+        let d = agentd_core::ConnLimits::DEFAULT;
+        for (value, max) in [
+            (d.http.max_header_bytes, MAX_HEADER_BYTES),
+            (d.http.max_headers, MAX_HEADERS),
+            (d.http.max_body_bytes, MAX_BODY_BYTES),
+            (d.stream_queue, MAX_STREAM_QUEUE),
+        ] {
+            assert!((1..=max).contains(&value), "{value} > {max}");
+        }
+        for ms in [
+            d.idle_timeout_ms,
+            d.header_timeout_ms,
+            d.body_timeout_ms,
+            d.request_timeout_ms,
+            d.write_timeout_ms,
+            d.sse_keepalive_ms,
+        ] {
+            assert!((1..=MAX_TIMEOUT_MS).contains(&ms), "{ms}");
+        }
+        let ic = Config::default().instance_config(vec![]).unwrap();
+        assert!((1..=MAX_EVENTS_RING).contains(&ic.events_ring));
+        assert!((1..=MAX_TIMEOUT_MS).contains(&ic.events_stream_deadline_ms));
+        assert!((1..=MAX_TASKS).contains(&ic.tasks.max_tasks));
+        assert!((1..=MAX_TASK_ARTIFACT_BYTES).contains(&ic.tasks.artifact_bytes));
+        assert!((1..=MAX_MESSAGE_PARTS).contains(&ic.tasks.max_message_parts));
+        let r = crate::runtime::RuntimeLimits::default();
+        assert!((1..=MAX_SUBAGENTS).contains(&r.max_subagents));
+        assert!((1..=MAX_SUBAGENTS).contains(&r.max_subagents_per_principal));
+        let p = crate::runtime::push::DeliveryOptions::default();
+        assert!((1..=MAX_PUSH_WORKERS).contains(&p.workers));
+        assert!((1..=MAX_PUSH_QUEUE).contains(&p.queue));
+        assert!((1..=MAX_REPLAY_EVENTS_PER_TASK).contains(&ic.replay.per_task));
+        assert!((1..=MAX_REPLAY_EVENTS).contains(&ic.replay.events));
+        assert!((1..=MAX_REPLAY_BYTES).contains(&ic.replay.bytes));
+        let g = &ic.device_grant;
+        assert!((TOKEN_TTL_S.0..=TOKEN_TTL_S.1).contains(&(g.token_ttl_ms / 1000)));
+        assert!((CODE_TTL_S.0..=CODE_TTL_S.1).contains(&(g.code_ttl_ms / 1000)));
+        let push = crate::runtime::push::DeliveryOptions::default();
+        assert!((1..=MAX_PUSH_ATTEMPTS).contains(&push.max_attempts));
+        assert!(push.first_backoff.as_millis() <= u128::from(MAX_PUSH_BACKOFF_MS));
+        assert!(push.timeout.as_millis() <= u128::from(MAX_PUSH_TIMEOUT_MS));
+    }
+
+    /// Issue 15, item 10: a pattern that would match an operator-only op is refused like the
+    /// op's own name, naming the rule and what it would grant; `*` loads, and never reaches
+    /// those ops.
+    #[test]
+    fn grant_patterns_that_reach_operator_only_ops_are_load_errors() {
+        let rule = |role: &str, grants: &str| {
+            format!(
+                "[[a2a.principals]]\nid = \"u\"\nrole = \"{role}\"\ngrants = {grants}\nmatch = {{ any = true }}\n"
+            )
+        };
+        for (role, grants, reached) in [
+            ("user", r#"["admin.*"]"#, "ops admin.drain, admin.pause, admin.resume, admin.cancel, admin.set"),
+            ("agent", r#"["auth.*"]"#, "ops auth.device.pending, auth.device.approve, auth.device.deny, auth.sessions, auth.sessions.revoke"),
+            ("user", r#"["auth.device.*"]"#, "ops auth.device.pending, auth.device.approve, auth.device.deny"),
+            ("user", r#"["workflow.run", "debug.*"]"#, "op debug.events"),
+            ("agent", r#"["config:x"]"#, "op config"),
+            ("user", r#"["_instance.*"]"#, "ops _instance.result, _instance.emit"),
+            ("user", r#"["config"]"#, "op config"),
+        ] {
+            let text = rule(role, grants);
+            let c: Config = toml::from_str(&text).unwrap();
+            let err = c.instance_config(vec![]).map(|_| ()).unwrap_err();
+            assert!(
+                err.starts_with("a2a.principals[0].grants: ")
+                    && err.contains("(rule \"u\")")
+                    && err.contains(&format!("the operator-only {reached} to role {role}")),
+                "{text}: {err}"
+            );
+        }
+        // `*` and patterns that reach only grantable ops load; `*` does not reach `config`.
+        for grants in [r#"["*"]"#, r#"["workflow.*", "subagent.*"]"#] {
+            let c: Config = toml::from_str(&rule("user", grants)).unwrap();
+            let ic = c.instance_config(vec![]).unwrap();
+            let p = ic.auth.any.as_ref().unwrap();
+            let config_op = agentd_core::ext::command::table::find("config").unwrap();
+            assert!(
+                !agentd_core::ext::command::may_command(p, config_op),
+                "{grants}"
+            );
+        }
+        // An operator rule may carry any grant: it has every op anyway.
+        std::env::set_var("AGENTD_TEST_GRANT_OP", "op-token-grant");
+        let text = "[[a2a.principals]]\nid = \"o\"\nrole = \"operator\"\ngrants = [\"admin.*\"]\n\
+                    match = { bearer_ref = \"{{secret:AGENTD_TEST_GRANT_OP}}\" }\n";
+        let c: Config = toml::from_str(text).unwrap();
+        c.instance_config(vec![]).unwrap();
+    }
+
     #[test]
     fn default_is_loopback_8420() {
         let c = Config::default();
@@ -1176,7 +1677,10 @@ match = { bearer_ref = "{{secret:AGENTD_TEST_OP}}" }"#,
             ("[a2a]\nlisten = \"https://127.0.0.1:1\"", "a2a.tls.cert"),
             ("[a2a]\nlisten = []", "no endpoint"),
             ("[a2a]\nlisten = \"ftp://x\"", "expected"),
-            ("[limits]\nmax_body_bytes = 0", "greater than 0"),
+            (
+                "[limits]\nmax_body_bytes = 0",
+                "limits.max_body_bytes: must be from 1 to 4194304, not 0",
+            ),
         ] {
             let c: Config = toml::from_str(text).unwrap();
             let err = c

@@ -117,7 +117,68 @@ fn configurations_it_cannot_honour_stop_startup() {
             "[a2a]\nlisten = \"udp://127.0.0.1:0\"\n",
             "expected tcp://",
         ),
-        ("zero", "[limits]\nmax_body_bytes = 0\n", "greater than 0"),
+        (
+            "zero",
+            "[limits]\nmax_body_bytes = 0\n",
+            "limits.max_body_bytes: must be from 1 to 4194304, not 0",
+        ),
+        // Issue 15, item 10: every numeric key has a range, checked at load.
+        (
+            "huge-ring",
+            "[a2a.events]\nenabled = true\nring = 1000000000000\n",
+            "a2a.events.ring: must be from 1 to 65536, not 1000000000000",
+        ),
+        (
+            "idle-forever",
+            "[limits]\nidle_timeout_ms = 18446744073709551615\n",
+            "limits.idle_timeout_ms: must be from 1 to 86400000, not 18446744073709551615",
+        ),
+        (
+            "request-forever",
+            "[limits]\nrequest_timeout_ms = 18446744073709551615\n",
+            "limits.request_timeout_ms: must be from 1 to 86400000, not 18446744073709551615",
+        ),
+        (
+            "body-past-a-record",
+            "[limits]\nmax_body_bytes = 4194305\n",
+            "limits.max_body_bytes: must be from 1 to 4194304, not 4194305",
+        ),
+        (
+            "push-timeout",
+            "[a2a.push]\nenabled = true\ntimeout_ms = 18446744073709551615\n",
+            "a2a.push.timeout_ms: must be from 1 to 300000, not 18446744073709551615",
+        ),
+        (
+            "turn-timeout",
+            "[agent]\ncommand = [\"/bin/cat\"]\nturn_timeout_ms = 18446744073709551615\n",
+            "agent.turn_timeout_ms: must be from 1 to 86400000, not 18446744073709551615",
+        ),
+        (
+            "step-timeout",
+            "[[workflows]]\nname = \"w\"\n[[workflows.steps]]\nid = \"a\"\nkind = \"exec\"\nprogram = \"/bin/true\"\ntimeout_ms = 18446744073709551615\n",
+            "workflow \"w\" step \"a\": timeout_ms: must be from 1 to 86400000, not 18446744073709551615",
+        ),
+        (
+            "device-token-ttl",
+            "[a2a.device_grant]\ntoken_ttl_s = 18446744073709551615\n",
+            "a2a.device_grant.token_ttl_s: must be from 300 to 2592000, not 18446744073709551615",
+        ),
+        (
+            "no-connections",
+            "[limits]\nmax_connections = 0\n",
+            "limits.max_connections: must be from 1 to 1048576, not 0",
+        ),
+        // Issue 15, item 10: a grant pattern that reaches an operator-only op.
+        (
+            "grant-admin-pattern",
+            "[a2a]\nlisten = \"tcp://127.0.0.1:0\"\n[[a2a.principals]]\nid = \"g\"\nrole = \"user\"\ngrants = [\"admin.*\"]\nmatch = { any = true }\n",
+            "a2a.principals[0].grants: \"admin.*\" (rule \"g\") would grant the operator-only ops admin.drain, admin.pause, admin.resume, admin.cancel, admin.set to role user",
+        ),
+        (
+            "grant-auth-pattern",
+            "[a2a]\nlisten = \"tcp://127.0.0.1:0\"\n[[a2a.principals]]\nid = \"g\"\nrole = \"agent\"\ngrants = [\"status\", \"auth.*\"]\nmatch = { any = true }\n",
+            "a2a.principals[0].grants: \"auth.*\" (rule \"g\") would grant the operator-only ops auth.device.pending",
+        ),
         (
             "rate-spec",
             "[a2a]\nlisten = \"tcp://127.0.0.1:0\"\n[[a2a.principals]]\nid = \"g\"\nrole = \"user\"\nmatch = { any = true }\nquotas = { rate = \"20 per minute\" }\n",

@@ -225,3 +225,45 @@ fn webhooks_that_never_answer_hold_a_few_workers_not_a_thread_each() {
         "four workers, each on one delivery"
     );
 }
+
+/// Past the delivery queue, a delivery is given up at once and says why.
+#[test]
+fn a_full_delivery_queue_gives_deliveries_up_with_a_log_line() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!(
+        "http://127.0.0.1:{}/hook",
+        silent.local_addr().unwrap().port()
+    );
+    let setup = Setup {
+        sections: "[a2a.push]\nenabled = true\nallow_private = true\nmax_attempts = 1\n\
+                   timeout_ms = 60000\nworkers = 1\nqueue = 1\n"
+            .into(),
+        ..Setup::default()
+    };
+    let d = Daemon::start_setup("smol", &setup);
+    for i in 0..5 {
+        let params = json!({"message": {"role": "ROLE_USER", "messageId": format!("q-{i}"),
+            "parts": [{"text": "hi"}]},
+            "configuration": {"taskPushNotificationConfig": {"url": url}}});
+        d.connect_tcp()
+            .request(&post(&RPC_HEADERS, &rpc_body("1", "SendMessage", &params)))
+            .json();
+    }
+    // One delivery held by the worker, one waiting: the other three are given up (four,
+    // if the second came before the worker took the first).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let given_up = d
+            .stderr()
+            .lines()
+            .filter(|l| l.contains("a2a.push.failed") && l.contains("(a2a.push.queue)"))
+            .count();
+        if given_up >= 3 {
+            assert!(given_up <= 4, "{}", d.stderr());
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", d.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(silent);
+}

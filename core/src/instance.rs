@@ -1177,7 +1177,11 @@ impl Instance {
             self.push_effect(Effect::Deliver {
                 task_id: task_id.to_owned(),
                 config_id: c.id.clone(),
-                url: c.url.clone(),
+                // The URL as registration judged it (WHATWG host rules, explicit port): delivery
+                // dials exactly the address the policy passed.
+                url: crate::push::parse_url(&c.url)
+                    .map(|u| u.endpoint())
+                    .unwrap_or_else(|_| c.url.clone()),
                 headers: crate::push::delivery_headers(&c),
                 body: body.clone(),
             });

@@ -42,7 +42,8 @@ pub struct WireConfig {
     pub tenant: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub id: String,
-    #[serde(default)]
+    // ProtoJSON parsers accept the proto field name too (the A2A TCK sends it).
+    #[serde(default, alias = "task_id")]
     pub task_id: String,
     #[serde(default)]
     pub url: String,
@@ -79,22 +80,41 @@ impl PushConfig {
     }
 }
 
-/// A webhook's URL, taken apart.
+/// A webhook's URL, taken apart, its host normalized as a WHATWG URL parser (and so a
+/// browser, or `getaddrinfo` for the IPv4 shorthands) reads it: `https://127.1`,
+/// `https://0x7f000001`, `https://0177.0.0.1` and `https://127.0.0.1.` are all 127.0.0.1.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WebhookUrl {
     pub tls: bool,
+    /// The normalized host: an IPv4 address in dotted decimal, an IPv6 address without its
+    /// brackets, or a lower-case ASCII name without a trailing dot.
     pub host: String,
     pub port: u16,
     /// Path and query, from the first `/`.
     pub path: String,
-    /// The host is an IP literal (or `localhost`): its address is known without resolving.
+    /// The host is an IP address (or `localhost`): its address is known without resolving.
     pub literal: Option<IpAddr>,
 }
 
-/// Checks a webhook URL: `https://`, or `http://` to a loopback address; no user info or
-/// fragment; a literal address that is private, loopback or link-local only when `policy`
-/// allows private targets.
-pub fn check_url(url: &str, policy: PushPolicy) -> Result<WebhookUrl, String> {
+impl WebhookUrl {
+    /// The URL to dial, in the form the host's client parses without guessing: the
+    /// normalized host (an IPv6 address in brackets) and an explicit port, e.g.
+    /// `https://127.0.0.1:443/hook` for `https://127.1/hook`, `https://[2001:db8::1]:443/`
+    /// for `https://[2001:db8::1]/`. Delivery dials this, never the URL as registered, so it
+    /// reaches the address the registration check judged.
+    pub fn endpoint(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        let host = match self.literal {
+            Some(IpAddr::V6(_)) => format!("[{}]", self.host),
+            _ => self.host.clone(),
+        };
+        format!("{scheme}://{host}:{}{}", self.port, self.path)
+    }
+}
+
+/// Takes a webhook URL apart and normalizes its host ([`parse_host`]), without the policy:
+/// `https://` or `http://`, no user info or fragment, a port of digits.
+pub fn parse_url(url: &str) -> Result<WebhookUrl, String> {
     if url.len() > MAX_FIELD_BYTES {
         return Err(format!("longer than {MAX_FIELD_BYTES} bytes"));
     }
@@ -124,28 +144,28 @@ pub fn check_url(url: &str, policy: PushPolicy) -> Result<WebhookUrl, String> {
         path.to_owned()
     };
     let (host, port) = split_host_port(authority, if tls { 443 } else { 80 })?;
-    if host.is_empty() {
-        return Err("no host".into());
-    }
-    let lower = host.to_ascii_lowercase();
-    let literal = if lower == "localhost" || lower.ends_with(".localhost") {
-        Some(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
-    } else {
-        lower.parse::<IpAddr>().ok()
-    };
-    if !tls && !literal.is_some_and(|ip| ip.is_loopback()) {
-        return Err("plain http:// is only for a loopback address; use https://".into());
-    }
-    if let Some(ip) = literal {
-        check_address(ip, policy)?;
-    }
+    let (host, literal) = parse_host(host)?;
     Ok(WebhookUrl {
         tls,
-        host: lower,
+        host,
         port,
         path,
         literal,
     })
+}
+
+/// Checks a webhook URL: `https://`, or `http://` to a loopback address; no user info or
+/// fragment; a host that is (or normalizes to) a private, loopback or link-local address
+/// only when `policy` allows private targets.
+pub fn check_url(url: &str, policy: PushPolicy) -> Result<WebhookUrl, String> {
+    let u = parse_url(url)?;
+    if !u.tls && !u.literal.is_some_and(|ip| ip.is_loopback()) {
+        return Err("plain http:// is only for a loopback address; use https://".into());
+    }
+    if let Some(ip) = u.literal {
+        check_address(ip, policy)?;
+    }
+    Ok(u)
 }
 
 fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
@@ -153,23 +173,183 @@ fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
         .then(|| &s[prefix.len()..])
 }
 
-fn split_host_port(authority: &str, default: u16) -> Result<(String, u16), String> {
-    if let Some(rest) = authority.strip_prefix('[') {
-        let (host, after) = rest.split_once(']').ok_or("an unclosed [ in the host")?;
-        let port = match after.strip_prefix(':') {
-            Some(p) => p.parse().map_err(|_| format!("bad port {p:?}"))?,
-            None if after.is_empty() => default,
-            None => return Err("junk after the address".into()),
+/// The host (brackets kept around an IPv6 address) and the port of an authority.
+fn split_host_port(authority: &str, default: u16) -> Result<(&str, u16), String> {
+    let (host, port) = if authority.starts_with('[') {
+        let close = authority
+            .find(']')
+            .ok_or("an unclosed [ in the host (an IPv6 address is written [addr])")?;
+        let after = &authority[close + 1..];
+        match after.strip_prefix(':') {
+            Some(p) => (&authority[..=close], Some(p)),
+            None if after.is_empty() => (authority, None),
+            None => {
+                return Err(format!(
+                    "{after:?} after the IPv6 address {}; a port is written [addr]:port",
+                    &authority[..=close]
+                ))
+            }
+        }
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
+    };
+    let port = match port {
+        // An empty port is the scheme's default, as in a WHATWG URL.
+        None | Some("") => default,
+        Some(p) => match p.parse::<u16>() {
+            Ok(n) if n > 0 && p.bytes().all(|b| b.is_ascii_digit()) => n,
+            _ => return Err(format!("bad port {p:?}: a number from 1 to 65535")),
+        },
+    };
+    Ok((host, port))
+}
+
+/// Parses a URL's host as the WHATWG URL standard does for `http` and `https`: `[…]` is an
+/// IPv6 address; otherwise the host is percent-decoded and lower-cased, and a host whose
+/// last label is a number is an IPv4 address in any of the forms the IPv4 parser takes
+/// (decimal, octal `0177`, hex `0x7f`, fewer than four parts, `127.0.0.1.`), or invalid. A
+/// name loses one trailing dot, and `localhost` and `*.localhost` are loopback. Returns the
+/// normalized host and its address when it has one.
+///
+/// Stricter than the standard where delivery could not follow: a name must be ASCII (a
+/// Unicode name in its `xn--` form), of letters, digits, `-` and `_`, in labels of 1 to 63.
+pub fn parse_host(host: &str) -> Result<(String, Option<IpAddr>), String> {
+    if let Some(inner) = host.strip_prefix('[') {
+        let inner = inner
+            .strip_suffix(']')
+            .ok_or("an unclosed [ in the host (an IPv6 address is written [addr])")?;
+        return match inner.parse::<std::net::Ipv6Addr>() {
+            Ok(v6) => Ok((v6.to_string(), Some(IpAddr::V6(v6)))),
+            Err(_) => Err(format!("[{inner}] is not an IPv6 address")),
         };
-        return Ok((host.to_owned(), port));
     }
-    match authority.rsplit_once(':') {
-        Some((h, p)) => Ok((
-            h.to_owned(),
-            p.parse().map_err(|_| format!("bad port {p:?}"))?,
-        )),
-        None => Ok((authority.to_owned(), default)),
+    let decoded = percent_decode(host)?;
+    if !decoded.is_ascii() {
+        return Err(format!(
+            "the host {decoded:?} is not ASCII: write an international name in its xn-- form"
+        ));
     }
+    let lower = decoded.to_ascii_lowercase();
+    if lower.is_empty() {
+        return Err("no host".into());
+    }
+    if let Some(bad) = lower
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')))
+    {
+        return Err(format!(
+            "the host {lower:?} has {bad:?}, which no host name has"
+        ));
+    }
+    if ends_in_a_number(&lower) {
+        let v4 = parse_ipv4(&lower).ok_or_else(|| {
+            format!("the host {lower:?} ends in a number but is not an IPv4 address")
+        })?;
+        return Ok((v4.to_string(), Some(IpAddr::V4(v4))));
+    }
+    let name = lower.strip_suffix('.').unwrap_or(&lower);
+    if name.len() > 253 || name.split('.').any(|l| l.is_empty() || l.len() > 63) {
+        return Err(format!(
+            "the host {lower:?} is not a host name (labels of 1 to 63 characters, 253 in all)"
+        ));
+    }
+    let literal = (name == "localhost" || name.ends_with(".localhost"))
+        .then_some(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+    Ok((name.to_owned(), literal))
+}
+
+/// `%XX` escapes decoded; anything that does not decode to UTF-8 is refused.
+fn percent_decode(s: &str) -> Result<String, String> {
+    if !s.contains('%') {
+        return Ok(s.to_owned());
+    }
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| format!("the host {s:?} has a % that is no %XX escape"))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| format!("the host {s:?} does not decode to UTF-8"))
+}
+
+/// WHATWG "ends in a number": the last label (after one trailing dot) is all digits, or
+/// parses as an IPv4 number (`0x…`).
+fn ends_in_a_number(host: &str) -> bool {
+    let mut parts: Vec<&str> = host.split('.').collect();
+    if parts.last() == Some(&"") {
+        if parts.len() == 1 {
+            return false;
+        }
+        parts.pop();
+    }
+    let last = parts.last().copied().unwrap_or("");
+    (!last.is_empty() && last.bytes().all(|b| b.is_ascii_digit())) || ipv4_number(last).is_some()
+}
+
+/// WHATWG IPv4 number: decimal, `0x`/`0X` hex or `0` octal; `None` when it is not one.
+/// Values past `u32` come back as `u64::MAX`, which every caller refuses.
+fn ipv4_number(part: &str) -> Option<u64> {
+    if part.is_empty() {
+        return None;
+    }
+    let (digits, radix) =
+        if let Some(h) = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
+            (h, 16)
+        } else if part.len() > 1 && part.starts_with('0') {
+            (&part[1..], 8)
+        } else {
+            (part, 10)
+        };
+    if digits.is_empty() {
+        return Some(0);
+    }
+    let mut n: u64 = 0;
+    for c in digits.chars() {
+        let d = c.to_digit(radix)?;
+        n = n
+            .checked_mul(u64::from(radix))
+            .and_then(|n| n.checked_add(u64::from(d)))
+            .unwrap_or(u64::MAX);
+    }
+    Some(n)
+}
+
+/// WHATWG IPv4 parser: one to four numbers, the last filling the bytes the others left.
+fn parse_ipv4(host: &str) -> Option<std::net::Ipv4Addr> {
+    let mut parts: Vec<&str> = host.split('.').collect();
+    if parts.last() == Some(&"") && parts.len() > 1 {
+        parts.pop();
+    }
+    if parts.is_empty() || parts.len() > 4 {
+        return None;
+    }
+    let numbers = parts
+        .iter()
+        .map(|p| ipv4_number(p))
+        .collect::<Option<Vec<u64>>>()?;
+    let (last, init) = numbers.split_last()?;
+    if init.iter().any(|n| *n > 255) || *last >= 256u64.pow(5 - numbers.len() as u32) {
+        return None;
+    }
+    let mut addr = *last;
+    for (i, n) in init.iter().enumerate() {
+        addr += n << (8 * (3 - i));
+    }
+    u32::try_from(addr).ok().map(std::net::Ipv4Addr::from)
 }
 
 /// Whether an address is one a webhook may reach: public addresses always; private,
@@ -207,6 +387,14 @@ pub fn is_public(ip: IpAddr) -> bool {
                 return is_public(IpAddr::V4(v4));
             }
             let s = v6.segments();
+            // IPv4-compatible (`::a.b.c.d`, deprecated) and NAT64 (`64:ff9b::a.b.c.d`)
+            // addresses carry an IPv4 address too: judged as it. `::` and `::1` are not.
+            let embedded = s[..6] == [0; 6] || s[..6] == [0x64, 0xff9b, 0, 0, 0, 0];
+            if embedded && s[6] != 0 {
+                let [a, b] = s[6].to_be_bytes();
+                let [c, d] = s[7].to_be_bytes();
+                return is_public(IpAddr::V4(std::net::Ipv4Addr::new(a, b, c, d)));
+            }
             !(v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
@@ -226,6 +414,12 @@ pub fn check_config(
     new_id: impl FnOnce() -> String,
 ) -> Result<PushConfig, (String, String)> {
     let field = |f: &str, why: String| (f.to_owned(), why);
+    if wire.url.is_empty() {
+        return Err(field(
+            "url",
+            "is required: the webhook's https:// URL".into(),
+        ));
+    }
     check_url(&wire.url, policy).map_err(|e| field("url", format!("push url refused: {e}")))?;
     if wire.token.len() > MAX_FIELD_BYTES || wire.token.bytes().any(|b| b.is_ascii_control()) {
         return Err(field(
@@ -470,6 +664,111 @@ mod tests {
             .unwrap_err()
             .contains("user info"));
         assert!(check_url("https://x.example/\r\nHost: y", OPEN).is_err());
+    }
+
+    /// Issue 15, item 10: the host is read as a WHATWG URL parser (and delivery's resolver)
+    /// reads it, so every spelling of a private address is refused at registration, and
+    /// delivery dials the normalized form.
+    #[test]
+    fn hosts_are_normalized_before_the_address_policy() {
+        for (url, host) in [
+            ("https://0/", "0.0.0.0"),
+            ("https://127.1/", "127.0.0.1"),
+            ("https://0x7f000001/", "127.0.0.1"),
+            ("https://0X7F.1/", "127.0.0.1"),
+            ("https://0177.0.0.1/", "127.0.0.1"),
+            ("https://2130706433/", "127.0.0.1"),
+            ("https://127.0.0.1./", "127.0.0.1"),
+            ("https://%31%32%37.0.0.1/", "127.0.0.1"),
+            ("https://10.0.0.1.:8443/x", "10.0.0.1"),
+            ("https://169.254.43518/", "169.254.169.254"),
+            ("https://0xa9.0xfe.0xa9.0xfe/", "169.254.169.254"),
+            ("https://localhost./", "localhost"),
+            ("https://LOCALHOST/", "localhost"),
+            ("https://a.localhost/", "a.localhost"),
+            ("https://[::ffff:a9fe:a9fe]/", "::ffff:169.254.169.254"),
+            ("https://[fe80::a9fe]/", "fe80::a9fe"),
+            ("https://[::127.0.0.1]/", "::7f00:1"),
+            ("https://[64:ff9b::a00:1]/", "64:ff9b::a00:1"),
+        ] {
+            let err = check_url(url, STRICT).unwrap_err();
+            assert!(err.contains("allow_private"), "{url}: {err}");
+            let u = check_url(url, OPEN).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(u.host, host, "{url}");
+            assert!(u.literal.is_some(), "{url}");
+        }
+        // Delivery dials the normalized form, IPv6 in brackets, the port explicit.
+        let dial = |url: &str| check_url(url, OPEN).unwrap().endpoint();
+        assert_eq!(
+            dial("https://127.1/hook?x=1"),
+            "https://127.0.0.1:443/hook?x=1"
+        );
+        assert_eq!(dial("http://0x7f000001:9"), "http://127.0.0.1:9/");
+        assert_eq!(
+            dial("https://[2001:DB8::A9FE]/h"),
+            "https://[2001:db8::a9fe]:443/h"
+        );
+        assert_eq!(
+            dial("https://Hooks.Example.COM./h"),
+            "https://hooks.example.com:443/h"
+        );
+        // Public addresses in any spelling pass the strict policy.
+        for url in [
+            "https://8.8.8.8/",
+            "https://0x08080808/",
+            "https://134744072/",
+            "https://[2001:4860::8888]/",
+        ] {
+            assert!(check_url(url, STRICT).is_ok(), "{url}");
+        }
+        // Plain http is for loopback, however it is written.
+        assert!(check_url("http://127.1:9/", OPEN).is_ok());
+        assert!(check_url("http://0x7f000001:9/", OPEN).is_ok());
+        assert!(check_url("http://0/", OPEN)
+            .unwrap_err()
+            .contains("loopback"));
+        // What no resolver reads as an address or a name is refused by what it is.
+        for (url, says) in [
+            ("https://1.2.3.4.5/", "not an IPv4 address"),
+            ("https://256.0.0.1/", "not an IPv4 address"),
+            ("https://1.2.3.256/", "not an IPv4 address"),
+            ("https://08.0.0.1/", "not an IPv4 address"),
+            ("https://example.123/", "not an IPv4 address"),
+            ("https://example.0x/", "not an IPv4 address"),
+            ("https://[::1/", "unclosed ["),
+            ("https://[::1]x/", "after the IPv6 address"),
+            ("https://[hooks.example.com]/", "is not an IPv6 address"),
+            ("https://[fe80::1%25eth0]/", "is not an IPv6 address"),
+            ("https://hooks.example.com:http/", "bad port"),
+            ("https://hooks.example.com:+443/", "bad port"),
+            ("https://hooks.example.com:0/", "bad port"),
+            ("https://hooks.example.com:65536/", "bad port"),
+            ("https://b\u{fc}cher.example/", "xn--"),
+            ("https://%ff/", "UTF-8"),
+            ("https://%zz/", "%XX"),
+            ("https://a..example/", "not a host name"),
+            ("https://a\\b.example/", "no host name has"),
+            ("https://:443/", "no host"),
+        ] {
+            let err = check_url(url, OPEN).unwrap_err();
+            assert!(err.contains(says), "{url}: {err}");
+        }
+        // An empty port is the default one, as a browser reads it.
+        assert_eq!(
+            check_url("https://hooks.example.com:/", STRICT)
+                .unwrap()
+                .port,
+            443
+        );
+    }
+
+    /// Issue 15, item 10: a config without a URL says the URL is required.
+    #[test]
+    fn a_config_without_a_url_says_it_is_required() {
+        let (field, why) =
+            check_config(WireConfig::default(), "t1", STRICT, String::new).unwrap_err();
+        assert_eq!(field, "url");
+        assert!(why.starts_with("is required"), "{why}");
     }
 
     #[test]

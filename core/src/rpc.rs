@@ -34,6 +34,9 @@ const ACCEPTED_PART_TYPES: &str = "text/plain, application/json";
 /// ListTasks page size when the client names none, and the largest it may name.
 const DEFAULT_PAGE_SIZE: i32 = 50;
 const MAX_PAGE_SIZE: i32 = 100;
+/// Serialized bytes of the tasks one ListTasks page carries, at most (a page holds one task
+/// at least, whatever its size: a task is bounded by the task limits).
+pub const LIST_PAGE_BYTES: usize = 4 << 20;
 
 /// What a request is answered with.
 #[derive(Debug)]
@@ -176,8 +179,12 @@ fn dispatch(
     };
     let annotate = activated.contains(Ext::TaskAnnotations);
     match m {
-        CoreMethod::SendMessage => send(inst, ctx, parse(params)?, false, *activated),
-        CoreMethod::SendStreamingMessage => send(inst, ctx, parse(params)?, true, *activated),
+        CoreMethod::SendMessage | CoreMethod::SendStreamingMessage => {
+            // Read as values, a repeated member of a command would silently keep its last.
+            command::refuse_duplicate_members(params.map_or("{}", RawValue::get))?;
+            let streaming = m == CoreMethod::SendStreamingMessage;
+            send(inst, ctx, parse(params)?, streaming, *activated)
+        }
         CoreMethod::GetTask => get_task(inst, ctx, parse(params)?, annotate),
         CoreMethod::ListTasks => list_tasks(inst, ctx, parse(params)?, annotate),
         CoreMethod::CancelTask => cancel_task(inst, ctx, parse(params)?, annotate),
@@ -302,6 +309,16 @@ fn send(
         return Err(RpcError::invalid_field(
             "message.parts",
             "must hold at least one part",
+        ));
+    }
+    let max_parts = inst.config.tasks.max_message_parts;
+    if message.parts.len() > max_parts {
+        return Err(RpcError::invalid_field(
+            "message.parts",
+            format!(
+                "holds {} parts; at most {max_parts} are accepted (limits.max_message_parts)",
+                message.parts.len()
+            ),
         ));
     }
     for (i, part) in message.parts.iter().enumerate() {
@@ -559,19 +576,38 @@ fn list_tasks(
             && since.is_none_or(|ms| t.status_ms >= ms)
     };
     let total = inst.tasks.newest_first(None).filter(matches).count();
-    let mut page = inst.tasks.newest_first(after).filter(matches);
-    let tasks: Vec<_> = page.by_ref().take(page_size as usize).collect();
-    let next_page_token = match (tasks.last(), page.next()) {
+    let mut page = inst.tasks.newest_first(after).filter(matches).peekable();
+    // A page is bounded in bytes as well as in tasks: a small request must not build an
+    // answer of any size. Past LIST_PAGE_BYTES the page ends early (at least one task, so
+    // the listing always moves on) and `nextPageToken` says where to go on.
+    let mut views = Vec::new();
+    let mut bytes = 0usize;
+    let mut last = None;
+    while views.len() < page_size as usize {
+        let Some(t) = page.peek() else { break };
+        let view = t.view(Some(history), include_artifacts, annotate);
+        let size = crate::tasks::serialized_len(&view);
+        if !views.is_empty() && bytes + size > LIST_PAGE_BYTES {
+            break;
+        }
+        bytes += size;
+        last = page.next();
+        views.push(view);
+    }
+    let shrunk = views.len() < page_size as usize && page.peek().is_some();
+    let next_page_token = match (last, page.peek()) {
         (Some(last), Some(_)) => encode_page_token(last),
         _ => String::new(),
     };
     let response = ListTasksResponse {
         next_page_token,
-        page_size,
-        tasks: tasks
-            .into_iter()
-            .map(|t| t.view(Some(history), include_artifacts, annotate))
-            .collect(),
+        // The page size used: fewer than asked when the byte bound ended the page.
+        page_size: if shrunk {
+            i32::try_from(views.len()).unwrap_or(page_size)
+        } else {
+            page_size
+        },
+        tasks: views,
         total_size: i32::try_from(total).unwrap_or(i32::MAX),
     };
     Ok(serialize(&response))

@@ -1266,3 +1266,73 @@ fn closing_a_connection_releases_its_watch() {
     c.conn.close(&mut h.inst);
     assert_eq!(h.inst.subscription_count(), 0);
 }
+
+/// A message carries at most `max_message_parts` parts: 100,000 one-letter parts held
+/// about 20 MiB per task.
+#[test]
+fn a_message_with_too_many_parts_is_refused_naming_the_bound() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let parts: Vec<Value> = (0..257).map(|_| json!({"text": "a"})).collect();
+    let message = json!({"role": "ROLE_USER", "messageId": "many", "parts": parts});
+    let e = rpc_error(
+        &mut h,
+        &mut c,
+        "SendMessage",
+        json!({ "message": message }),
+        -32602,
+        None,
+    );
+    assert_eq!(
+        e["error"]["data"][0]["fieldViolations"][0]["field"], "message.parts",
+        "{e}"
+    );
+    let why = e["error"]["data"][0]["fieldViolations"][0]["description"].to_string();
+    assert!(why.contains("holds 257 parts; at most 256"), "{why}");
+    assert!(h.take_effects().is_empty(), "nothing was started");
+}
+
+/// A small ListTasks over large tasks builds a bounded answer: the page ends early, says
+/// so in pageSize, and nextPageToken goes on from there, every task listed once.
+#[test]
+fn list_tasks_pages_are_bounded_in_bytes() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let big = "x".repeat(1 << 20);
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        ids.push(new_task(&mut h, &mut c, &big));
+    }
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    let mut pages = 0;
+    loop {
+        let r = one(&c.feed(
+            &mut h,
+            &call(
+                "ListTasks",
+                9,
+                json!({"pageSize": 100, "historyLength": 10, "pageToken": token}),
+            ),
+        ));
+        assert!(
+            r.body.len() <= (4 << 20) + 64 * 1024,
+            "a page of {} bytes",
+            r.body.len()
+        );
+        let page = r.json()["result"].clone();
+        let tasks = page["tasks"].as_array().unwrap();
+        assert!(!tasks.is_empty());
+        pages += 1;
+        seen.extend(tasks.iter().map(|t| t["id"].as_str().unwrap().to_owned()));
+        token = page["nextPageToken"].as_str().unwrap().to_owned();
+        if token.is_empty() {
+            assert_eq!(page["pageSize"], 100, "the last page was not cut short");
+            break;
+        }
+        assert_eq!(page["pageSize"], tasks.len(), "a page cut short says so");
+    }
+    assert!(pages >= 3, "{pages} pages");
+    ids.reverse();
+    assert_eq!(seen, ids, "every task once, newest first");
+}

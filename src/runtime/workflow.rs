@@ -71,7 +71,11 @@ pub struct StepDef {
     pub program: Option<String>,
     /// `exec`: its arguments (templates). `a2a.delegate`: the command's arguments.
     pub args: Option<Value>,
-    /// `exec`, `signal`, `a2a.send`, `a2a.delegate`: how long the step may take.
+    /// `exec`, `signal`, `a2a.send`, `a2a.delegate`: how long the step may take, in ms
+    /// (default [`DEFAULT_STEP_TIMEOUT_MS`], a signal none; 1 to
+    /// [`crate::config::MAX_TIMEOUT_MS`], a day). The runtime adds it to a clock (an
+    /// `Instant`, or the monotonic ms of a signal's wait), which the bound keeps from
+    /// overflowing.
     pub timeout_ms: Option<u64>,
     /// `exec`: extra environment variables (templates).
     pub env: Option<BTreeMap<String, String>>,
@@ -200,8 +204,10 @@ impl Workflow {
     }
 }
 
-/// Default time an exec or peer step may take.
+/// Default time an exec or peer step may take, in ms (inside the range a step's `timeout_ms`
+/// is held to, 1 to [`crate::config::MAX_TIMEOUT_MS`]).
 pub const DEFAULT_STEP_TIMEOUT_MS: u64 = 120_000;
+const _: () = assert!(DEFAULT_STEP_TIMEOUT_MS <= crate::config::MAX_TIMEOUT_MS);
 
 /// Checks every workflow. `source` is the file's text and `file` its name, for `file:line`
 /// in errors; `peers` are the configured peer names.
@@ -379,8 +385,8 @@ fn check_step(
     if d.objective.is_some() && !allowed.contains(&"objective") {
         return Err(format!("a {} step does not take objective", d.kind));
     }
-    if d.timeout_ms == Some(0) {
-        return Err("timeout_ms must be greater than 0".into());
+    if let Some(ms) = d.timeout_ms {
+        crate::config::in_range("timeout_ms", ms, 1, crate::config::MAX_TIMEOUT_MS)?;
     }
     let templates = |t: &str| check_template(t, ids);
     let peer = |p: &Option<String>| -> Result<String, String> {
@@ -849,6 +855,53 @@ args = { tag = "{{inputs.tag}}" }
         for (src, line, what) in cases {
             let err = load(&src).unwrap_err();
             assert!(err.starts_with(line) && err.contains(what), "{err}");
+        }
+    }
+
+    /// Issue 15, item 10: `Instant::now() + Duration::from_millis(u64::MAX)` panics when the
+    /// step runs (and a signal's `now + timeout_ms` overflows), so every step kind that takes
+    /// `timeout_ms` refuses one past a day at load, naming the key.
+    #[test]
+    fn step_timeouts_are_checked_against_their_range() {
+        const MAX: &str = "18446744073709551615";
+        let signal = GOOD.replace(
+            "kind = \"human\"\nprompt = \"ship {{inputs.tag}}?\"",
+            "kind = \"signal\"\nsignal = \"go\"",
+        );
+        let send = GOOD
+            .replace(
+                "command = \"deploy\"\nargs = { tag = \"{{inputs.tag}}\" }",
+                "text = \"hi\"",
+            )
+            .replace("kind = \"a2a.delegate\"", "kind = \"a2a.send\"");
+        for (src, anchor, line) in [
+            (GOOD.to_owned(), "program = \"/bin/echo\"", "w.toml:12:"),
+            (signal, "signal = \"go\"", "w.toml:18:"),
+            (send, "text = \"hi\"", "w.toml:23:"),
+            (GOOD.to_owned(), "peer = \"worker\"", "w.toml:23:"),
+        ] {
+            for (value, ok) in [
+                (MAX, false),
+                ("86400001", false),
+                ("0", false),
+                ("86400000", true),
+                ("1", true),
+            ] {
+                let src = src.replace(anchor, &format!("{anchor}\ntimeout_ms = {value}"));
+                match load(&src) {
+                    Ok(_) => assert!(ok, "{value} loaded: {src}"),
+                    Err(err) => {
+                        assert!(!ok, "{value}: {err}");
+                        assert!(
+                            err.starts_with(line)
+                                && err.ends_with(&format!(
+                                    "timeout_ms: must be from 1 to 86400000, not {value}"
+                                )),
+                            "{err}"
+                        );
+                    }
+                }
+            }
         }
     }
 

@@ -273,6 +273,7 @@ impl RequestParser {
         let mut content_length: Option<usize> = None;
         let mut transfer_encoding: Option<Vec<u8>> = None;
         let mut hosts = 0;
+        let mut authorizations = 0;
         let mut connection_close = false;
         let mut connection_keep_alive = false;
         let mut expect_continue = false;
@@ -298,6 +299,7 @@ impl RequestParser {
                     transfer_encoding = Some(all);
                 }
                 "host" => hosts += 1,
+                "authorization" => authorizations += 1,
                 "connection" => {
                     for token in h.value.split(|b| *b == b',') {
                         let t = trim(token);
@@ -318,6 +320,12 @@ impl RequestParser {
         }
         if minor_version == 1 && hosts != 1 {
             return Err(HttpError::new(400, "a request needs exactly one Host"));
+        }
+        // Two credentials: which one the request acts for would depend on which a reader
+        // takes (the first, the last, or both joined), so neither is taken. RFC 9110 §5.3
+        // allows a repeated field only for list-valued ones, and Authorization is not.
+        if authorizations > 1 {
+            return Err(HttpError::new(400, "more than one Authorization header"));
         }
         let body = match (transfer_encoding, content_length) {
             (Some(_), Some(_)) => {
@@ -636,6 +644,8 @@ mod tests {
             (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 501),
             (b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 400),
             (b"POST / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
+            (b"POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\nauthorization: Bearer b\r\n\r\n", 400),
+            (b"GET / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\nAuthorization: Bearer a\r\n\r\n", 400),
             (b"POST / HTTP/2.0\r\nHost: x\r\n\r\n", 505),
             (b"POST / HTTP/1.1\r\nHost : x\r\n\r\n", 400),
             (b"POST / HTTP/1.1\r\nHost: x\r\nExpect: nothing\r\n\r\n", 417),

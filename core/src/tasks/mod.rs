@@ -27,7 +27,14 @@ pub struct TaskLimits {
     /// Serialized bytes of one task's artifacts together. With `history_bytes` it bounds
     /// the largest task, so the largest record the host must persist.
     pub artifact_bytes: usize,
+    /// Parts one message may carry.
+    pub max_message_parts: usize,
 }
+
+/// What a part costs in memory beyond its serialized text (its `Part` value, the `String`
+/// and `Vec` headers), counted against `history_bytes` with it: 100,000 one-letter parts
+/// serialize to 1.3 MB but take about 20 MB as values.
+pub const PART_COST: usize = 96;
 
 impl TaskLimits {
     pub const DEFAULT: TaskLimits = TaskLimits {
@@ -36,6 +43,7 @@ impl TaskLimits {
         max_tasks: 10_000,
         max_artifacts: 64,
         artifact_bytes: 4 * 1024 * 1024,
+        max_message_parts: 256,
     };
 }
 
@@ -151,7 +159,7 @@ impl TaskRecord {
     }
 
     fn push_history(&mut self, message: Message, limits: &TaskLimits) {
-        let size = serde_json::to_vec(&message).map(|v| v.len()).unwrap_or(0);
+        let size = serialized_len(&message) + message.parts.len() * PART_COST;
         self.history.push_back((message, size));
         self.history_bytes += size;
         while self.history.len() > limits.history_messages

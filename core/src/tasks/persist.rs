@@ -118,7 +118,7 @@ impl TaskRecord {
             .history
             .into_iter()
             .map(|m| {
-                let size = serde_json::to_vec(&m).map(|v| v.len()).unwrap_or(0);
+                let size = super::serialized_len(&m) + m.parts.len() * super::PART_COST;
                 (m, size)
             })
             .collect();

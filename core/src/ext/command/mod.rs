@@ -2,7 +2,10 @@
 //! run only when the header activates the command URI AND `message.extensions` lists it.
 //! [`check`] runs the refusals in their order; nothing refused runs and no task is created.
 
+mod duplicates;
 pub mod table;
+
+pub use self::duplicates::refuse_duplicate_members;
 
 use std::collections::HashMap;
 

@@ -861,6 +861,21 @@ pub fn find(op: &str) -> Option<&'static OpSpec> {
     OPS.iter().find(|s| s.op == op)
 }
 
+/// The operator-only ops (the `Operator` floor, and the reserved `_instance.*` reports) that a
+/// grant would name, in table order. A non-operator rule whose grant names any of them is a
+/// load error. `*` names none: it means "every op this role may be granted", and the
+/// operator-only ops are never granted ([`Floor::Operator`]), so it never reaches them.
+pub fn operator_only_ops_granted_by(grant: &str) -> Vec<&'static str> {
+    if grant == "*" {
+        return Vec::new();
+    }
+    OPS.iter()
+        .filter(|s| s.floor == Floor::Operator || s.op.starts_with(RESERVED_PREFIX))
+        .filter(|s| crate::auth::grant_matches(grant, s.op))
+        .map(|s| s.op)
+        .collect()
+}
+
 /// Whether a name is reserved for agentd's own ops: every table row, the whole
 /// `_instance.` prefix, and the never-served reserved names.
 pub fn is_reserved(op: &str) -> bool {
