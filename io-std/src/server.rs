@@ -495,8 +495,53 @@ pub fn log_requests(conn: &mut Connection) {
     }
 }
 
-/// One request's log line: a limiter's refusal at `info` (one line per refused request),
-/// every other request at `debug`. Fields: `method` (the JSON-RPC method), `route` (HTTP
+/// How often one source's refusals by one limiter are logged at `info`; the refusals in
+/// between are counted and the next line says how many (`suppressed`). A flood of refused
+/// requests is the very thing a limiter meets, and it must not flood the log too.
+pub const REFUSAL_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// (source, limiter) → when its last line was logged, and refusals since not logged.
+type RefusalKey = (
+    Option<agentd_core::limits::Source>,
+    agentd_core::reqlog::Limiter,
+);
+static REFUSALS_LOGGED: std::sync::Mutex<
+    Option<std::collections::HashMap<RefusalKey, (std::time::Instant, u64)>>,
+> = std::sync::Mutex::new(None);
+
+/// Sources whose refusal lines are remembered; past it the oldest are forgotten.
+const REFUSAL_LOG_SOURCES: usize = 4096;
+
+/// Whether this refusal gets its `info` line, and how many were held back before it.
+fn refusal_line_due(key: RefusalKey) -> Option<u64> {
+    let now = std::time::Instant::now();
+    let mut guard = REFUSALS_LOGGED.lock().unwrap_or_else(|p| p.into_inner());
+    let map = guard.get_or_insert_with(Default::default);
+    if map.len() >= REFUSAL_LOG_SOURCES && !map.contains_key(&key) {
+        map.retain(|_, (at, _)| now.duration_since(*at) < REFUSAL_LOG_EVERY);
+        if map.len() >= REFUSAL_LOG_SOURCES {
+            map.clear();
+        }
+    }
+    match map.get_mut(&key) {
+        Some((at, held)) if now.duration_since(*at) < REFUSAL_LOG_EVERY => {
+            *held += 1;
+            None
+        }
+        Some((at, held)) => {
+            *at = now;
+            Some(std::mem::take(held))
+        }
+        None => {
+            map.insert(key, (now, 0));
+            Some(0)
+        }
+    }
+}
+
+/// One request's log line: a limiter's refusal at `info` (at most one line per source and
+/// limiter each [`REFUSAL_LOG_EVERY`], with the count held back), every other request, and
+/// a refusal held back, at `debug`. Fields: `method` (the JSON-RPC method), `route` (HTTP
 /// method and path), `status`, `duration_ms`, `principal`, `task` (`-` where there is
 /// none), the JSON-RPC `error` code and `reason` of a refusal, and `phase` for a stream's
 /// start and end or an abandoned request; a refusal adds `limiter`, `source` and
@@ -508,20 +553,23 @@ pub fn log_request(r: &RequestRecord) {
     let task = r.task_id.get().unwrap_or("-");
     let phase = (r.phase != Phase::Answered).then(|| r.phase.as_str());
     if let Some(refusal) = &r.refusal {
-        tracing::info!(
-            target: REQUEST_LOG_TARGET,
-            limiter = refusal.limiter.as_str(),
-            source = %OrDash(refusal.source),
-            retry_after_s = refusal.retry_after_s,
-            method,
-            route,
-            status = r.status,
-            duration_ms = r.duration_ms,
-            principal,
-            task,
-            "request refused by a limiter"
-        );
-        return;
+        if let Some(suppressed) = refusal_line_due((refusal.source, refusal.limiter)) {
+            tracing::info!(
+                target: REQUEST_LOG_TARGET,
+                limiter = refusal.limiter.as_str(),
+                source = %OrDash(refusal.source),
+                retry_after_s = refusal.retry_after_s,
+                method,
+                route,
+                status = r.status,
+                duration_ms = r.duration_ms,
+                principal,
+                task,
+                suppressed,
+                "request refused by a limiter"
+            );
+            return;
+        }
     }
     tracing::debug!(
         target: REQUEST_LOG_TARGET,
