@@ -539,6 +539,17 @@ impl Harness {
                 break;
             }
         }
+        // The driver takes the records after each call; their labels are bounded and print
+        // on one line.
+        while let Some(r) = self.conn.poll_request_record() {
+            for label in [r.method.get(), r.route.get(), r.task_id.get()]
+                .into_iter()
+                .flatten()
+            {
+                assert!(label.len() <= agentd_core::reqlog::LABEL_CAP, "{label:?}");
+                assert!(!label.contains(['\n', '\r']), "{label:?}");
+            }
+        }
     }
 
     /// Moves the clock to the connection's next deadline, if any, and acts on it.
@@ -639,7 +650,10 @@ fn serve(data: &[u8], max_read: usize, payload: &[u8]) -> (Vec<u8>, bool) {
         roles: vec![Role::User],
     })
     .expect("the declared command registers");
-    let conn = Connection::new(0, peer, config.conn, std::task::Waker::noop().clone(), now);
+    let mut conn = Connection::new(0, peer, config.conn, std::task::Waker::noop().clone(), now);
+    // Every answer is recorded, as a driver logging at debug asks, so the fuzzer reaches the
+    // request-log records and their labels too.
+    conn.keep_records(agentd_core::reqlog::Keep::All);
     let mut h = Harness {
         inst,
         conn,
