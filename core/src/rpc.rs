@@ -435,6 +435,22 @@ fn send(
             )
             .with_meta("taskId", &task_id));
         }
+        // A task belongs to what tracks it (a turn, a run, a subagent) until it asks for
+        // input. A message meanwhile would start a second turn beside the first, or take the
+        // task from its run (a retried gate answer did): it is refused, and the task goes on
+        // untouched.
+        if !matches!(t.state, TaskState::InputRequired | TaskState::AuthRequired) {
+            return Err(RpcError::new(
+                ErrorKind::UnsupportedOperation,
+                format!(
+                    "task {task_id} is {} and takes a message only when it asks for input \
+                     (TASK_STATE_INPUT_REQUIRED); send again then, or start a new task",
+                    t.state.as_str()
+                ),
+            )
+            .with_meta("taskId", &task_id)
+            .with_meta("state", t.state.as_str()));
+        }
         // In the caller's namespace: the owner names the context by its own name, an
         // operator by the internal key (its own tasks' keys are their names).
         let named = if ctx.principal.is_operator() {

@@ -1336,3 +1336,52 @@ fn list_tasks_pages_are_bounded_in_bytes() {
     ids.reverse();
     assert_eq!(seen, ids, "every task once, newest first");
 }
+
+/// A message to a task that is working (not asking for input) would start a second turn
+/// beside the first, or take a workflow's task from its run: it is refused with -32004, and
+/// the task and its turn go on untouched.
+#[test]
+fn a_message_to_a_working_task_is_refused_and_changes_nothing() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let id = new_task(&mut h, &mut c, "first");
+    h.inst
+        .handle_completion(
+            agentd_core::Completion::Status {
+                task_id: id.clone(),
+                state: TaskState::Working,
+                message: None,
+            },
+            h.now,
+        )
+        .unwrap();
+    let mut second = text_message("second", "m2");
+    second["taskId"] = json!(id);
+    let e = rpc_error(
+        &mut h,
+        &mut c,
+        "SendMessage",
+        json!({ "message": second }),
+        -32004,
+        Some("UNSUPPORTED_OPERATION"),
+    );
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("TASK_STATE_WORKING"),
+        "{e}"
+    );
+    assert!(h.take_effects().is_empty(), "no second turn");
+    // The first turn's answer still lands.
+    complete(&mut h, &id, TaskState::Completed, Some("done"));
+    let t = rpc_result(&mut h, &mut c, "GetTask", json!({"id": id}));
+    assert_eq!(t["status"]["state"], "TASK_STATE_COMPLETED");
+    let texts: Vec<&str> = t["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["parts"][0]["text"].as_str())
+        .collect();
+    assert!(!texts.contains(&"second"), "{texts:?}");
+}
