@@ -510,6 +510,8 @@ impl Harness {
                         json!({"type": "object", "properties": {"answer": {"type": "string"}}}),
                     ),
                     channel: Some("cli".into()),
+                    // Now and then an approval only an operator may give.
+                    operator_only: self.rng.below(4) == 0,
                 },
                 self.now,
             );
