@@ -196,8 +196,8 @@ pub enum StoreError {
     ArtifactsTooLarge,
 }
 
-/// Serialized size of `value`, without keeping the bytes.
-pub(crate) fn serialized_len<T: serde::Serialize>(value: &T) -> usize {
+/// The length of a value's JSON, counted without building it.
+pub(crate) fn serialized_len(value: &impl serde::Serialize) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -208,9 +208,10 @@ pub(crate) fn serialized_len<T: serde::Serialize>(value: &T) -> usize {
             Ok(())
         }
     }
-    let mut c = Count(0);
-    let _ = serde_json::to_writer(&mut c, value);
-    c.0
+    let mut count = Count(0);
+    // Writing to a counter cannot fail; a value that cannot serialize counts what it wrote.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
 }
 
 /// Entries a task's `statusHistory` keeps: the first (its submission) and the newest.

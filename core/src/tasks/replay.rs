@@ -22,6 +22,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use super::serialized_len;
 use crate::a2a::types::StreamResponse;
 
 /// Bounds on the kept events.
@@ -231,24 +232,6 @@ impl Replay {
     pub fn kept_bytes(&self) -> usize {
         self.bytes
     }
-}
-
-/// The length of a value's JSON, counted without building it.
-fn serialized_len(value: &impl serde::Serialize) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    // Writing to a counter cannot fail; a value that cannot serialize counts what it wrote.
-    let _ = serde_json::to_writer(&mut count, value);
-    count.0
 }
 
 #[cfg(test)]
