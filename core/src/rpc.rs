@@ -6,8 +6,8 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::a2a::types::{
-    GetTaskRequest, ListTasksRequest, ListTasksResponse, Message, PartContent, Role,
-    SendMessageRequest, StreamResponse, TaskIdRequest, TaskState,
+    GetTaskRequest, ListTasksRequest, Message, PartContent, Role, SendMessageRequest,
+    StreamResponse, TaskIdRequest, TaskState,
 };
 use crate::a2a::{version_supported, CoreMethod, PROTOCOL_VERSION};
 use crate::auth::Principal;
@@ -596,13 +596,17 @@ fn list_tasks(
     // A page is bounded in bytes as well as in tasks: a small request must not build an
     // answer of any size. Past LIST_PAGE_BYTES the page ends early (at least one task, so
     // the listing always moves on) and `nextPageToken` says where to go on.
-    let mut views = Vec::new();
+    let mut views: Vec<Box<serde_json::value::RawValue>> = Vec::new();
     let mut bytes = 0usize;
     let mut last = None;
     while views.len() < page_size as usize {
         let Some(t) = page.peek() else { break };
-        let view = t.view(Some(history), include_artifacts, annotate);
-        let size = crate::tasks::serialized_len(&view);
+        // Each task is serialized once, into the page as it is: its size is known before
+        // it is kept, and nothing is built twice.
+        let view =
+            serde_json::value::to_raw_value(&t.view(Some(history), include_artifacts, annotate))
+                .map_err(|e| RpcError::new(ErrorKind::Internal, format!("internal error: {e}")))?;
+        let size = view.get().len();
         if !views.is_empty() && bytes + size > LIST_PAGE_BYTES {
             break;
         }
@@ -615,7 +619,16 @@ fn list_tasks(
         (Some(last), Some(_)) => encode_page_token(last),
         _ => String::new(),
     };
-    let response = ListTasksResponse {
+    /// `ListTasksResponse`, its tasks already serialized.
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Page {
+        next_page_token: String,
+        page_size: i32,
+        tasks: Vec<Box<serde_json::value::RawValue>>,
+        total_size: i32,
+    }
+    let response = Page {
         next_page_token,
         // The page size used: fewer than asked when the byte bound ended the page.
         page_size: if shrunk {
