@@ -190,6 +190,11 @@ fn configurations_it_cannot_honour_stop_startup() {
             "a2a.principals[0].quotas.budget: not supported",
         ),
     ];
+    // A unix socket path past sun_path's 107 bytes is a load error, not a socket no
+    // client can reach.
+    let long_unix = format!("[a2a]\nlisten = \"unix:///{}\"\n", "s".repeat(107));
+    let mut cases = cases.to_vec();
+    cases.push(("unix-path", long_unix.as_str(), "at most 107 bytes (sun_path), not 108"));
     for (name, text, needle) in cases {
         let path = temp_config(name, text);
         let path = path.to_str().unwrap();

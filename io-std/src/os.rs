@@ -96,6 +96,12 @@ impl FromStr for Endpoint {
             if !path.starts_with('/') {
                 return Err(format!("{s}: a unix endpoint is unix:///absolute/path"));
             }
+            if path.len() > MAX_UNIX_PATH {
+                return Err(format!(
+                    "{s}: a unix socket path is at most {MAX_UNIX_PATH} bytes (sun_path), not {}",
+                    path.len()
+                ));
+            }
             return Ok(Endpoint::Unix(PathBuf::from(path)));
         }
         let (addr, tls) = if let Some(a) = s.strip_prefix("https://") {
@@ -190,10 +196,23 @@ impl BoundListener {
     }
 }
 
+/// The longest unix socket path: `sun_path` holds 108 bytes, the last a NUL.
+pub const MAX_UNIX_PATH: usize = 107;
+
 /// Binds a unix socket that is mode 0600 from the moment its path exists: it is bound
 /// inside a fresh directory only its owner can enter, narrowed to 0600, then renamed into
 /// place. (A process-wide umask would race with other threads creating files.)
 fn bind_unix_private(path: &Path) -> io::Result<UnixListener> {
+    if path.as_os_str().len() > MAX_UNIX_PATH {
+        // It would bind (through the short staging path) but no client could connect.
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{}: a unix socket path is at most {MAX_UNIX_PATH} bytes (sun_path)",
+                path.display()
+            ),
+        ));
+    }
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         use std::os::unix::fs::FileTypeExt;
         if !meta.file_type().is_socket() {
@@ -221,8 +240,22 @@ fn bind_unix_private(path: &Path) -> io::Result<UnixListener> {
     let staging = parent.join(format!(".agentd-bind-{}", agentd_core::ids::hex(&suffix)));
     std::fs::DirBuilder::new().mode_private().create(&staging)?;
     let result = (|| {
-        let staged = staging.join(name);
-        let listener = UnixListener::bind(&staged)?;
+        // Bound under a short name, reached through the staging directory's descriptor
+        // (`/proc/self/fd/N/s`), so the bind path stays short: a socket path may take all
+        // 107 bytes `sun_path` allows, and the staging directory must not eat into them.
+        let staged = staging.join("s");
+        let dir = std::fs::File::open(&staging)?;
+        let short = PathBuf::from(format!(
+            "/proc/self/fd/{}/s",
+            std::os::fd::AsRawFd::as_raw_fd(&dir)
+        ));
+        let listener = match UnixListener::bind(&short) {
+            Ok(l) => l,
+            // No /proc: the long way, which fits whenever the staging path does.
+            Err(_) if !Path::new("/proc/self/fd").exists() => UnixListener::bind(&staged)?,
+            Err(e) => return Err(e),
+        };
+        drop(dir);
         std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
         std::fs::rename(&staged, path)?;
         Ok(listener)
@@ -629,6 +662,36 @@ mod tests {
         ] {
             assert!(bad.parse::<Endpoint>().is_err(), "{bad}");
         }
+    }
+
+    /// `sun_path` holds 107 bytes and a NUL: a socket path of 107 bytes binds (the private
+    /// staging directory it is bound in adds nothing to the bind path), and one of 108 is
+    /// refused with an error, never cut.
+    #[test]
+    fn a_unix_socket_path_of_107_bytes_binds() {
+        let dir = std::env::temp_dir().join(format!("agentd-os-long-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let base = dir.display().to_string().len() + 1;
+        assert!(
+            base < 100,
+            "temp dir too long for this test: {}",
+            dir.display()
+        );
+        let path = dir.join("s".repeat(107 - base));
+        assert_eq!(path.as_os_str().len(), 107);
+        let l = BoundListener::bind(&Endpoint::Unix(path.clone())).unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        UnixStream::connect(&path).unwrap();
+        l.cleanup();
+        let too_long = dir.join("s".repeat(108 - base));
+        assert!(BoundListener::bind(&Endpoint::Unix(too_long.clone())).is_err());
+        assert!(!too_long.exists());
+        let leftovers: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

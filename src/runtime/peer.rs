@@ -1067,14 +1067,34 @@ fn parse_endpoint(endpoint: &str) -> Result<(Dial, String, String), PeerError> {
             "{endpoint}: an endpoint has no user info or fragment"
         )));
     }
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => {
-            let port = p
-                .parse::<u16>()
-                .map_err(|_| PeerError::Config(format!("{endpoint}: bad port {p:?}")))?;
-            (h, port)
+    let default_port = if tls { 443 } else { 80 };
+    let port_of = |p: &str| {
+        p.parse::<u16>()
+            .map_err(|_| PeerError::Config(format!("{endpoint}: bad port {p:?}")))
+    };
+    // A bracketed IPv6 literal holds colons of its own: the port, if any, follows the `]`.
+    let (host, port) = if authority.starts_with('[') {
+        match authority.split_once(']') {
+            Some((h, "")) => (&authority[..=h.len()], default_port),
+            Some((h, rest)) => match rest.strip_prefix(':') {
+                Some(p) => (&authority[..=h.len()], port_of(p)?),
+                None => {
+                    return Err(PeerError::Config(format!(
+                        "{endpoint}: nothing may follow an IPv6 literal but :port"
+                    )))
+                }
+            },
+            None => {
+                return Err(PeerError::Config(format!(
+                    "{endpoint}: an IPv6 literal is closed with ]"
+                )))
+            }
         }
-        _ => (authority, if tls { 443 } else { 80 }),
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, port_of(p)?),
+            None => (authority, default_port),
+        }
     };
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     let ip = match bare {
@@ -1183,6 +1203,13 @@ mod tests {
             ("127.0.0.1:8420".into(), "/a2a".into())
         );
         assert_eq!(ok("http://[::1]:9/"), ("[::1]:9".into(), "/".into()));
+        // A bracketed IPv6 literal without a port takes the scheme's (it was read as the
+        // port "1]" before).
+        assert_eq!(ok("http://[::1]/a2a"), ("[::1]".into(), "/a2a".into()));
+        assert!(matches!(
+            parse_endpoint("https://[2001:db8::1]/").map(|(d, _, _)| d),
+            Ok(Dial::Https { port: 443, .. })
+        ));
         assert_eq!(ok("http://localhost/"), ("localhost".into(), "/".into()));
         assert_eq!(ok("unix:///run/a.sock"), ("localhost".into(), "/".into()));
         // A webhook keeps its query.
@@ -1198,6 +1225,9 @@ mod tests {
             "ftp://x",
             "http://127.0.0.1/#frag",
             "http://user@127.0.0.1/",
+            "http://[::1/",
+            "http://[::1]x/",
+            "http://[::1]:bad/",
         ] {
             assert!(
                 matches!(parse_endpoint(bad), Err(PeerError::Config(_))),
