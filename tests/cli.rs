@@ -194,7 +194,11 @@ fn configurations_it_cannot_honour_stop_startup() {
     // client can reach.
     let long_unix = format!("[a2a]\nlisten = \"unix:///{}\"\n", "s".repeat(107));
     let mut cases = cases.to_vec();
-    cases.push(("unix-path", long_unix.as_str(), "at most 107 bytes (sun_path), not 108"));
+    cases.push((
+        "unix-path",
+        long_unix.as_str(),
+        "at most 107 bytes (sun_path), not 108",
+    ));
     for (name, text, needle) in cases {
         let path = temp_config(name, text);
         let path = path.to_str().unwrap();

@@ -232,7 +232,7 @@ fn bind_unix_private(path: &Path) -> io::Result<UnixListener> {
         std::fs::remove_file(path)?;
     }
     let parent = path.parent().unwrap_or(Path::new("/"));
-    let name = path.file_name().ok_or_else(|| {
+    path.file_name().ok_or_else(|| {
         io::Error::new(io::ErrorKind::InvalidInput, "socket path has no file name")
     })?;
     let mut suffix = [0u8; 8];

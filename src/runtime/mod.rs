@@ -24,8 +24,8 @@ pub mod workflow;
 mod engine;
 
 pub use engine::{
-    spawn, Approval, DrainHandle, Exit, Reload, ReloadHandle, RuntimeHandle, RuntimeLimits, Settings,
-    CONVERSATION_AGENT,
+    spawn, Approval, DrainHandle, Exit, Reload, ReloadHandle, RuntimeHandle, RuntimeLimits,
+    Settings, CONVERSATION_AGENT,
 };
 
 /// The status message of a turn no agent can answer.
