@@ -294,6 +294,9 @@ pub struct LimitsSection {
     pub task_artifact_bytes: Option<usize>,
     /// Parts one message may carry (default 256; 1 to [`MAX_MESSAGE_PARTS`]).
     pub max_message_parts: Option<usize>,
+    /// Bytes of all tasks together, history and artifacts (default 512 MiB;
+    /// [`MIN_TASKS_BYTES`] to [`MAX_TASKS_BYTES`]).
+    pub tasks_bytes: Option<usize>,
     /// Live subagents of one principal (default 8; 1 to [`MAX_SUBAGENTS`]).
     pub max_subagents_per_principal: Option<usize>,
     /// Live subagents in all (default 64; 1 to [`MAX_SUBAGENTS`]).
@@ -338,6 +341,12 @@ pub const MAX_TASKS: usize = 1_000_000;
 /// The most `limits.task_artifact_bytes` may be: with a task's history and status it keeps
 /// the largest task record well inside the store's largest append (16 MiB).
 pub const MAX_TASK_ARTIFACT_BYTES: usize = 8 << 20;
+
+/// The least `limits.tasks_bytes` may be: room for the largest single task.
+pub const MIN_TASKS_BYTES: usize = 16 << 20;
+
+/// The most `limits.tasks_bytes` may be (64 GiB).
+pub const MAX_TASKS_BYTES: usize = 64 << 30;
 
 /// The most `limits.max_message_parts` may be.
 pub const MAX_MESSAGE_PARTS: usize = 4096;
@@ -741,6 +750,7 @@ impl Config {
         // The bound keeps a task record inside the store's largest append.
         set(&mut c.tasks.artifact_bytes, l.task_artifact_bytes);
         set(&mut c.tasks.max_message_parts, l.max_message_parts);
+        set(&mut c.tasks.total_bytes, l.tasks_bytes);
         set(&mut c.replay.per_task, l.replay_events_per_task);
         set(&mut c.replay.events, l.replay_events);
         set(&mut c.replay.bytes, l.replay_bytes);
@@ -831,6 +841,9 @@ impl Config {
             in_range("a2a.events.ring", n, 1, MAX_EVENTS_RING)?;
         }
         self.runtime_limits()?;
+        if let Some(n) = l.tasks_bytes {
+            in_range("limits.tasks_bytes", n, MIN_TASKS_BYTES, MAX_TASKS_BYTES)?;
+        }
         if let Some(n) = self.a2a.push.workers {
             in_range("a2a.push.workers", n, 1, MAX_PUSH_WORKERS)?;
         }
@@ -1151,6 +1164,7 @@ fn effective_document(c: &InstanceConfig, max_connections: Option<usize>) -> ser
             "max_tasks": c.tasks.max_tasks,
             "task_artifact_bytes": c.tasks.artifact_bytes,
             "max_message_parts": c.tasks.max_message_parts,
+            "tasks_bytes": c.tasks.total_bytes,
             "max_connections": max_connections,
         },
     })
@@ -1410,6 +1424,10 @@ match = { bearer_ref = "{{secret:AGENTD_TEST_OP}}" }"#,
                 "limits.max_message_parts: must be from 1 to 4096, not 0",
             ),
             (
+                "[limits]\ntasks_bytes = 1000",
+                "limits.tasks_bytes: must be from 16777216 to 68719476736, not 1000",
+            ),
+            (
                 "[limits]\nmax_subagents = 1025",
                 "limits.max_subagents: must be from 1 to 1024, not 1025",
             ),
@@ -1595,6 +1613,7 @@ match = { bearer_ref = "{{secret:AGENTD_TEST_OP}}" }"#,
         assert!((1..=MAX_TASKS).contains(&ic.tasks.max_tasks));
         assert!((1..=MAX_TASK_ARTIFACT_BYTES).contains(&ic.tasks.artifact_bytes));
         assert!((1..=MAX_MESSAGE_PARTS).contains(&ic.tasks.max_message_parts));
+        assert!((MIN_TASKS_BYTES..=MAX_TASKS_BYTES).contains(&ic.tasks.total_bytes));
         let r = crate::runtime::RuntimeLimits::default();
         assert!((1..=MAX_SUBAGENTS).contains(&r.max_subagents));
         assert!((1..=MAX_SUBAGENTS).contains(&r.max_subagents_per_principal));

@@ -1039,7 +1039,9 @@ impl Instance {
         now: Now,
     ) -> Result<(), CompletionError> {
         let map_err = |e| match e {
-            StoreError::NotFound | StoreError::Full => CompletionError::UnknownTask,
+            StoreError::NotFound | StoreError::Full | StoreError::OverBudget => {
+                CompletionError::UnknownTask
+            }
             StoreError::Terminal(s) => CompletionError::TaskTerminal(s),
             StoreError::TooManyArtifacts => CompletionError::TooManyArtifacts,
             StoreError::ArtifactsTooLarge => CompletionError::ArtifactsTooLarge,

@@ -273,6 +273,30 @@ fn serialize<T: Serialize>(value: &T) -> Reply {
     }
 }
 
+/// A new task refused for room: the bound reached, typed (`LIMIT_REACHED`, naming it), so a
+/// caller knows to retry once tasks finish.
+fn no_room(inst: &Instance, e: StoreError) -> RpcError {
+    let limits = inst.config.tasks;
+    let (key, max, what) = match e {
+        StoreError::OverBudget => (
+            "limits.tasks_bytes",
+            limits.total_bytes,
+            "the tasks held already take every byte",
+        ),
+        _ => (
+            "limits.max_tasks",
+            limits.max_tasks,
+            "the task store is full",
+        ),
+    };
+    RpcError::new(
+        ErrorKind::LimitReached,
+        format!("{what} ({key} = {max}) and none of them is finished; try again later"),
+    )
+    .with_meta("limit", key)
+    .with_meta("max", max.to_string())
+}
+
 fn history_length(value: Option<i32>, field: &str) -> Result<Option<usize>, RpcError> {
     match value {
         None => Ok(None),
@@ -401,12 +425,7 @@ fn send(
             ctx.now.epoch_ms,
         ) {
             Ok(_) => {}
-            Err(_) => {
-                return Err(RpcError::new(
-                    ErrorKind::Internal,
-                    "the task store is full of unfinished tasks; try again later",
-                ))
-            }
+            Err(e) => return Err(no_room(inst, e)),
         }
         message.task_id = task_id.clone();
         message.context_id = context.key.clone();
@@ -1034,20 +1053,16 @@ fn complete_locally(
 ) -> Result<Reply, RpcError> {
     let task_id = inst.new_id();
     let context = inst.resolve_context(ctx.principal, &message.context_id);
-    inst.tasks
-        .create(
-            task_id.clone(),
-            context,
-            ctx.principal.clone(),
-            message,
-            ctx.now.epoch_ms,
-        )
-        .map_err(|_| {
-            RpcError::new(
-                ErrorKind::Internal,
-                "the task store is full of unfinished tasks",
-            )
-        })?;
+    let created = inst.tasks.create(
+        task_id.clone(),
+        context,
+        ctx.principal.clone(),
+        message,
+        ctx.now.epoch_ms,
+    );
+    if let Err(e) = created {
+        return Err(no_room(inst, e));
+    }
     let link = crate::ext::annotations::Link {
         kind: crate::ext::annotations::LinkKind::Run,
         id: task_id.clone(),

@@ -1385,3 +1385,27 @@ fn a_message_to_a_working_task_is_refused_and_changes_nothing() {
         .collect();
     assert!(!texts.contains(&"second"), "{texts:?}");
 }
+
+/// A store full of unfinished tasks refuses a new one with a typed error naming the bound
+/// (it was a bare -32603), and the caller may retry once tasks finish.
+#[test]
+fn a_full_store_refuses_a_new_task_naming_the_bound() {
+    let mut h = Harness::with(|c| c.tasks.max_tasks = 2);
+    let mut c = h.conn();
+    new_task(&mut h, &mut c, "one");
+    new_task(&mut h, &mut c, "two");
+    let e = rpc_error(
+        &mut h,
+        &mut c,
+        "SendMessage",
+        json!({"message": text_message("three", "m3")}),
+        -32603,
+        Some("LIMIT_REACHED"),
+    );
+    assert_eq!(
+        e["error"]["data"][0]["metadata"]["limit"], "limits.max_tasks",
+        "{e}"
+    );
+    assert_eq!(e["error"]["data"][0]["metadata"]["max"], "2", "{e}");
+    assert!(h.take_effects().is_empty());
+}

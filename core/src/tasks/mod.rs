@@ -29,6 +29,10 @@ pub struct TaskLimits {
     pub artifact_bytes: usize,
     /// Parts one message may carry.
     pub max_message_parts: usize,
+    /// Bytes of all tasks together (each task's history and artifacts, as counted against
+    /// its own bounds). Past it the oldest finished tasks are dropped; when none is
+    /// finished, a new task is refused.
+    pub total_bytes: usize,
 }
 
 /// What a part costs in memory beyond its serialized text (its `Part` value, the `String`
@@ -44,6 +48,7 @@ impl TaskLimits {
         max_artifacts: 64,
         artifact_bytes: 4 * 1024 * 1024,
         max_message_parts: 256,
+        total_bytes: 512 * 1024 * 1024,
     };
 }
 
@@ -158,6 +163,11 @@ impl TaskRecord {
         self.history.len()
     }
 
+    /// What the task counts against [`TaskLimits::total_bytes`].
+    fn weight(&self) -> usize {
+        self.history_bytes + self.artifact_bytes
+    }
+
     fn push_history(&mut self, message: Message, limits: &TaskLimits) {
         let size = serialized_len(&message) + message.parts.len() * PART_COST;
         self.history.push_back((message, size));
@@ -194,6 +204,9 @@ pub enum StoreError {
     TooManyArtifacts,
     /// The task's artifacts would exceed [`TaskLimits::artifact_bytes`].
     ArtifactsTooLarge,
+    /// A new task would take the tasks past [`TaskLimits::total_bytes`], and no finished
+    /// task is left to drop.
+    OverBudget,
 }
 
 /// The length of a value's JSON, counted without building it.
@@ -268,6 +281,8 @@ pub struct TaskStore {
     /// eviction for a while.
     unused_contexts: BTreeMap<u64, (String, String)>,
     unused_seq: u64,
+    /// The sum of every held task's weight ([`TaskLimits::total_bytes`]).
+    bytes: usize,
 }
 
 impl TaskStore {
@@ -285,7 +300,49 @@ impl TaskStore {
             contexts: HashMap::new(),
             unused_contexts: BTreeMap::new(),
             unused_seq: 0,
+            bytes: 0,
         }
+    }
+
+    /// What all held tasks weigh together.
+    pub fn total_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Drops the oldest finished tasks (never `keep`) while the tasks weigh more than
+    /// [`TaskLimits::total_bytes`] with `incoming` more bytes. Whether they then fit.
+    fn shed(&mut self, keep: &str, incoming: usize) -> bool {
+        while self.bytes + incoming > self.limits.total_bytes {
+            let Some(oldest) = self
+                .terminal
+                .iter()
+                .find(|(_, id)| id != keep)
+                .map(|(_, id)| id.clone())
+            else {
+                return false;
+            };
+            self.evict(&oldest);
+        }
+        true
+    }
+
+    /// Runs `change` on a live task and keeps the total weight in step with it; past the
+    /// budget, finished tasks make room. A live task's growth is bounded by its own bounds,
+    /// so it is never refused here.
+    fn reweigh<T>(
+        &mut self,
+        id: &str,
+        change: impl FnOnce(&mut TaskRecord) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let t = self.live_mut(id)?;
+        let before = t.weight();
+        let out = change(t);
+        let after = t.weight();
+        self.bytes = self.bytes - before + after;
+        if after > before {
+            self.shed(id, 0);
+        }
+        out
     }
 
     /// The internal key `owner` has bound to its context name `name`, if any.
@@ -399,6 +456,7 @@ impl TaskStore {
         if let Some(old) = self.remove(&rec.id) {
             drop(old);
         }
+        self.bytes += rec.weight();
         self.seq = self.seq.max(rec.status_seq);
         self.order
             .insert((rec.status_ms, rec.status_seq), rec.id.clone());
@@ -412,7 +470,7 @@ impl TaskStore {
     /// After a restore: evicts the oldest terminal tasks while more are held than
     /// `max_tasks` allows (the bound may have shrunk since they were written).
     pub fn enforce_bound(&mut self) {
-        while self.tasks.len() > self.limits.max_tasks {
+        while self.tasks.len() > self.limits.max_tasks || self.bytes > self.limits.total_bytes {
             let Some((_, id)) = self.terminal.iter().next().cloned() else {
                 break;
             };
@@ -466,6 +524,12 @@ impl TaskStore {
                 .ok_or(StoreError::Full)?;
             self.evict(&oldest.1);
         }
+        // Room for the first message within the bytes of all tasks, finished ones dropped
+        // for it if need be.
+        let incoming = serialized_len(&first) + first.parts.len() * PART_COST;
+        if !self.shed("", incoming) {
+            return Err(StoreError::OverBudget);
+        }
         first.task_id = id.clone();
         first.context_id = context.name.clone();
         let mut rec = TaskRecord {
@@ -494,6 +558,7 @@ impl TaskStore {
             ask_operator_only: false,
         };
         rec.push_history(first, &self.limits);
+        self.bytes += rec.weight();
         self.context_used(&rec);
         self.order.insert((now_ms, rec.status_seq), id.clone());
         self.touch(&id);
@@ -507,6 +572,7 @@ impl TaskStore {
 
     fn remove(&mut self, id: &str) -> Option<TaskRecord> {
         let t = self.tasks.remove(id)?;
+        self.bytes -= t.weight();
         self.order.remove(&(t.status_ms, t.status_seq));
         self.terminal.remove(&(t.created_ms, t.id.clone()));
         self.context_released(&t);
@@ -548,14 +614,16 @@ impl TaskStore {
     /// Appends a client message to a live task.
     pub fn append_message(&mut self, id: &str, mut message: Message) -> Result<(), StoreError> {
         let limits = self.limits;
-        let t = self.live_mut(id)?;
-        message.task_id = t.id.clone();
-        message.context_id = t.context_id.clone();
-        // The agent's question came before this answer: keep the history in that order.
-        if let Some(prev) = t.status_message.take() {
-            t.push_history(prev, &limits);
-        }
-        t.push_history(message, &limits);
+        self.reweigh(id, |t| {
+            message.task_id = t.id.clone();
+            message.context_id = t.context_id.clone();
+            // The agent's question came before this answer: keep the history in that order.
+            if let Some(prev) = t.status_message.take() {
+                t.push_history(prev, &limits);
+            }
+            t.push_history(message, &limits);
+            Ok(())
+        })?;
         self.touch(id);
         Ok(())
     }
@@ -571,19 +639,21 @@ impl TaskStore {
     ) -> Result<&TaskRecord, StoreError> {
         let limits = self.limits;
         let seq = self.seq + 1;
-        let t = self.live_mut(id)?;
-        let old_key = (t.status_ms, t.status_seq);
-        if let Some(prev) = t.status_message.take() {
-            t.push_history(prev, &limits);
-        }
-        t.status_message = parts.map(|p| t.agent_message(p));
-        t.state = state;
-        // Status times never go backwards, so the listing order stays a total order.
-        t.status_ms = now_ms.max(t.status_ms);
-        t.status_seq = seq;
-        record_transition(&mut t.status_history, state, t.status_ms);
-        let new_key = (t.status_ms, t.status_seq);
-        let terminal_key = state.is_terminal().then(|| (t.created_ms, t.id.clone()));
+        let (old_key, new_key, terminal_key) = self.reweigh(id, |t| {
+            let old_key = (t.status_ms, t.status_seq);
+            if let Some(prev) = t.status_message.take() {
+                t.push_history(prev, &limits);
+            }
+            t.status_message = parts.map(|p| t.agent_message(p));
+            t.state = state;
+            // Status times never go backwards, so the listing order stays a total order.
+            t.status_ms = now_ms.max(t.status_ms);
+            t.status_seq = seq;
+            record_transition(&mut t.status_history, state, t.status_ms);
+            let new_key = (t.status_ms, t.status_seq);
+            let terminal_key = state.is_terminal().then(|| (t.created_ms, t.id.clone()));
+            Ok((old_key, new_key, terminal_key))
+        })?;
         self.seq = seq;
         self.order.remove(&old_key);
         self.order.insert(new_key, id.to_owned());
@@ -603,40 +673,53 @@ impl TaskStore {
     ) -> Result<(), StoreError> {
         let max = self.limits.max_artifacts;
         let budget = self.limits.artifact_bytes;
-        let t = self.live_mut(id)?;
-        let count = t.artifacts.len();
-        let at = t
-            .artifacts
-            .iter()
-            .position(|a| a.artifact_id == artifact.artifact_id);
-        // The task's artifact bytes once this change is made: checked before anything changes,
-        // so a refused artifact leaves the task as it was.
-        let (bytes, replaced) = match at {
-            Some(_) if append => {
-                let added: usize = artifact.parts.iter().map(|p| serialized_len(p) + 1).sum();
-                (t.artifact_bytes + added, None)
-            }
-            Some(i) => {
-                let old = serialized_len(&t.artifacts[i]);
-                let new = serialized_len(&artifact);
-                (t.artifact_bytes.saturating_sub(old) + new, Some(i))
-            }
-            None if count >= max => return Err(StoreError::TooManyArtifacts),
-            None => (t.artifact_bytes + serialized_len(&artifact) + 1, None),
-        };
-        if bytes > budget {
-            return Err(StoreError::ArtifactsTooLarge);
-        }
-        t.artifact_bytes = bytes;
-        match (at, replaced) {
-            (Some(i), None) => t.artifacts[i].parts.extend(artifact.parts),
-            (Some(_), Some(i)) => t.artifacts[i] = artifact,
-            (None, _) => t.artifacts.push(artifact),
-        }
+        self.reweigh(id, |t| put_artifact(t, artifact, append, max, budget))?;
         self.touch(id);
         Ok(())
     }
+}
 
+/// [`TaskStore::put_artifact`] on the task itself.
+fn put_artifact(
+    t: &mut TaskRecord,
+    artifact: Artifact,
+    append: bool,
+    max: usize,
+    budget: usize,
+) -> Result<(), StoreError> {
+    let count = t.artifacts.len();
+    let at = t
+        .artifacts
+        .iter()
+        .position(|a| a.artifact_id == artifact.artifact_id);
+    // The task's artifact bytes once this change is made: checked before anything changes,
+    // so a refused artifact leaves the task as it was.
+    let (bytes, replaced) = match at {
+        Some(_) if append => {
+            let added: usize = artifact.parts.iter().map(|p| serialized_len(p) + 1).sum();
+            (t.artifact_bytes + added, None)
+        }
+        Some(i) => {
+            let old = serialized_len(&t.artifacts[i]);
+            let new = serialized_len(&artifact);
+            (t.artifact_bytes.saturating_sub(old) + new, Some(i))
+        }
+        None if count >= max => return Err(StoreError::TooManyArtifacts),
+        None => (t.artifact_bytes + serialized_len(&artifact) + 1, None),
+    };
+    if bytes > budget {
+        return Err(StoreError::ArtifactsTooLarge);
+    }
+    t.artifact_bytes = bytes;
+    match (at, replaced) {
+        (Some(i), None) => t.artifacts[i].parts.extend(artifact.parts),
+        (Some(_), Some(i)) => t.artifacts[i] = artifact,
+        (None, _) => t.artifacts.push(artifact),
+    }
+    Ok(())
+}
+
+impl TaskStore {
     /// Tasks newest first, starting strictly after `after` (a page token's position).
     pub fn newest_first(
         &self,
@@ -701,6 +784,51 @@ mod tests {
             name: id.into(),
             parts: vec![Part::text(text)],
         }
+    }
+
+    fn big(id: &str, len: usize) -> Message {
+        Message {
+            message_id: id.into(),
+            role: Role::User,
+            parts: vec![Part::text("x".repeat(len))],
+            ..Message::default()
+        }
+    }
+
+    #[test]
+    fn all_tasks_are_bounded_in_bytes_finished_ones_dropped_first() {
+        let mut s = TaskStore::new(TaskLimits {
+            total_bytes: 10_000,
+            ..TaskLimits::DEFAULT
+        });
+        let create = |s: &mut TaskStore, id: &str| {
+            s.create(
+                id.into(),
+                ContextIds::plain("c"),
+                Principal::operator(),
+                big(id, 3_000),
+                10,
+            )
+            .map(|_| ())
+        };
+        create(&mut s, "a").unwrap();
+        create(&mut s, "b").unwrap();
+        create(&mut s, "c").unwrap();
+        assert!(s.total_bytes() <= 10_000, "{}", s.total_bytes());
+        // Nothing is finished: a fourth does not fit, and nothing was dropped.
+        assert_eq!(create(&mut s, "d"), Err(StoreError::OverBudget));
+        assert_eq!(s.len(), 3);
+        // Once one is finished, it makes room.
+        s.set_status("a", TaskState::Completed, None, 11).unwrap();
+        create(&mut s, "d").unwrap();
+        assert!(s.get("a").is_none(), "the finished task was dropped");
+        assert_eq!(s.take_evicted().len(), 1, "and reported");
+        // The count follows every change, down to nothing.
+        for id in ["b", "c", "d"] {
+            s.set_status(id, TaskState::Completed, None, 12).unwrap();
+        }
+        let weights: usize = s.tasks.values().map(TaskRecord::weight).sum();
+        assert_eq!(s.total_bytes(), weights);
     }
 
     #[test]
