@@ -21,7 +21,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::task::{Wake, Waker};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use agentd_core::{Instance, Now};
 use serde::Deserialize;
@@ -195,14 +195,26 @@ impl Pump {
     }
 }
 
-/// Starts the pump. `on_fail` runs (once, on the pump thread) if the store fails: nothing
-/// can be acknowledged after that, so the daemon should stop; recovery at the next start
-/// tells what survived.
+/// The first heal is tried this long after the store failed; each failed attempt doubles
+/// the wait, up to [`HEAL_MAX_BACKOFF`]. A heal writes the whole state, so it is not tried
+/// in a tight loop on a disk that stays full.
+const HEAL_FIRST_BACKOFF: Duration = Duration::from_millis(500);
+const HEAL_MAX_BACKOFF: Duration = Duration::from_secs(15);
+/// A heal that keeps failing is logged at most this often.
+const HEAL_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Starts the pump. `host_records` are the host's own records (the feed's base, from
+/// [`restore`]): appended first, and written again by every heal.
+///
+/// A store that fails (a full disk, an I/O error) never stops the daemon: the pump marks
+/// the instance's store unavailable (changes are refused with STORE_UNAVAILABLE, answers
+/// waiting for the failed writes are given up, reads go on), logs it once, and tries to heal
+/// the store from the instance's state with a growing pause between attempts; once a heal
+/// succeeds, the instance takes changes again.
 pub fn spawn(
     inst: Arc<Mutex<Instance>>,
     store: Store,
-    first: Vec<Record>,
-    on_fail: impl FnOnce(String) + Send + 'static,
+    host_records: Vec<Record>,
 ) -> std::io::Result<Pump> {
     let (tx, rx) = mpsc::channel();
     let cb = Mutex::new(tx.clone());
@@ -216,10 +228,11 @@ pub fn spawn(
             let _ = tx.send(msg);
         }
     });
-    if !first.is_empty() {
-        store
-            .append(&first)
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let mut degraded = store.stats().failed.map(|why| why.to_string());
+    if degraded.is_none() && !host_records.is_empty() {
+        if let Err(e) = store.append(&host_records) {
+            degraded = Some(e.to_string());
+        }
     }
     let wake = Arc::new(ChannelWake {
         tx: Mutex::new(tx.clone()),
@@ -227,7 +240,19 @@ pub fn spawn(
     });
     let thread = thread::Builder::new()
         .name("agentd-records".into())
-        .spawn(move || run(&inst, store, &rx, &wake, on_fail))?;
+        .spawn(move || {
+            let mut pump = Pumping {
+                inst: &inst,
+                store,
+                host_records,
+                inflight: VecDeque::new(),
+                degraded: None,
+            };
+            if let Some(why) = degraded {
+                pump.fail(why);
+            }
+            pump.run(&rx, &wake);
+        })?;
     Ok(Pump {
         tx,
         thread: Some(thread),
@@ -258,71 +283,169 @@ fn lock(inst: &Mutex<Instance>) -> std::sync::MutexGuard<'_, Instance> {
     inst.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn run(
-    inst: &Mutex<Instance>,
+/// A failed store waiting to heal.
+struct Degraded {
+    why: String,
+    next_attempt: Instant,
+    backoff: Duration,
+    attempts: u64,
+    last_logged: Instant,
+}
+
+/// The pump thread's state.
+struct Pumping<'a> {
+    inst: &'a Mutex<Instance>,
     store: Store,
-    rx: &Receiver<Msg>,
-    wake: &Arc<ChannelWake>,
-    on_fail: impl FnOnce(String),
-) {
-    let waker = &Waker::from(wake.clone());
-    lock(inst).register_records_waker(waker);
-    // Appended and not yet durable: (ticket, the record sequence it makes durable).
-    let mut inflight: VecDeque<(Ticket, u64)> = VecDeque::new();
-    loop {
-        // A periodic look as well as the waker: a change made through a path that does not
-        // announce itself is still written within this interval.
-        let msg = match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(m) => Some(m),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => Some(Msg::Stop),
-        };
-        // Cleared before the drain: a change after it wakes the pump again.
-        wake.pending.store(false, Ordering::Release);
-        let batch = {
-            let mut i = lock(inst);
-            let b = i.poll_records();
-            i.register_records_waker(waker);
-            b
-        };
-        if let Some(batch) = batch {
-            let records: Vec<Record> = batch
-                .records
-                .into_iter()
-                .map(|r| match r.body {
-                    Some(body) => Record::put(r.kind, r.key, body),
-                    None => Record::remove(r.kind, r.key),
-                })
-                .collect();
-            match append_split(&store, &records) {
-                Ok(ticket) => inflight.push_back((ticket, batch.upto)),
-                Err(e) => {
-                    on_fail(e.to_string());
-                    return;
-                }
-            }
-        }
-        match msg {
-            Some(Msg::Durable(t)) => {
-                let mut upto = None;
-                while inflight.front().is_some_and(|(ticket, _)| *ticket <= t) {
-                    upto = inflight.pop_front().map(|(_, u)| u);
-                }
-                if let Some(u) = upto {
-                    lock(inst).records_durable(u);
-                }
-            }
-            Some(Msg::Failed(why)) => {
-                on_fail(why);
-                return;
-            }
-            Some(Msg::Stop) => {
-                if let Err(e) = store.close() {
+    host_records: Vec<Record>,
+    /// Appended and not yet durable: (ticket, the record sequence it makes durable).
+    inflight: VecDeque<(Ticket, u64)>,
+    degraded: Option<Degraded>,
+}
+
+impl Pumping<'_> {
+    fn run(mut self, rx: &Receiver<Msg>, wake: &Arc<ChannelWake>) {
+        let waker = &Waker::from(wake.clone());
+        lock(self.inst).register_records_waker(waker);
+        loop {
+            // A periodic look as well as the waker: a change made through a path that does
+            // not announce itself is still written within this interval.
+            let wait = match &self.degraded {
+                Some(d) => d.next_attempt.saturating_duration_since(Instant::now()),
+                None => Duration::from_millis(200),
+            };
+            let msg = match rx.recv_timeout(wait) {
+                Ok(m) => Some(m),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => Some(Msg::Stop),
+            };
+            if matches!(msg, Some(Msg::Stop)) {
+                self.drain(wake, waker);
+                if let Err(e) = self.store.close() {
                     tracing::error!("store: {e}");
                 }
                 return;
             }
-            Some(Msg::Records) | None => {}
+            if self.degraded.is_some() {
+                // Changes wait in the instance (one dirty mark per key, so bounded by what
+                // it holds) until the heal writes them all.
+                if self
+                    .degraded
+                    .as_ref()
+                    .is_some_and(|d| Instant::now() >= d.next_attempt)
+                {
+                    self.heal();
+                }
+                continue;
+            }
+            self.drain(wake, waker);
+            match msg {
+                Some(Msg::Durable(t)) => {
+                    let mut upto = None;
+                    while self
+                        .inflight
+                        .front()
+                        .is_some_and(|(ticket, _)| *ticket <= t)
+                    {
+                        upto = self.inflight.pop_front().map(|(_, u)| u);
+                    }
+                    if let Some(u) = upto {
+                        lock(self.inst).records_durable(u);
+                    }
+                }
+                Some(Msg::Failed(why)) => self.fail(why),
+                Some(Msg::Records | Msg::Stop) | None => {}
+            }
         }
     }
+
+    /// Appends what changed since the last drain (nothing while the store is failed).
+    fn drain(&mut self, wake: &ChannelWake, waker: &Waker) {
+        if self.degraded.is_some() {
+            return;
+        }
+        // Cleared before the drain: a change after it wakes the pump again.
+        wake.pending.store(false, Ordering::Release);
+        let batch = {
+            let mut i = lock(self.inst);
+            let b = i.poll_records();
+            i.register_records_waker(waker);
+            b
+        };
+        let Some(batch) = batch else { return };
+        match append_split(&self.store, &to_store(batch.records)) {
+            Ok(ticket) => self.inflight.push_back((ticket, batch.upto)),
+            Err(e) => self.fail(e.to_string()),
+        }
+    }
+
+    /// The store failed: nothing more can be acknowledged until it heals.
+    fn fail(&mut self, why: String) {
+        if self.degraded.is_some() {
+            return;
+        }
+        tracing::error!(
+            "store: cannot write ({why}); changes are refused with STORE_UNAVAILABLE and \
+             reads answered until it heals; healing by itself"
+        );
+        self.inflight.clear();
+        lock(self.inst).set_store_unavailable(Some(why.clone()));
+        let now = Instant::now();
+        self.degraded = Some(Degraded {
+            why,
+            next_attempt: now + HEAL_FIRST_BACKOFF,
+            backoff: HEAL_FIRST_BACKOFF,
+            attempts: 0,
+            last_logged: now,
+        });
+    }
+
+    /// Writes the instance's whole state into a fresh snapshot; on success the instance
+    /// takes changes again.
+    fn heal(&mut self) {
+        let Some(d) = self.degraded.as_mut() else {
+            return;
+        };
+        d.attempts += 1;
+        let all = lock(self.inst).all_records();
+        let mut records = to_store(all.records);
+        // Removals need no record: the snapshot is the whole state.
+        records.retain(|r| matches!(r.op, Op::Put(_)));
+        records.extend(self.host_records.iter().cloned());
+        match self.store.heal(&records) {
+            Ok(()) => {
+                tracing::info!(
+                    records = records.len(),
+                    attempts = d.attempts,
+                    "store: healed; wrote the whole state into a fresh snapshot (it failed: {})",
+                    d.why
+                );
+                self.degraded = None;
+                let mut i = lock(self.inst);
+                i.records_durable(all.upto);
+                i.set_store_unavailable(None);
+            }
+            Err(e) => {
+                let now = Instant::now();
+                if now.duration_since(d.last_logged) >= HEAL_LOG_EVERY {
+                    d.last_logged = now;
+                    tracing::warn!(
+                        attempts = d.attempts,
+                        "store: still cannot write ({e}); changes stay refused"
+                    );
+                }
+                d.backoff = (d.backoff * 2).min(HEAL_MAX_BACKOFF);
+                d.next_attempt = now + d.backoff;
+            }
+        }
+    }
+}
+
+fn to_store(records: Vec<agentd_core::instance::Record>) -> Vec<Record> {
+    records
+        .into_iter()
+        .map(|r| match r.body {
+            Some(body) => Record::put(r.kind, r.key, body),
+            None => Record::remove(r.kind, r.key),
+        })
+        .collect()
 }

@@ -254,16 +254,10 @@ fn run(args: Args) -> Result<(), Failure> {
     let instance = Arc::new(Mutex::new(instance));
     let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<(), String>>();
     let pump = match store {
-        Some(store) => {
-            let tx = done_tx.clone();
-            let on_fail = move |why: String| {
-                let _ = tx.send(Err(format!("the store failed; stopping: {why}")));
-            };
-            Some(
-                durable::spawn(instance.clone(), store, first_records, on_fail)
-                    .map_err(|e| Failure::Runtime(format!("store: {e}")))?,
-            )
-        }
+        Some(store) => Some(
+            durable::spawn(instance.clone(), store, first_records)
+                .map_err(|e| Failure::Runtime(format!("store: {e}")))?,
+        ),
         None => None,
     };
     let runtime = runtime::spawn(instance.clone(), clock, settings)

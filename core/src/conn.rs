@@ -154,9 +154,8 @@ pub struct Connection {
     /// The TLS session of an `https://` listener (set up on the first bytes).
     tls: Option<crate::tls::TlsLayer>,
     tls_checked: bool,
-    /// Held output: `(offset in out where held bytes start, record sequence they wait for)`,
-    /// in output order (so also in sequence order).
-    holds: std::collections::VecDeque<(usize, u64)>,
+    /// Held output, in output order (so also in sequence order).
+    holds: std::collections::VecDeque<Hold>,
     /// Which requests are recorded for the driver's request log (see [`crate::reqlog`]).
     keep: Keep,
     /// The monotonic millisecond the head of the request being answered was read.
@@ -170,6 +169,31 @@ pub struct Connection {
     /// Records the driver has not taken yet, at most [`reqlog::MAX_RECORDS`].
     records: VecDeque<Box<RequestRecord>>,
     dropped: Dropped,
+}
+
+/// Output written but held until the change it acknowledges is durable.
+#[derive(Debug)]
+struct Hold {
+    /// Where in `out` the held bytes start.
+    start: usize,
+    /// The record sequence they wait for.
+    seq: u64,
+    /// What the peer hears instead if the store fails first.
+    instead: Instead,
+}
+
+/// What a held answer becomes when the change it acknowledges cannot be made durable (the
+/// host's store failed): the held bytes and everything after them are dropped, this is
+/// written in their place, and the connection closes (answers pipelined behind the hold are
+/// gone with it; the close tells their client so).
+#[derive(Debug)]
+enum Instead {
+    /// A whole JSON-RPC answer, or a stream's head with its first frames: a JSON-RPC error.
+    Rpc { id: RequestId, minor: u8 },
+    /// A frame of a stream already open: an error event, and the stream's end.
+    StreamFrame { id: RequestId, chunked: bool },
+    /// A device-grant answer: 503 `temporarily_unavailable` (RFC 6749 §4.1.2.1).
+    OAuth { minor: u8 },
 }
 
 /// A request's standing with CORS.
@@ -344,38 +368,93 @@ impl Connection {
     }
 
     /// Holds the output written from `start` on until change `seq` is durable.
-    fn hold_from(&mut self, inst: &mut Instance, start: usize, seq: u64) {
-        if !inst.must_hold(seq) || self.holds.back().is_some_and(|h| h.1 >= seq) {
+    fn hold_from(&mut self, inst: &mut Instance, start: usize, seq: u64, instead: Instead) {
+        if !inst.must_hold(seq) || self.holds.back().is_some_and(|h| h.seq >= seq) {
             // Durable already, or behind a hold that waits for as much.
             return;
         }
         if self.holds.is_empty() {
             inst.set_holding(true);
         }
-        self.holds.push_back((start, seq));
+        self.holds.push_back(Hold {
+            start,
+            seq,
+            instead,
+        });
         inst.wait_durable(seq, &self.waker);
     }
 
-    /// Releases the holds whose changes are durable now.
-    fn release(&mut self, inst: &mut Instance) {
+    /// Releases the holds whose changes are durable now; gives them up if the store cannot
+    /// make them durable.
+    fn release(&mut self, inst: &mut Instance, now: Now) {
         let had = !self.holds.is_empty();
-        while self.holds.front().is_some_and(|h| !inst.must_hold(h.1)) {
+        while self.holds.front().is_some_and(|h| !inst.must_hold(h.seq)) {
             self.holds.pop_front();
         }
         if had && self.holds.is_empty() {
             inst.set_holding(false);
         }
+        if !self.holds.is_empty() && inst.store_unavailable().is_some() {
+            self.give_up_holds(inst, now);
+        }
+    }
+
+    /// The store failed before the held answers' changes were durable: nothing may
+    /// acknowledge them. The first held answer becomes a STORE_UNAVAILABLE refusal; what
+    /// follows it is dropped, whatever the connection was doing ends, and it closes.
+    fn give_up_holds(&mut self, inst: &mut Instance, now: Now) {
+        let Some(first) = self.holds.pop_front() else {
+            return;
+        };
+        self.holds.clear();
+        inst.set_holding(false);
+        self.out.truncate(first.start);
+        self.end_state(inst);
+        let why = inst.store_unavailable().unwrap_or_default().to_owned();
+        let err = RpcError::new(
+            ErrorKind::StoreUnavailable,
+            format!(
+                "the store could not make this change durable ({why}); it may or may not \
+                 be kept: read the task again once the store has healed"
+            ),
+        );
+        match first.instead {
+            Instead::Rpc { id, minor } => self.write_error_reply(&err, &id, false, minor, now),
+            Instead::StreamFrame { id, chunked } => {
+                let mut doc = Vec::with_capacity(256);
+                jsonrpc::write_error(&mut doc, &id, &err);
+                response::write_sse_event(&mut self.out, &doc, chunked);
+                if chunked {
+                    response::write_chunked_end(&mut self.out);
+                }
+                self.note_error(err.kind);
+            }
+            Instead::OAuth { minor } => {
+                let date = self.date(now);
+                let mut h = Head::new(503, &date)
+                    .header("content-type", "application/json")
+                    .header("cache-control", "no-store")
+                    .header("retry-after", "5");
+                self.finish_head(&mut h, minor, false, now);
+                h.write_full(
+                    &mut self.out,
+                    br#"{"error":"temporarily_unavailable","error_description":"the store cannot write; try again"}"#,
+                    false,
+                );
+            }
+        }
+        self.closing = true;
     }
 
     /// The end of what may be written: the start of the first hold.
     fn visible_end(&self) -> usize {
-        self.holds.front().map_or(self.out.len(), |h| h.0)
+        self.holds.front().map_or(self.out.len(), |h| h.start)
     }
 
     /// The output buffer lost its first `n` bytes.
     fn shift_holds(&mut self, n: usize) {
         for h in self.holds.iter_mut() {
-            h.0 = h.0.saturating_sub(n);
+            h.start = h.start.saturating_sub(n);
         }
     }
 
@@ -432,14 +511,14 @@ impl Connection {
             self.aborted = true;
             return;
         }
-        let end = self.holds.front().map_or(self.out.len(), |h| h.0);
+        let end = self.holds.front().map_or(self.out.len(), |h| h.start);
         let n = tls.send(&self.out[self.out_pos..end]);
         self.out_pos += n;
         if self.out_pos == self.out.len() {
             self.out.clear();
             self.out_pos = 0;
             // Only empty holds can remain (held bytes are never sent).
-            self.holds.iter_mut().for_each(|h| h.0 = 0);
+            self.holds.iter_mut().for_each(|h| h.start = 0);
             if self.closing {
                 tls.close_notify();
             }
@@ -503,7 +582,7 @@ impl Connection {
         if self.out_pos == self.out.len() {
             self.out.clear();
             self.out_pos = 0;
-            self.holds.iter_mut().for_each(|h| h.0 = 0);
+            self.holds.iter_mut().for_each(|h| h.start = 0);
             self.write_stalled_since = None;
         } else if self.out_pos == self.visible_end() {
             // What remains is held, not stalled.
@@ -547,6 +626,14 @@ impl Connection {
             self.holds.clear();
             inst.set_holding(false);
         }
+        self.end_state(inst);
+        self.closing = true;
+        self.aborted = true;
+    }
+
+    /// Ends what the connection was doing (a wait, a stream, a feed, a command call) and
+    /// lets go of what it held in the instance for it.
+    fn end_state(&mut self, inst: &mut Instance) {
         match self.state {
             State::Waiting { sub, .. } | State::Streaming { sub: Some(sub), .. } => {
                 inst.unsubscribe(sub)
@@ -562,8 +649,6 @@ impl Connection {
             _ => {}
         }
         self.state = State::Reading { pending: None };
-        self.closing = true;
-        self.aborted = true;
     }
 
     /// The monotonic millisecond at which [`Connection::handle_timeout`] is due.
@@ -600,7 +685,7 @@ impl Connection {
     pub fn handle_timeout(&mut self, inst: &mut Instance, now: Now) {
         self.last_mono = now.mono_ms;
         self.on_timeout(inst, now);
-        self.release(inst);
+        self.release(inst, now);
         self.encrypt();
     }
 
@@ -730,7 +815,7 @@ impl Connection {
 
     /// Runs the state machine as far as it can go without new input.
     fn drive(&mut self, inst: &mut Instance, now: Now) {
-        self.release(inst);
+        self.release(inst, now);
         loop {
             let progressed = match self.state {
                 State::Reading { .. } => self.read_requests(inst, now),
@@ -743,7 +828,7 @@ impl Connection {
                 break;
             }
         }
-        self.release(inst);
+        self.release(inst, now);
         match (&self.state, self.reading_head()) {
             (State::Reading { .. }, true) if self.head_started.is_none() => {
                 self.head_started = Some(now.mono_ms)
@@ -903,7 +988,10 @@ impl Connection {
                 self.finish_head(&mut h, head.minor_version, head.keep_alive, now);
                 h.write_full(&mut self.out, &a.body, false);
                 if let Some(seq) = hold {
-                    self.hold_from(inst, start, seq);
+                    let instead = Instead::OAuth {
+                        minor: head.minor_version,
+                    };
+                    self.hold_from(inst, start, seq, instead);
                 }
                 false
             }
@@ -1017,7 +1105,7 @@ impl Connection {
                 jsonrpc::write_result_raw(&mut doc, &id, &result);
                 self.write_json_keep(200, &doc, keep_alive, minor, activated.echo(), now);
                 if let Some(seq) = changed {
-                    self.hold_from(inst, start, seq);
+                    self.hold_from(inst, start, seq, Instead::Rpc { id, minor });
                 }
                 false
             }
@@ -1045,7 +1133,7 @@ impl Connection {
                 // A refused request echoes nothing.
                 self.write_error_reply(&err, &id, keep_alive, minor, now);
                 if let Some(seq) = changed {
-                    self.hold_from(inst, start, seq);
+                    self.hold_from(inst, start, seq, Instead::Rpc { id, minor });
                 }
                 false
             }
@@ -1077,12 +1165,14 @@ impl Connection {
                 if let Some(t) = &task_id {
                     self.note_task(t);
                 }
+                let rid = id.clone();
                 self.start_stream(
                     inst, id, sub, task_id, frames, keep_alive, minor, activated, now,
                 );
                 // The first frame of a stream that created or changed a task.
                 if let Some(seq) = changed {
-                    self.hold_from(inst, start, seq);
+                    let instead = Instead::Rpc { id: rid, minor };
+                    self.hold_from(inst, start, seq, instead);
                 }
                 true
             }
@@ -1340,6 +1430,10 @@ impl Connection {
         let start = self.out.len();
         let seq = inst.record_seq();
         let changed = seq > since;
+        let instead = Instead::Rpc {
+            id: id.clone(),
+            minor: minor_version,
+        };
         self.pump_call_answer(
             inst,
             call,
@@ -1353,7 +1447,7 @@ impl Connection {
             now,
         );
         if changed {
-            self.hold_from(inst, start, seq);
+            self.hold_from(inst, start, seq, instead);
         }
         true
     }
@@ -1520,7 +1614,8 @@ impl Connection {
         self.write_json_keep(200, &doc, keep_alive, minor_version, echo, now);
         // The answer of a blocking send acknowledges the task and the state it reached.
         let seq = inst.record_seq();
-        self.hold_from(inst, start, seq);
+        let minor = minor_version;
+        self.hold_from(inst, start, seq, Instead::Rpc { id, minor });
     }
 
     /// Writes the answer's own frames, then queued stream events. True when the stream
@@ -1592,6 +1687,7 @@ impl Connection {
         };
         let mut doc = Vec::with_capacity(512);
         jsonrpc::write_result(&mut doc, id, event);
+        let rid = id.clone();
         let start = self.out.len();
         let event_id = task_id.as_deref().map(|t| inst.stream_event_id(t, seq));
         response::write_sse_event_with_id(&mut self.out, event_id.as_deref(), &doc, chunked);
@@ -1605,7 +1701,8 @@ impl Connection {
         if matches!(event, StreamResponse::StatusUpdate(_)) && ends {
             // A settled state is never shown before it is durable; earlier frames may be.
             let seq = inst.record_seq();
-            self.hold_from(inst, start, seq);
+            let instead = Instead::StreamFrame { id: rid, chunked };
+            self.hold_from(inst, start, seq, instead);
         }
         if ends {
             self.end_stream(inst, None, now);

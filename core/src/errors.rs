@@ -56,6 +56,9 @@ pub enum ErrorKind {
     /// A bound the caller reached that waiting or freeing something can clear (live
     /// subagents, say): metadata `limit` names the configuration key, `max` its value.
     LimitReached,
+    /// The durable store cannot write (a full disk, an I/O error): changes are refused, reads
+    /// go on, and the store heals by itself. `Retry-After` as for a drain.
+    StoreUnavailable,
 }
 
 /// What the table says about a kind.
@@ -190,6 +193,12 @@ impl ErrorKind {
                 Some("RATE_LIMITED"),
                 AGENTD_DOMAIN,
             ),
+            StoreUnavailable => (
+                -32603,
+                "Internal error",
+                Some("STORE_UNAVAILABLE"),
+                AGENTD_DOMAIN,
+            ),
             Unauthenticated => (
                 -31401,
                 "Unauthenticated",
@@ -276,7 +285,7 @@ impl RpcError {
     /// Seconds a client should wait before trying again, sent as `Retry-After`.
     pub fn retry_after(&self) -> Option<u32> {
         match self.kind {
-            ErrorKind::Draining => Some(5),
+            ErrorKind::Draining | ErrorKind::StoreUnavailable => Some(5),
             ErrorKind::RateLimited => Some(
                 self.metadata
                     .iter()

@@ -401,6 +401,8 @@ pub struct Instance {
     pub(crate) push_configs: crate::push::PushConfigs,
     /// Write-ahead durability (see [`Instance::set_write_ahead`]).
     wal: WriteAhead,
+    /// Why the host's store cannot write now (see [`Instance::set_store_unavailable`]).
+    store_unavailable: Option<String>,
     /// The failure limiter and the per-principal rates (§7.5).
     pub(crate) limits: crate::limits::Limits,
 }
@@ -471,6 +473,7 @@ impl Instance {
             view: crate::view::RuntimeView::default(),
             push_configs: crate::push::PushConfigs::default(),
             wal: WriteAhead::default(),
+            store_unavailable: None,
             limits: crate::limits::Limits::default(),
         }
     }
@@ -505,6 +508,44 @@ impl Instance {
         self.wal.durable
     }
 
+    /// The host's store cannot write (`Some(why)`: a full disk, an I/O error), or can again
+    /// (`None`, once it healed and [`Instance::records_durable`] covered what it wrote).
+    /// While it cannot, requests that would change something are refused with
+    /// STORE_UNAVAILABLE before they change anything, reads are answered as ever, and every
+    /// held answer whose change is not durable is given up: its connection answers
+    /// STORE_UNAVAILABLE instead, since nothing may acknowledge what is not durable.
+    pub fn set_store_unavailable(&mut self, why: Option<String>) {
+        let failing = why.is_some() && self.store_unavailable.is_none();
+        self.store_unavailable = why;
+        if failing {
+            for (_, w) in std::mem::take(&mut self.wal.waiters) {
+                w.wake();
+            }
+        }
+    }
+
+    /// Why the store cannot write, while it cannot.
+    pub fn store_unavailable(&self) -> Option<&str> {
+        self.store_unavailable.as_deref()
+    }
+
+    /// Every record the instance holds, as it stands now, for a host that must write its
+    /// whole state again: a store healing after a failed write, since what it wrote after
+    /// its last good fsync cannot be trusted. Counts as a drain: once the records are
+    /// durable, the host calls [`Instance::records_durable`] with `upto`.
+    pub fn all_records(&mut self) -> Records {
+        self.tasks.mark_all_dirty();
+        self.sessions.mark_all_dirty();
+        self.push_configs.mark_all_dirty();
+        let upto = self.record_seq();
+        self.wal.drained = upto;
+        self.wal.announced = self.wal.announced.max(upto);
+        Records {
+            upto,
+            records: self.take_dirty_records(),
+        }
+    }
+
     /// Whether an answer depending on change `seq` must still wait.
     pub(crate) fn must_hold(&self, seq: u64) -> bool {
         self.wal.on && seq > self.wal.durable
@@ -536,6 +577,14 @@ impl Instance {
         }
         self.wal.drained = upto;
         self.wal.announced = self.wal.announced.max(upto);
+        Some(Records {
+            upto,
+            records: self.take_dirty_records(),
+        })
+    }
+
+    /// One record per key changed since the last drain, as it stands now.
+    fn take_dirty_records(&mut self) -> Vec<Record> {
         let mut records: Vec<Record> = self
             .tasks
             .take_dirty()
@@ -562,7 +611,7 @@ impl Instance {
                     body,
                 }),
         );
-        Some(Records { upto, records })
+        records
     }
 
     /// Wakes `waker` when changes are waiting to be drained by [`Instance::poll_records`].

@@ -497,6 +497,13 @@ impl PushConfigs {
         }
     }
 
+    /// Marks every task's configs changed, for a drain of the whole state.
+    pub(crate) fn mark_all_dirty(&mut self) {
+        if self.track {
+            self.dirty.extend(self.by_task.keys().cloned());
+        }
+    }
+
     pub(crate) fn changes(&self) -> u64 {
         self.changes
     }

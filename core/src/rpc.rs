@@ -411,6 +411,7 @@ fn send(
         return run_command(inst, ctx, checked, message, mode, history, annotate);
     }
 
+    writable(inst)?;
     let task_id = if message.task_id.is_empty() {
         if inst.draining {
             return Err(draining(inst));
@@ -672,6 +673,7 @@ fn cancel_task(
         .tasks
         .visible(&req.id, ctx.principal)
         .ok_or_else(|| RpcError::task_not_found(&req.id))?;
+    writable(inst)?;
     if t.state.is_terminal() {
         return Err(RpcError::new(
             ErrorKind::TaskNotCancelable,
@@ -803,6 +805,10 @@ fn run_command(
         || matches!(checked.op.as_str(), "workflow.run" | "subagent.send");
     if inst.draining && new_work {
         return Err(draining(inst));
+    }
+    // A task-reply op makes a task, which must be durable; message-reply ops are reads.
+    if checked.reply == ReplyKind::Task {
+        writable(inst)?;
     }
     let task_id = (checked.reply == ReplyKind::Task).then(|| inst.new_id());
     let checked_annotate = annotate;
@@ -1131,6 +1137,10 @@ fn status_document(inst: &Instance, ctx: &CallContext<'_>) -> serde_json::Value 
         "uptime_ms": ctx.now.mono_ms.saturating_sub(inst.started().mono_ms),
         "draining": inst.draining,
         "paused": inst.paused,
+        "store": match inst.store_unavailable() {
+            None => serde_json::json!({"state": "ok"}),
+            Some(why) => serde_json::json!({"state": "degraded", "reason": why}),
+        },
         "model": view.model,
         "version": inst.config.version,
         "skills": [],
@@ -1181,6 +1191,21 @@ fn rate_check(inst: &mut Instance, ctx: &CallContext<'_>) -> Result<(), RpcError
 }
 
 /// The refusal of new work while the instance drains.
+/// Refuses a change while the host's store cannot write: it could not be made durable, so
+/// nothing may acknowledge it (reads are still answered).
+fn writable(inst: &Instance) -> Result<(), RpcError> {
+    match inst.store_unavailable() {
+        None => Ok(()),
+        Some(why) => Err(RpcError::new(
+            ErrorKind::StoreUnavailable,
+            format!(
+                "the store cannot write ({why}): changes are refused until it heals by \
+                 itself; reads are answered"
+            ),
+        )),
+    }
+}
+
 fn draining(inst: &Instance) -> RpcError {
     let why = if inst.lifecycle_reason.is_empty() {
         String::new()
@@ -1284,6 +1309,7 @@ fn push_create(
 ) -> Result<Reply, RpcError> {
     let task_id = wire.task_id.clone();
     push_task(inst, ctx, &task_id)?;
+    writable(inst)?;
     let policy = inst.config.push;
     let c = crate::push::check_config(wire, &task_id, policy, || inst.new_id())
         .map_err(|(field, why)| RpcError::invalid_field(field, why))?;
@@ -1348,6 +1374,7 @@ fn push_delete(
 ) -> Result<Reply, RpcError> {
     push_task(inst, ctx, &req.task_id)?;
     require_id(&req.id)?;
+    writable(inst)?;
     // Idempotent: deleting what is gone answers the same.
     inst.push_configs.delete(&req.task_id, &req.id);
     Ok(serialize(&serde_json::json!({})))

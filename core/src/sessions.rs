@@ -207,6 +207,15 @@ impl Sessions {
         }
     }
 
+    /// Marks every session and approved name changed, for a drain of the whole state.
+    pub(crate) fn mark_all_dirty(&mut self) {
+        if self.track {
+            self.dirty
+                .extend(self.by_token.values().map(|s| s.sid.clone()));
+            self.dirty_names.extend(self.known_names.iter().cloned());
+        }
+    }
+
     pub(crate) fn changes(&self) -> u64 {
         self.changes
     }

@@ -253,3 +253,94 @@ fn without_write_ahead_nothing_is_queued_or_held() {
     assert!(!out.is_empty());
     assert!(h.inst.poll_records().is_none());
 }
+
+/// The store failed before a held answer's change was durable: nothing may acknowledge it.
+/// The held answer becomes -32603 STORE_UNAVAILABLE with Retry-After and the connection
+/// closes; while the store cannot write, changes are refused before they are made and reads
+/// are answered; once the host healed it (all records rewritten and durable), changes are
+/// taken again.
+#[test]
+fn a_held_answer_is_given_up_when_the_store_fails_and_changes_wait_for_its_heal() {
+    let mut h = wal();
+    let mut first = h.conn();
+    let send = |id: u64, mid: &str| {
+        call(
+            "SendMessage",
+            id,
+            json!({"message": text_message("hi", mid), "configuration": {"returnImmediately": true}}),
+        )
+    };
+    assert!(first.feed(&mut h, &send(1, "m1")).is_empty(), "held");
+    let t1 = h.turn();
+    h.inst.poll_records().expect("drained, never durable");
+
+    h.inst.set_store_unavailable(Some(
+        "write+fdatasync journal: No space left on device".into(),
+    ));
+    let out = first.poll(&mut h);
+    let r = one(&out);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("retry-after"), Some("5"));
+    assert_eq!(r.header("connection"), Some("close"));
+    let v = r.json();
+    assert_eq!(v["id"], 1);
+    assert_eq!(v["error"]["code"], -32603);
+    assert_eq!(v["error"]["data"][0]["reason"], "STORE_UNAVAILABLE");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("No space left on device"));
+    assert!(first.conn.is_finished(), "the connection closes after it");
+
+    let mut c = h.conn();
+    let refused = one(&c.feed(&mut h, &send(2, "m2"))).json();
+    assert_eq!(refused["error"]["data"][0]["reason"], "STORE_UNAVAILABLE");
+    assert!(h.take_effects().is_empty(), "nothing refused is run");
+    let cancel = one(&c.feed(&mut h, &call("CancelTask", 3, json!({"id": t1})))).json();
+    assert_eq!(cancel["error"]["data"][0]["reason"], "STORE_UNAVAILABLE");
+    let got = one(&c.feed(&mut h, &call("GetTask", 4, json!({"id": t1})))).json();
+    assert_eq!(got["result"]["id"], t1.as_str(), "reads are answered");
+
+    // The heal: every record as it stands, then durable.
+    let all = h.inst.all_records();
+    assert!(all.records.iter().any(|r| r.key == t1 && r.body.is_some()));
+    h.inst.records_durable(all.upto);
+    h.inst.set_store_unavailable(None);
+    assert!(c.feed(&mut h, &send(5, "m5")).is_empty(), "held as ever");
+    let t5 = h.turn();
+    make_durable(&mut h);
+    let ok = one(&c.poll(&mut h)).json();
+    assert_eq!(
+        ok["result"]["task"]["id"],
+        t5.as_str(),
+        "changes are taken again"
+    );
+}
+
+/// A stream whose settled frame waits for durability when the store fails ends with an error
+/// event in place of that frame.
+#[test]
+fn a_held_stream_frame_becomes_an_error_event_when_the_store_fails() {
+    let mut h = wal();
+    let mut c = h.conn();
+    c.feed(
+        &mut h,
+        &call(
+            "SendStreamingMessage",
+            1,
+            json!({"message": text_message("hi", "m")}),
+        ),
+    );
+    let t = h.turn();
+    make_durable(&mut h);
+    let mut out = c.poll(&mut h);
+    complete(&mut h, &t, TaskState::Completed, Some("ok"));
+    assert!(c.poll(&mut h).is_empty(), "the terminal frame is held");
+    h.inst.set_store_unavailable(Some("EIO".into()));
+    out.extend(c.poll(&mut h));
+    let events = one(&out).events();
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(events[0]["result"]["task"]["id"], t.as_str());
+    assert_eq!(events[1]["error"]["data"][0]["reason"], "STORE_UNAVAILABLE");
+    assert!(c.conn.is_finished());
+}

@@ -440,6 +440,103 @@ fn read_snapshot<B: DeserializeOwned>(
     Ok((header.gen, len))
 }
 
+/// Writes `records` as a snapshot of generation `gen` into `snapshot.tmp` and fsyncs it;
+/// returns its size. The caller renames it into place. On an error the partial file is
+/// deleted: on a full disk it would only hold on to the space a retry needs.
+fn write_snapshot_tmp<B: Serialize>(
+    dir: &Path,
+    gen: u64,
+    records: &[Record<B>],
+) -> Result<u64, Error> {
+    let tmp = dir.join(SNAPSHOT_TMP);
+    let res = write_snapshot_file(&tmp, gen, records);
+    if res.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    res
+}
+
+fn write_snapshot_file<B: Serialize>(
+    tmp: &Path,
+    gen: u64,
+    records: &[Record<B>],
+) -> Result<u64, Error> {
+    let file = create_opts()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(tmp)
+        .map_err(io_err("create", tmp))?;
+    let mut w = BufWriter::with_capacity(1 << 16, file);
+    let mut frame = Vec::new();
+    let header = SnapshotHeader {
+        format: SNAPSHOT_FORMAT.into(),
+        version: SNAPSHOT_VERSION,
+        gen,
+        records: records.len() as u64,
+    };
+    frame::push_frame(
+        &mut frame,
+        &serde_json::to_vec(&header).expect("header serialises"),
+    );
+    let mut size = frame.len() as u64;
+    w.write_all(&frame).map_err(io_err("write", tmp))?;
+    // Chunks of whole records, each a JSON array like a journal frame.
+    let mut chunk = Vec::with_capacity(SNAPSHOT_CHUNK + 4096);
+    let mut flush = |chunk: &mut Vec<u8>, w: &mut BufWriter<File>| -> Result<(), Error> {
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        chunk.push(b']');
+        frame.clear();
+        frame::push_frame(&mut frame, chunk);
+        size += frame.len() as u64;
+        chunk.clear();
+        w.write_all(&frame).map_err(io_err("write", tmp))
+    };
+    for rec in records {
+        chunk.push(if chunk.is_empty() { b'[' } else { b',' });
+        serde_json::to_writer(&mut chunk, rec).expect("a record serialises");
+        if chunk.len() >= SNAPSHOT_CHUNK {
+            flush(&mut chunk, &mut w)?;
+        }
+    }
+    flush(&mut chunk, &mut w)?;
+    let file = w
+        .into_inner()
+        .map_err(|e| io_err("write", tmp)(e.into_error()))?;
+    file.sync_all().map_err(io_err("fsync", tmp))?;
+    Ok(size)
+}
+
+/// Makes `records` the whole state, durably, as a snapshot of generation `gen`, and deletes
+/// every segment below `gen`: what a store does to heal after a failed write, when what the
+/// journal holds past its last good fsync cannot be trusted but the caller still has the
+/// state in memory. Returns the snapshot's size. The rename is the commit point, exactly
+/// as in [`compact`]; until it, the directory is as the failed store left it.
+pub(crate) fn install_snapshot<B: Serialize>(
+    dir: &Path,
+    gen: u64,
+    records: &[Record<B>],
+) -> Result<u64, Error> {
+    let size = write_snapshot_tmp(dir, gen, records)?;
+    let snap = dir.join(SNAPSHOT);
+    fs::rename(dir.join(SNAPSHOT_TMP), &snap).map_err(io_err("rename snapshot.tmp to", &snap))?;
+    sync_dir(dir)?;
+    let read = fs::read_dir(dir).map_err(io_err("read directory", dir))?;
+    for entry in read.flatten() {
+        let name = entry.file_name();
+        if let Some(g) = name.to_str().and_then(parse_journal_name) {
+            if g < gen {
+                let p = dir.join(&name);
+                fs::remove_file(&p).map_err(io_err("remove superseded segment", &p))?;
+            }
+        }
+    }
+    sync_dir(dir)?;
+    Ok(size)
+}
+
 /// Where a compaction stops early: tests use it to leave the directory exactly as a crash
 /// at that point would.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -465,55 +562,8 @@ pub(crate) fn compact(dir: &Path, upto: u64, stop: Option<Step>) -> Result<Compa
     let replay = replay::<Box<RawValue>>(dir, Mode::Compact { upto })?;
     let covered = replay.segments;
     let records = replay.state.into_records();
-    let count = records.len();
 
-    let tmp = dir.join(SNAPSHOT_TMP);
-    let file = create_opts()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)
-        .map_err(io_err("create", &tmp))?;
-    let mut w = BufWriter::with_capacity(1 << 16, file);
-    let mut frame = Vec::new();
-    let header = SnapshotHeader {
-        format: SNAPSHOT_FORMAT.into(),
-        version: SNAPSHOT_VERSION,
-        gen: upto,
-        records: count as u64,
-    };
-    frame::push_frame(
-        &mut frame,
-        &serde_json::to_vec(&header).expect("header serialises"),
-    );
-    let mut size = frame.len() as u64;
-    w.write_all(&frame).map_err(io_err("write", &tmp))?;
-    // Chunks of whole records, each a JSON array like a journal frame.
-    let mut chunk = Vec::with_capacity(SNAPSHOT_CHUNK + 4096);
-    let mut flush = |chunk: &mut Vec<u8>, w: &mut BufWriter<File>| -> Result<(), Error> {
-        if chunk.is_empty() {
-            return Ok(());
-        }
-        chunk.push(b']');
-        frame.clear();
-        frame::push_frame(&mut frame, chunk);
-        size += frame.len() as u64;
-        chunk.clear();
-        w.write_all(&frame).map_err(io_err("write", &tmp))
-    };
-    for rec in &records {
-        chunk.push(if chunk.is_empty() { b'[' } else { b',' });
-        serde_json::to_writer(&mut chunk, rec).expect("a record serialises");
-        if chunk.len() >= SNAPSHOT_CHUNK {
-            flush(&mut chunk, &mut w)?;
-        }
-    }
-    flush(&mut chunk, &mut w)?;
-    let file = w
-        .into_inner()
-        .map_err(|e| io_err("write", &tmp)(e.into_error()))?;
-    file.sync_all().map_err(io_err("fsync", &tmp))?;
-    drop(file);
+    let size = write_snapshot_tmp(dir, upto, &records)?;
     if stop == Some(Step::TmpWritten) {
         return Ok(Compacted {
             snapshot_bytes: size,
@@ -522,7 +572,7 @@ pub(crate) fn compact(dir: &Path, upto: u64, stop: Option<Step>) -> Result<Compa
     }
 
     let snap = dir.join(SNAPSHOT);
-    fs::rename(&tmp, &snap).map_err(io_err("rename snapshot.tmp to", &snap))?;
+    fs::rename(dir.join(SNAPSHOT_TMP), &snap).map_err(io_err("rename snapshot.tmp to", &snap))?;
     // The commit point: once this returns, the new snapshot survives a crash.
     sync_dir(dir)?;
     if stop == Some(Step::Renamed) {

@@ -55,10 +55,17 @@
 //! in an event loop) and [`Store::on_durable`] (a callback after each fsync). It writes the
 //! next batch only after that fsync succeeded; recovery rests on this.
 //!
-//! A failed write or fsync is fatal: the store keeps the durable mark where it was, refuses
-//! further appends, fails every waiter, and never claims durability again. (After a failed
-//! fsync Linux may drop the dirty pages and report success on the next one, so "retry" would
-//! be a lie.) The daemon restarts and recovery tells it what survived.
+//! A failed write or fsync (a full disk, an I/O error) makes the store *failed*: it keeps
+//! the durable mark where it was, refuses further appends ([`Error::Failed`]), fails every
+//! waiter, and writes nothing more to that segment. It does not retry: after a failed fsync
+//! Linux may drop the dirty pages and report success on the next one, so a retry would be a
+//! lie. Reads of what the caller holds go on. The caller, which holds the whole state in
+//! memory, heals it with [`Store::heal`]: a fresh snapshot of that state (the commit point
+//! is its rename), every old segment deleted, a new segment started. Until a heal succeeds,
+//! a crash recovers the directory as the failure left it: a partial batch at the end of the
+//! newest segment is a torn tail, and nothing in it was acknowledged. A store that cannot
+//! write when it opens (a disk still full at a restart) opens failed in the same way, its
+//! state recovered and readable.
 //!
 //! # Compaction
 //!
@@ -359,6 +366,8 @@ pub struct Stats {
     pub compactions: u64,
     pub last_compaction_error: Option<String>,
     pub failed: Option<Arc<str>>,
+    /// Times the store healed after failing.
+    pub heals: u64,
 }
 
 type Callback = Arc<dyn Fn(&Notice) + Send + Sync>;
@@ -370,6 +379,9 @@ struct Inner {
     appended: Ticket,
     durable: Ticket,
     failed: Option<Arc<str>>,
+    /// The fresh segment a heal started, for the writer to take up.
+    healed: Option<Segment>,
+    heals: u64,
     shutdown: bool,
     wakers: Vec<(Ticket, Waker)>,
     callbacks: Vec<Callback>,
@@ -443,39 +455,54 @@ impl Store {
         let replay = disk::replay(&dir, disk::Mode::Open)?;
 
         let all_bytes: u64 = replay.segments.iter().map(|s| s.len).sum();
-        let seg = match replay.segments.last() {
-            // Appends go on in the newest segment when it has the current format.
-            Some(last) if last.len > 0 && last.format == journal::Format::Batched => {
-                let path = dir.join(disk::journal_name(last.gen));
-                let file = disk::create_opts()
-                    .append(true)
-                    .open(&path)
-                    .map_err(disk::io_err("open", &path))?;
-                sync_earlier_writes(&file, &path)?;
-                Segment {
-                    file,
-                    gen: last.gen,
-                    path,
-                    batches: last.batches,
-                    bytes: last.len,
+        let started = (|| {
+            Ok(match replay.segments.last() {
+                // Appends go on in the newest segment when it has the current format.
+                Some(last) if last.len > 0 && last.format == journal::Format::Batched => {
+                    let path = dir.join(disk::journal_name(last.gen));
+                    let file = disk::create_opts()
+                        .append(true)
+                        .open(&path)
+                        .map_err(disk::io_err("open", &path))?;
+                    sync_earlier_writes(&file, &path)?;
+                    Segment {
+                        file,
+                        gen: last.gen,
+                        path,
+                        batches: last.batches,
+                        bytes: last.len,
+                    }
                 }
-            }
-            // Format 1: batches never follow its unmarked frames in one file. It becomes a
-            // closed segment, which is trusted to be synced whole, so sync it first.
-            Some(last) if last.len > 0 => {
-                let path = dir.join(disk::journal_name(last.gen));
-                let file = File::open(&path).map_err(disk::io_err("open", &path))?;
-                sync_earlier_writes(&file, &path)?;
-                Segment::start(&dir, last.gen + 1)?
-            }
-            // Empty: a rotation that crashed before writing the header, or a cut to nothing.
-            Some(last) => Segment::start(&dir, last.gen)?,
-            None => Segment::start(&dir, replay.snapshot_gen)?,
+                // Format 1: batches never follow its unmarked frames in one file. It becomes
+                // a closed segment, which is trusted to be synced whole, so sync it first.
+                Some(last) if last.len > 0 => {
+                    let path = dir.join(disk::journal_name(last.gen));
+                    let file = File::open(&path).map_err(disk::io_err("open", &path))?;
+                    sync_earlier_writes(&file, &path)?;
+                    Segment::start(&dir, last.gen + 1)?
+                }
+                // Empty: a rotation that crashed before writing the header, or a cut to
+                // nothing.
+                Some(last) => Segment::start(&dir, last.gen)?,
+                None => Segment::start(&dir, replay.snapshot_gen)?,
+            })
+        })();
+        // A disk that is full (or failing) now still lets the state be read: the store opens
+        // failed, read-only, and heals like a store that failed later ([`Store::heal`]).
+        // Anything but an I/O error (a lock, a layout) still refuses to open.
+        let (seg, failed) = match started {
+            Ok(seg) => (Some(seg), None),
+            Err(e @ Error::Io { .. }) => (None, Some(Arc::<str>::from(e.to_string()))),
+            Err(e) => return Err(e),
         };
-        let live_gen = seg.gen;
-        let live_bytes = seg.bytes;
-        let closed_bytes = match replay.segments.last() {
-            Some(last) if last.gen == seg.gen => all_bytes - last.len,
+        let newest = replay
+            .segments
+            .last()
+            .map_or(replay.snapshot_gen, |l| l.gen);
+        let live_gen = seg.as_ref().map_or(newest + 1, |s| s.gen);
+        let live_bytes = seg.as_ref().map_or(0, |s| s.bytes);
+        let closed_bytes = match (replay.segments.last(), &seg) {
+            (Some(last), Some(seg)) if last.gen == seg.gen => all_bytes - last.len,
             _ => all_bytes,
         };
         let shared = Arc::new(Shared {
@@ -486,7 +513,9 @@ impl Store {
                 pending: Vec::new(),
                 appended: 0,
                 durable: 0,
-                failed: None,
+                failed,
+                healed: None,
+                heals: 0,
                 shutdown: false,
                 wakers: Vec::new(),
                 callbacks: Vec::new(),
@@ -675,6 +704,67 @@ impl Store {
         }
     }
 
+    /// Heals a failed store from the state its caller holds in memory: writes `records`
+    /// (every live `(kind, key)`, puts only) as a fresh snapshot, deletes every journal
+    /// segment, starts a new one, and takes appends again. Every ticket handed out before
+    /// counts as durable from then on: whatever it carried is superseded by `records`.
+    ///
+    /// Why a rewrite and not a retry: after a failed write or fsync, what the journal holds
+    /// past the last good fsync cannot be trusted (Linux may have dropped the dirty pages and
+    /// report the next fsync a success), and a partial batch sits at the end of the segment.
+    /// The snapshot's rename is the commit point, as in compaction; a crash before it
+    /// recovers the directory as the failure left it (the partial batch is a torn tail).
+    ///
+    /// Fails (the store stays failed, and the caller tries again later) while the disk is
+    /// still full; a partial snapshot is deleted so that it holds no space. A store that has
+    /// not failed is left alone.
+    pub fn heal<B: Serialize>(&self, records: &[Record<B>]) -> Result<(), Error> {
+        let gen = {
+            let mut g = self.shared.lock();
+            if g.failed.is_none() {
+                return Ok(());
+            }
+            // A compaction running when the write failed finishes (or fails) first: it
+            // writes snapshot.tmp too.
+            while g.compacting {
+                g = self
+                    .shared
+                    .progress
+                    .wait(g)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+            g.compacting = true;
+            // Above every segment on disk, so the snapshot supersedes them all; each attempt
+            // takes a new one (a failed attempt may have left a partial segment file).
+            g.live_gen += 1;
+            g.live_gen
+        };
+        let dir = &self.shared.dir;
+        let res = disk::check_dir(dir, self.shared.dir_id)
+            .and_then(|()| disk::install_snapshot(dir, gen, records))
+            .and_then(|size| Segment::start(dir, gen).map(|seg| (size, seg)));
+        let mut g = self.shared.lock();
+        g.compacting = false;
+        let out = match res {
+            Ok((size, seg)) => {
+                g.failed = None;
+                g.durable = g.appended;
+                g.closed_bytes = 0;
+                g.live_bytes = seg.bytes;
+                g.snapshot_bytes = size;
+                g.retry_after_live_bytes = 0;
+                g.heals += 1;
+                g.healed = Some(seg);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
+        drop(g);
+        self.shared.work.notify_all();
+        self.shared.progress.notify_all();
+        out
+    }
+
     pub fn stats(&self) -> Stats {
         let g = self.shared.lock();
         Stats {
@@ -687,6 +777,7 @@ impl Store {
             compactions: g.compactions,
             last_compaction_error: g.last_compaction_error.clone(),
             failed: g.failed.clone(),
+            heals: g.heals,
         }
     }
 
@@ -772,8 +863,26 @@ fn write_all_vectored(file: &mut File, mut bufs: &mut [IoSlice<'_>]) -> io::Resu
     Ok(())
 }
 
-fn writer_loop(shared: &Shared, mut seg: Segment, jobs: &mpsc::Sender<Job>) {
+/// Waits while the store is failed, until a heal hands over its fresh segment (`None`: the
+/// store shut down first).
+fn wait_for_heal(shared: &Shared) -> Option<Segment> {
+    let mut g = shared.lock();
+    loop {
+        if let Some(seg) = g.healed.take() {
+            return Some(seg);
+        }
+        if g.shutdown {
+            return None;
+        }
+        g = shared.work.wait(g).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+fn writer_loop(shared: &Shared, seg: Option<Segment>, jobs: &mpsc::Sender<Job>) {
     let mut batch = Vec::new();
+    let Some(mut seg) = seg.or_else(|| wait_for_heal(shared)) else {
+        return;
+    };
     loop {
         let mut g = shared.lock();
         let last = loop {
@@ -807,7 +916,14 @@ fn writer_loop(shared: &Shared, mut seg: Segment, jobs: &mpsc::Sender<Job>) {
                     shared,
                     format!("write+fdatasync {}: {e}", seg.path.display()),
                 );
-                return;
+                batch.clear();
+                match wait_for_heal(shared) {
+                    Some(fresh) => {
+                        seg = fresh;
+                        continue;
+                    }
+                    None => return,
+                }
             }
             seg.batches += 1;
             let wakers;
@@ -833,8 +949,16 @@ fn writer_loop(shared: &Shared, mut seg: Segment, jobs: &mpsc::Sender<Job>) {
 
         if let Some(job) = rotate_due(shared) {
             if let Err(e) = rotate(shared, &mut seg, job.upto) {
+                // No compaction follows this rotation.
+                shared.lock().compacting = false;
                 fail(shared, e.to_string());
-                return;
+                match wait_for_heal(shared) {
+                    Some(fresh) => {
+                        seg = fresh;
+                        continue;
+                    }
+                    None => return,
+                }
             }
             // The compactor outlives the writer (shutdown joins the writer first).
             let _ = jobs.send(job);

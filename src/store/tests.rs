@@ -865,7 +865,7 @@ fn waker_and_callback_hear_each_fsync() {
 }
 
 #[test]
-fn a_failed_fsync_is_fatal_and_never_claims_durability() {
+fn a_failed_fsync_never_claims_durability() {
     let d = TempDir::new("fatal");
     let (store, _) = open(d.path());
     let heard = Arc::new(Mutex::new(Vec::new()));
@@ -895,6 +895,72 @@ fn a_failed_fsync_is_fatal_and_never_claims_durability() {
     assert_eq!(heard[0], Notice::Durable(t1));
     assert!(matches!(heard[1], Notice::Failed(_)));
     assert_eq!(heard.len(), 2);
+}
+
+/// A failed store heals from the caller's state: a fresh snapshot, the old segments gone,
+/// appends again, and a reopen finds exactly that state plus what came after. A heal that
+/// fails (here `snapshot.tmp` is a directory, so it cannot be created) leaves the store
+/// failed and can be tried again.
+#[test]
+fn a_failed_store_heals_from_the_state_in_memory() {
+    let d = TempDir::new("heal");
+    let (store, _) = open(d.path());
+    let t1 = store
+        .append(&[put("a", json!(1)), put("b", json!(1))])
+        .unwrap();
+    store.wait_durable(t1, T).unwrap();
+    store.shared.fail_next_sync.store(true, Ordering::SeqCst);
+    let t2 = store.append(&[put("c", json!(2))]).unwrap();
+    assert!(matches!(store.wait_durable(t2, T), Err(Error::Failed(_))));
+    let before: Vec<_> = segments(d.path());
+
+    fs::create_dir(d.path().join(disk::SNAPSHOT_TMP)).unwrap();
+    let state = [put("a", json!(1)), put("b", json!(1)), put("c", json!(2))];
+    assert!(
+        store.heal(&state).is_err(),
+        "snapshot.tmp cannot be created"
+    );
+    assert!(store.stats().failed.is_some(), "still failed");
+    assert!(matches!(
+        store.append(&[put("x", json!(0))]),
+        Err(Error::Failed(_))
+    ));
+    fs::remove_dir(d.path().join(disk::SNAPSHOT_TMP)).unwrap();
+
+    store.heal(&state).unwrap();
+    let stats = store.stats();
+    assert!(stats.failed.is_none());
+    assert_eq!(stats.heals, 1);
+    assert_eq!(
+        store.durable(),
+        t2,
+        "what the failed batch carried is in the snapshot"
+    );
+    let after = segments(d.path());
+    assert_eq!(after.len(), 1, "one fresh segment: {after:?}");
+    assert!(!before.contains(&after[0]), "the old segments are gone");
+    let t3 = store
+        .append(&[put("d", json!(3)), Record::remove("task", "a")])
+        .unwrap();
+    store.wait_durable(t3, T).unwrap();
+    store.close().unwrap();
+
+    let (_, rec) = open(d.path());
+    assert_eq!(
+        rec.records,
+        vec![put("b", json!(1)), put("c", json!(2)), put("d", json!(3))]
+    );
+    assert!(rec.truncated.is_none());
+}
+
+fn segments(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("journal."))
+        .collect();
+    v.sort();
+    v
 }
 
 #[test]

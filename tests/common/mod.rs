@@ -60,6 +60,10 @@ pub struct Setup {
     /// a daemon on the same data names a directory it owns. Ignored when `sections` has its
     /// own `[store]`.
     pub store_dir: Option<PathBuf>,
+    /// A command the daemon is run under (`unshare ... sh -c '...; exec "$@"' sh`, say): its
+    /// words come first, then the agentd binary and its arguments. It must `exec` agentd,
+    /// so that the child process is the daemon.
+    pub launcher: Vec<String>,
 }
 
 /// A running `agentd` child process with a TCP and a unix listener. Killed, waited for and
@@ -177,7 +181,16 @@ impl Daemon {
         fs::write(&config, text).expect("write the daemon's config");
         let stderr_path = dir.join("stderr.log");
         let stderr = fs::File::create(&stderr_path).expect("create the stderr log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_agentd"))
+        let agentd = env!("CARGO_BIN_EXE_agentd");
+        let mut command = match setup.launcher.split_first() {
+            Some((program, words)) => {
+                let mut c = Command::new(program);
+                c.args(words).arg(agentd);
+                c
+            }
+            None => Command::new(agentd),
+        };
+        let mut child = command
             .arg("--driver")
             .arg(driver)
             .arg("--config")

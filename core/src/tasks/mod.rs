@@ -434,6 +434,13 @@ impl TaskStore {
         }
     }
 
+    /// Marks every task changed, for a drain of the whole state.
+    pub(crate) fn mark_all_dirty(&mut self) {
+        if self.track {
+            self.dirty.extend(self.tasks.keys().cloned());
+        }
+    }
+
     /// Changes made while tracking.
     pub(crate) fn changes(&self) -> u64 {
         self.changes

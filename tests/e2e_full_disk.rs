@@ -1,0 +1,334 @@
+//! A full disk on the real binary: the data directory is a small tmpfs, mounted in a mount
+//! namespace of the daemon's own, and the test fills it through `/proc/<pid>/root`. A write
+//! that cannot be made durable is refused with -32603 STORE_UNAVAILABLE (never acknowledged),
+//! later changes are refused before they are made, reads go on, `status` says the store is
+//! degraded and one log line says why; once space returns the store heals by itself (a fresh
+//! snapshot of the state in memory) and takes changes again. A daemon started on a disk that
+//! is still full serves what it recovered and heals the same way. Nothing acknowledged is
+//! lost: a crash after the heal (the daemon frozen, its files copied, then SIGKILL) recovers
+//! every acknowledged task.
+//!
+//! Needs `unshare` and `mount` (util-linux): as root it unshares the mount namespace; as
+//! another user it maps itself to root in a user namespace first, as unprivileged users may.
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::{post, rpc_body, Daemon, Response, Setup, Via, RPC_HEADERS};
+use serde_json::{json, Value};
+
+const COMMAND_URI: &str = "https://agentd.dev/a2a/ext/command";
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// A directory this test owns, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let p = std::env::temp_dir().join(format!(
+            "agentd-fulldisk-{name}-{}-{}-{nanos:x}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().next().map(|u| u == "0"))
+        .unwrap_or(false)
+}
+
+/// Runs the daemon with a tmpfs of `size_kib` over `data`, in a mount namespace of its own.
+/// `seed`: files copied in first (a data directory from an earlier run). `full`: the disk is
+/// filled before the daemon starts.
+fn tmpfs_launcher(data: &Path, size_kib: u32, seed: Option<&Path>, full: bool) -> Vec<String> {
+    let quote = |p: &Path| format!("'{}'", p.display());
+    let mut script = format!(
+        "mount -t tmpfs -o size={size_kib}k,mode=0700 agentd-test {d} || exit 97; ",
+        d = quote(data)
+    );
+    if let Some(seed) = seed {
+        script.push_str(&format!(
+            "cp -a {s}/. {d}/ || exit 98; ",
+            s = quote(seed),
+            d = quote(data)
+        ));
+    }
+    if full {
+        script.push_str(&format!(
+            "head -c 1G /dev/zero > {d}/filler 2>/dev/null; ",
+            d = quote(data)
+        ));
+    }
+    script.push_str("exec \"$@\"");
+    let mut words: Vec<String> = vec!["unshare".into()];
+    if !is_root() {
+        words.extend(["--user".into(), "--map-root-user".into()]);
+    }
+    words.extend([
+        "--mount".into(),
+        "--propagation".into(),
+        "private".into(),
+        "sh".into(),
+        "-c".into(),
+        script,
+        "sh".into(),
+    ]);
+    words
+}
+
+fn setup(data: &Path, launcher: Vec<String>) -> Setup {
+    Setup {
+        store_dir: Some(data.to_path_buf()),
+        launcher,
+        ..Setup::default()
+    }
+}
+
+/// The daemon's view of a path in its own mount namespace.
+fn inside(d: &Daemon, path: &Path) -> PathBuf {
+    Path::new(&format!("/proc/{}/root", d.pid())).join(path.strip_prefix("/").unwrap())
+}
+
+/// Fills the daemon's disk: writes `filler` until the kernel says ENOSPC.
+fn fill(d: &Daemon, data: &Path) -> PathBuf {
+    let path = inside(d, &data.join("filler"));
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .expect("create the filler in the daemon's tmpfs");
+    let chunk = vec![0u8; 64 << 10];
+    loop {
+        match f.write_all(&chunk) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(28) => break,
+            Err(e) => panic!("filling the tmpfs: expected ENOSPC, got {e}"),
+        }
+    }
+    path
+}
+
+/// A send whose records take more than a page: a full tmpfs may still have room left in
+/// the last page of the journal, which a small record would fit into.
+fn send(d: &Daemon, message_id: &str) -> Response {
+    let params = json!({"message": {
+        "role": "ROLE_USER", "messageId": message_id, "parts": [{"text": "x".repeat(16 << 10)}],
+    }});
+    d.connect(Via::Tcp)
+        .request(&post(&RPC_HEADERS, &rpc_body("1", "SendMessage", &params)))
+}
+
+fn acknowledged(r: &Response) -> String {
+    let v = r.json();
+    v["result"]["task"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a task: {v}"))
+        .to_owned()
+}
+
+/// The refusal a change gets while the store cannot write.
+fn assert_store_unavailable(r: &Response, what: &str) {
+    assert_eq!(r.status, 200, "{what}: a JSON-RPC error at 200");
+    assert_eq!(r.header("retry-after"), Some("5"), "{what}: Retry-After");
+    let v = r.json();
+    assert_eq!(v["error"]["code"], -32603, "{what}: {v}");
+    assert_eq!(
+        v["error"]["data"][0]["reason"], "STORE_UNAVAILABLE",
+        "{what}: {v}"
+    );
+    assert!(v.get("result").is_none(), "{what}: nothing acknowledged");
+}
+
+fn get_task(d: &Daemon, id: &str) -> Value {
+    d.connect(Via::Tcp)
+        .request(&post(
+            &RPC_HEADERS,
+            &rpc_body("1", "GetTask", &json!({"id": id})),
+        ))
+        .json()
+}
+
+/// The `store` member of the status document.
+fn store_status(d: &Daemon) -> Value {
+    let params = json!({"message": {
+        "role": "ROLE_USER", "messageId": "status", "extensions": [COMMAND_URI],
+        "parts": [{"data": {"agentd": {"op": "status"}}}],
+    }});
+    let ext = format!("A2A-Extensions: {COMMAND_URI}");
+    let headers = [RPC_HEADERS[0], RPC_HEADERS[1], ext.as_str()];
+    let v = d
+        .connect(Via::Tcp)
+        .request(&post(&headers, &rpc_body("1", "SendMessage", &params)))
+        .json();
+    v["result"]["message"]["parts"][0]["data"]["store"].clone()
+}
+
+fn wait_healed(d: &Daemon) {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let s = store_status(d);
+        if s["state"] == "ok" {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the store heals once space returns: {s}; stderr:\n{}",
+            d.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Copies the files of a flat directory.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// Freezes the daemon (a crash at this instant, as far as its files are concerned), copies
+/// its data directory out of its namespace, and kills it: the copy is what a restart after a
+/// SIGKILL finds.
+fn crash_and_copy(d: &mut Daemon, data: &Path, to: &Path) {
+    d.signal("STOP");
+    copy_dir(&inside(d, data), to);
+    d.kill();
+    let _ = std::fs::remove_file(to.join("filler"));
+}
+
+#[test]
+fn a_full_disk_refuses_changes_keeps_reads_and_heals() {
+    let data = TempDir::new("data");
+    let mut d = Daemon::start_setup(
+        "smol",
+        &setup(&data.0, tmpfs_launcher(&data.0, 1024, None, false)),
+    );
+    let mut acked: Vec<String> = (0..3)
+        .map(|i| acknowledged(&send(&d, &format!("before-{i}"))))
+        .collect();
+
+    let filler = fill(&d, &data.0);
+    // The change that meets the full disk: its answer waited for the write, which failed.
+    let r = send(&d, "during-0");
+    assert_store_unavailable(&r, "the send whose write failed");
+    // Later changes are refused before anything is made.
+    assert_store_unavailable(&send(&d, "during-1"), "a send while degraded");
+    let cancel = d.connect(Via::Tcp).request(&post(
+        &RPC_HEADERS,
+        &rpc_body("1", "CancelTask", &json!({"id": acked[0]})),
+    ));
+    assert_eq!(
+        cancel.json()["error"]["data"][0]["reason"],
+        "STORE_UNAVAILABLE"
+    );
+
+    // Reads go on.
+    for id in &acked {
+        assert_eq!(get_task(&d, id)["result"]["id"], id.as_str());
+    }
+    let list = d
+        .connect(Via::Tcp)
+        .request(&post(&RPC_HEADERS, &rpc_body("1", "ListTasks", &json!({}))));
+    assert!(list.json()["result"]["tasks"].as_array().unwrap().len() >= 3);
+    assert_eq!(d.connect(Via::Tcp).get_card().status, 200);
+    let s = store_status(&d);
+    assert_eq!(s["state"], "degraded", "{s}");
+    assert!(
+        s["reason"]
+            .as_str()
+            .unwrap()
+            .contains("No space left on device"),
+        "{s}"
+    );
+    let log = d.stderr();
+    assert_eq!(
+        log.matches("store: cannot write").count(),
+        1,
+        "one log line says the store is degraded:\n{log}"
+    );
+    d.assert_alive();
+
+    // Space returns: the store heals by itself, no restart.
+    std::fs::remove_file(&filler).unwrap();
+    wait_healed(&d);
+    assert!(d.stderr().contains("store: healed"), "{}", d.stderr());
+    acked.push(acknowledged(&send(&d, "after-0")));
+    acked.push(acknowledged(&send(&d, "after-1")));
+
+    // A crash now loses nothing acknowledged, before the failure or after the heal.
+    let copy = TempDir::new("copy");
+    crash_and_copy(&mut d, &data.0, &copy.0);
+    drop(d);
+    let d = Daemon::start_setup("std", &setup(&copy.0, Vec::new()));
+    for id in &acked {
+        assert_eq!(
+            get_task(&d, id)["result"]["id"],
+            id.as_str(),
+            "{id} survived"
+        );
+    }
+}
+
+#[test]
+fn a_daemon_started_on_a_full_disk_serves_reads_and_heals() {
+    let first = TempDir::new("first");
+    let mut d = Daemon::start_setup("smol", &setup(&first.0, Vec::new()));
+    let acked: Vec<String> = (0..2)
+        .map(|i| acknowledged(&send(&d, &format!("before-{i}"))))
+        .collect();
+    d.signal("TERM");
+    assert!(d.wait_exit(Duration::from_secs(10)).is_some());
+    drop(d);
+    // As a rotation that crashed before writing the new segment's header leaves it: an
+    // empty newest segment, whose header the next open must write.
+    let newest = std::fs::read_dir(&first.0)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|n| n.strip_prefix("journal.")?.parse::<u64>().ok())
+        .max()
+        .expect("a journal segment");
+    std::fs::write(first.0.join(format!("journal.{:020}", newest + 1)), b"").unwrap();
+
+    let data = TempDir::new("full");
+    let launcher = tmpfs_launcher(&data.0, 1024, Some(&first.0), true);
+    let d = Daemon::start_setup("std", &setup(&data.0, launcher));
+    for id in &acked {
+        assert_eq!(get_task(&d, id)["result"]["id"], id.as_str());
+    }
+    let s = store_status(&d);
+    assert_eq!(
+        s["state"], "degraded",
+        "the open could not write the header: {s}"
+    );
+    assert_store_unavailable(&send(&d, "during"), "a send on a disk full since the start");
+    std::fs::remove_file(inside(&d, &data.0.join("filler"))).unwrap();
+    wait_healed(&d);
+    let id = acknowledged(&send(&d, "after"));
+    assert_eq!(get_task(&d, &id)["result"]["id"], id.as_str());
+}
