@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{post, rpc_body, Client, Daemon, Setup, Via, RPC_HEADERS};
+use common::{full_disk, post, rpc_body, Client, Daemon, Setup, Via, RPC_HEADERS};
 use serde_json::{json, Value};
 
 const COMMAND_URI: &str = "https://agentd.dev/a2a/ext/command";
@@ -285,32 +285,38 @@ fn rank(state: &str) -> u8 {
     }
 }
 
-/// One client thread: requests on a keep-alive connection until it breaks.
+/// One client thread: requests on a keep-alive connection, reconnecting when the daemon
+/// closes it (a refusal while the store is degraded closes it), until the daemon is gone.
 fn load(addr: std::net::SocketAddr, worker: u64, acked: Acked, stop: Arc<AtomicBool>) -> u64 {
-    let Ok(stream) = TcpStream::connect(addr) else {
-        return 0;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-    let mut c = Client::new(stream);
     let mut n = 0;
     while !stop.load(Ordering::SeqCst) {
-        n += 1;
-        let id = worker * 1_000_000 + n;
-        let body = match n % 3 {
-            0 => command_body("job.start", id),
-            1 => send_body(id, false),
-            _ => send_body(id, true),
+        let Ok(stream) = TcpStream::connect(addr) else {
+            return n;
         };
-        if c.stream.write_all(&body).is_err() {
-            break;
-        }
-        let Ok(resp) = c.try_read_response(false) else {
-            break;
-        };
-        let v = resp.json();
-        let task = &v["result"]["task"];
-        if let Some(tid) = task["id"].as_str() {
-            acked.lock().unwrap().insert(tid.to_owned(), state(task));
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+        let mut c = Client::new(stream);
+        while !stop.load(Ordering::SeqCst) {
+            n += 1;
+            let id = worker * 1_000_000 + n;
+            let body = match n % 3 {
+                0 => command_body("job.start", id),
+                1 => send_body(id, false),
+                _ => send_body(id, true),
+            };
+            if c.stream.write_all(&body).is_err() {
+                break;
+            }
+            let Ok(resp) = c.try_read_response(false) else {
+                break;
+            };
+            let v = resp.json();
+            let task = &v["result"]["task"];
+            if let Some(tid) = task["id"].as_str() {
+                acked.lock().unwrap().insert(tid.to_owned(), state(task));
+            }
+            if resp.says_close() {
+                break;
+            }
         }
     }
     n
@@ -351,6 +357,77 @@ fn verify(d: &Daemon, acked: &HashMap<String, String>, round: usize) {
     );
 }
 
+/// The load of one round: four clients until `kill_after` ms, then `crash`.
+fn load_round(
+    d: &mut Daemon,
+    round: usize,
+    acked: &Acked,
+    kill_after: u64,
+    mut during: impl FnMut(&mut Daemon),
+    crash: impl FnOnce(&mut Daemon),
+) -> u64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let (acked, stop, addr) = (acked.clone(), stop.clone(), d.tcp);
+            std::thread::spawn(move || load(addr, w + 1 + round as u64 * 10, acked, stop))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(kill_after));
+    during(d);
+    crash(d);
+    stop.store(true, Ordering::SeqCst);
+    workers.into_iter().map(|w| w.join().unwrap()).sum()
+}
+
+/// Flips a byte in a record frame of the newest journal with later batches after it (data a
+/// later fsync proves was synced): the daemon must refuse to start, naming the file and the
+/// offset, and leave the file alone. Returns the file and its bytes with the flip undone.
+fn damage_synced_batch(data: &Path, round: usize) -> (PathBuf, Vec<u8>) {
+    let journal = newest_journal(data);
+    let mut bytes = std::fs::read(&journal).unwrap();
+    let records: Vec<(usize, usize)> = frames(&bytes)
+        .into_iter()
+        .filter(|(at, _)| bytes[at + 8] == b'[')
+        .collect();
+    assert!(
+        records.len() >= 4,
+        "round {round}: {} record frames in {}",
+        records.len(),
+        journal.display()
+    );
+    let (at, size) = records[records.len() / 2];
+    bytes[at + 8 + size / 2] ^= 0x10;
+    std::fs::write(&journal, &bytes).unwrap();
+    let (status, stderr) = run_refused(data);
+    assert!(!status.success(), "round {round}: {status}: {stderr}");
+    let said = format!("{} is corrupt at offset {at}", journal.display());
+    assert!(
+        stderr.contains(&said),
+        "round {round}: expected {said:?} in:\n{stderr}"
+    );
+    assert_eq!(std::fs::read(&journal).unwrap(), bytes, "left as it was");
+    bytes[at + 8 + size / 2] ^= 0x10;
+    (journal, bytes)
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// SIGKILL at a random instant under load, round after round on the same data directory,
+/// alternating drivers; every task whose answer a client read is there after each restart,
+/// in its acknowledged state or a later one. Two rounds are harder:
+/// - the damaged-journal round: after its crash a byte under acknowledged data is flipped;
+///   the daemon refuses to start (naming the file and offset), and once the byte is put
+///   back everything is there;
+/// - the full-disk round: the data directory is a tmpfs that fills up under the load (every
+///   change is refused, nothing refused is acknowledged), then gets its space back; the
+///   store heals while the load goes on, and the crash comes after that.
 #[test]
 fn sigkill_under_load_loses_nothing_acknowledged() {
     let data = DataDir::new("crash");
@@ -360,29 +437,75 @@ fn sigkill_under_load_loses_nothing_acknowledged() {
         .unwrap()
         .as_nanos() as u64
         | 1;
-    let rounds = 5;
+    const DAMAGED_JOURNAL: usize = 2;
+    const FULL_DISK: usize = 4;
+    let rounds = 6;
     let mut report = Vec::new();
     for round in 0..rounds {
         let driver = if round % 2 == 0 { "smol" } else { "std" };
-        let mut d = Daemon::start_setup(driver, &setup(&data.0, ""));
-        let snapshot = acked.lock().unwrap().clone();
-        verify(&d, &snapshot, round);
-        let stop = Arc::new(AtomicBool::new(false));
-        let workers: Vec<_> = (0..4)
-            .map(|w| {
-                let (acked, stop, addr) = (acked.clone(), stop.clone(), d.tcp);
-                std::thread::spawn(move || load(addr, w + 1 + round as u64 * 10, acked, stop))
-            })
-            .collect();
         let wait = 150 + rand(&mut seed) % 600;
-        std::thread::sleep(Duration::from_millis(wait));
-        d.kill();
-        stop.store(true, Ordering::SeqCst);
-        let sent: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+        let sent = if round == FULL_DISK {
+            // The same directory, copied onto a tmpfs with room for the load, and copied
+            // back from it after the crash.
+            let mnt = DataDir::new("crash-tmpfs");
+            std::fs::create_dir_all(&mnt.0).unwrap();
+            let kib = (dir_bytes(&data.0) * 2 / 1024 + 8192) as u32;
+            let launcher = full_disk::tmpfs_launcher(&mnt.0, kib, Some(&data.0), false);
+            let mut d = Daemon::start_setup(
+                driver,
+                &Setup {
+                    launcher,
+                    ..setup(&mnt.0, "")
+                },
+            );
+            verify(&d, &acked.lock().unwrap().clone(), round);
+            let sent = load_round(
+                &mut d,
+                round,
+                &acked,
+                wait,
+                |d| {
+                    let filler = full_disk::fill(d, &mnt.0);
+                    std::thread::sleep(Duration::from_millis(300));
+                    assert_eq!(full_disk::store_status(d)["state"], "degraded");
+                    let during = acked.lock().unwrap().len();
+                    std::thread::sleep(Duration::from_millis(300));
+                    assert_eq!(
+                        acked.lock().unwrap().len(),
+                        during,
+                        "round {round}: nothing is acknowledged while the disk is full"
+                    );
+                    std::fs::remove_file(filler).unwrap();
+                    full_disk::wait_healed(d);
+                    std::thread::sleep(Duration::from_millis(300));
+                    assert!(
+                        acked.lock().unwrap().len() > during,
+                        "round {round}: changes are acknowledged again after the heal"
+                    );
+                },
+                |d| {
+                    for f in std::fs::read_dir(&data.0).unwrap() {
+                        std::fs::remove_file(f.unwrap().path()).unwrap();
+                    }
+                    full_disk::crash_and_copy(d, &mnt.0, &data.0);
+                },
+            );
+            assert_eq!(
+                d.stderr().matches("store: cannot write").count(),
+                1,
+                "round {round}: one log line for the failure"
+            );
+            sent
+        } else {
+            let mut d = Daemon::start_setup(driver, &setup(&data.0, ""));
+            verify(&d, &acked.lock().unwrap().clone(), round);
+            load_round(&mut d, round, &acked, wait, |_| {}, |d| d.kill())
+        };
         report.push((round, wait, sent, acked.lock().unwrap().len()));
-        let truncated = d.stderr().contains("truncat");
-        drop(d);
-        let _ = truncated;
+        if round == DAMAGED_JOURNAL {
+            let (journal, good) = damage_synced_batch(&data.0, round);
+            std::fs::write(journal, good).unwrap();
+        }
     }
     let d = Daemon::start_setup("smol", &setup(&data.0, ""));
     let all = acked.lock().unwrap().clone();

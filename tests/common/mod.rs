@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod full_disk;
+
 use std::fmt::Write as _;
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};
