@@ -27,12 +27,15 @@ have() {
 echo "== system packages (Debian)"
 # tests/e2e_browser.rs drives a headless chromium. tests/e2e_unix_peer.rs acts as another uid
 # with util-linux's setpriv and runs /usr/bin/python3 (python3-minimal) as that uid; the
-# interop venv setup locks with util-linux's flock. tests/common signals daemons with the
+# interop venv setup locks with util-linux's flock; the full-disk tests mount a tmpfs in a
+# mount namespace of the daemon's own with util-linux's unshare and mount's mount.
+# tests/common signals daemons with the
 # kill program (procps). .ci/run's release start check asks for the card with curl. A python3
 # without ensurepip or pip (Debian's, without python3-venv) cannot build the interop venv.
 missing=()
 have chromium || missing+=(chromium)
-{ have setpriv && have flock; } || missing+=(util-linux)
+{ have setpriv && have flock && have unshare; } || missing+=(util-linux)
+have mount || missing+=(mount)
 have kill || missing+=(procps)
 have curl || missing+=(curl)
 [ -x /usr/bin/python3 ] || missing+=(python3-minimal)
