@@ -28,6 +28,7 @@ macro_rules! both_drivers {
 both_drivers!(
     a_command_that_repeats_a_member_is_refused_and_nothing_runs,
     two_authorization_headers_are_400_and_close,
+    a_refusal_decided_in_the_runtime_names_the_part_that_carried_the_command,
 );
 
 /// The `error.data` detail of this `@type` (`ErrorInfo`, `BadRequest`), if any.
@@ -367,5 +368,34 @@ fn a_push_config_without_a_url_says_the_url_is_required() {
     assert!(
         message.starts_with("invalid params: url: is required"),
         "{message}"
+    );
+}
+
+/// Issue 15, item 11: a refusal the runtime decides (here: no such workflow) names the field
+/// with the index of the part that carried the command, as the listener's refusals do: the
+/// envelope rides in the second part, so `message.parts[1].data.agentd.workflow`.
+fn a_refusal_decided_in_the_runtime_names_the_part_that_carried_the_command(driver: &str) {
+    let d = Daemon::start(driver);
+    let ext = format!("A2A-Extensions: {COMMAND_URI}");
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {
+        "message": {"role": "ROLE_USER", "messageId": "run-nope", "extensions": [COMMAND_URI],
+                    "parts": [{"text": "please run it"},
+                              {"data": {"agentd": {"op": "workflow.run", "workflow": "nope"}}}]}}});
+    let r = d.connect(Via::Unix).request(&post(
+        &[RPC_HEADERS[0], RPC_HEADERS[1], &ext],
+        body.to_string().as_bytes(),
+    ));
+    let doc = assert_refusal(
+        &r,
+        -32602,
+        Some("INVALID_COMMAND_ARGS"),
+        "message.parts[1].data.agentd.workflow",
+    );
+    assert!(
+        doc["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no workflow named \"nope\""),
+        "{doc}"
     );
 }

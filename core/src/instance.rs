@@ -280,7 +280,10 @@ pub type CallId = u64;
 pub enum CommandAnswer {
     /// A message op's result document.
     Document(serde_json::Value),
-    /// Refused: the request gets this error and no task is created.
+    /// Refused: the request gets this error and no task is created. A field violation the
+    /// host names relative to the command's arguments (`label`, `args.path`: anything not
+    /// starting with `message.`) is given the full path of the part that carried the
+    /// command, `message.parts[<i>].data.agentd.<field>`, as the core's own refusals name it.
     Refused(RpcError),
 }
 
@@ -868,6 +871,15 @@ impl Instance {
         }
         if call.reply == ReplyKind::Task && matches!(answer, CommandAnswer::Document(_)) {
             return Err(CompletionError::WrongReplyKind);
+        }
+        let mut answer = answer;
+        if let CommandAnswer::Refused(err) = &mut answer {
+            let envelope = crate::ext::command::envelope_path(&call.message);
+            for v in &mut err.violations {
+                if !v.field.starts_with("message.") {
+                    v.field = format!("{envelope}.{}", v.field);
+                }
+            }
         }
         call.outcome = Some(CallOutcome::Answered(answer));
         if let Some(w) = &call.waker {

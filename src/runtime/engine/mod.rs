@@ -943,8 +943,9 @@ fn invalid_args(op: &str, field: &str, why: impl Into<String>) -> RpcError {
         format!("invalid arguments for {op}: {field}: {why}"),
     )
     .with_meta("op", op);
+    // Relative to the command's arguments: the core names the part that carried them.
     e.violations.push(agentd_core::errors::FieldViolation {
-        field: format!("message.parts.data.agentd.{field}"),
+        field: field.to_owned(),
         description: why,
     });
     e

@@ -121,6 +121,21 @@ pub struct Checked {
     pub workflow: Option<String>,
 }
 
+/// Where a command message carries its envelope: `message.parts[<i>].data.agentd`, `i` the
+/// first part with one (a message with more is refused before it runs).
+pub fn envelope_path(message: &Message) -> String {
+    let index = message
+        .parts
+        .iter()
+        .position(|p| matches!(&p.content, PartContent::Data(Value::Object(m)) if m.contains_key(DATA_PART_KEY)))
+        .unwrap_or(0);
+    envelope_at(index)
+}
+
+fn envelope_at(index: usize) -> String {
+    format!("message.parts[{index}].data.{DATA_PART_KEY}")
+}
+
 /// Checks a send for a command. `Ok(None)`: not a command, an ordinary message.
 pub fn check(
     message: &Message,
@@ -142,7 +157,7 @@ pub fn check(
     let Some(&(index, envelope)) = carriers.first() else {
         return Ok(None);
     };
-    let at = format!("message.parts[{index}].data.{DATA_PART_KEY}");
+    let at = envelope_at(index);
     if !activated.contains(Ext::Command) {
         return Err(refusal(
             ErrorKind::ExtensionNotActivated,
