@@ -143,6 +143,68 @@ fn an_agent_past_the_artifact_bound_fails_its_task_not_the_daemon() {
     assert_eq!(t["result"]["status"]["state"], "TASK_STATE_FAILED", "{t}");
 }
 
+/// Live tasks together are held to `limits.tasks_bytes` too: two tasks that stay live
+/// (input-required) with 7 MB of artifacts each fill a 16 MiB budget; a third whose
+/// artifacts find no room (nothing finished to drop) fails saying which bound, and the
+/// other two keep everything they had.
+#[test]
+fn live_tasks_are_held_to_the_budget_for_all_tasks() {
+    let setup = Setup {
+        limits: "task_artifact_bytes = 8388608\ntasks_bytes = 16777216".into(),
+        sections: format!(
+            "[agent]\ncommand = [\"python3\", \"{}/tests/agents/big_artifacts.py\"]\n",
+            env!("CARGO_MANIFEST_DIR")
+        ),
+        ..Setup::default()
+    };
+    let d = Daemon::start_setup("std", &setup);
+    let turn = |i: usize| {
+        let params = json!({"message": {"role": "ROLE_USER", "messageId": format!("live-{i}"),
+            "parts": [{"text": "7 1000000 ask"}]}});
+        let mut c = d.connect_tcp();
+        c.stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        c.request(&post(&RPC_HEADERS, &rpc_body("1", "SendMessage", &params)))
+            .json()["result"]["task"]
+            .clone()
+    };
+    let mut live = Vec::new();
+    for i in 0..2 {
+        let t = turn(i);
+        assert_eq!(
+            t["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+            "{}",
+            t["status"]
+        );
+        assert_eq!(t["artifacts"].as_array().map_or(0, Vec::len), 7);
+        live.push(t["id"].as_str().unwrap().to_owned());
+    }
+    let third = turn(2);
+    assert_eq!(
+        third["status"]["state"], "TASK_STATE_FAILED",
+        "{}",
+        third["status"]
+    );
+    assert_eq!(
+        third["status"]["message"]["parts"][0]["text"],
+        "the tasks held would exceed limits.tasks_bytes (16777216 bytes) and none of them is finished"
+    );
+    for id in &live {
+        let t = &get_task(&d, id)["result"];
+        assert_eq!(
+            t["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+            "{}",
+            t["status"]
+        );
+        assert_eq!(
+            t["artifacts"].as_array().map_or(0, Vec::len),
+            7,
+            "{id} kept all"
+        );
+    }
+}
+
 /// The bound itself is checked at load: past what one store record may hold is an error
 /// naming the key.
 #[test]

@@ -298,6 +298,9 @@ pub enum CompletionError {
     TooManyArtifacts,
     /// The task's artifacts would exceed `limits.task_artifact_bytes` together.
     ArtifactsTooLarge,
+    /// The artifact would take all tasks together past `limits.tasks_bytes`, and no
+    /// finished task is left to drop.
+    TasksOverBudget,
     /// No command call of that id is waiting (answered already, or its client left).
     UnknownCall,
     /// A document for a task op, or a start for a message op.
@@ -1100,9 +1103,8 @@ impl Instance {
         now: Now,
     ) -> Result<(), CompletionError> {
         let map_err = |e| match e {
-            StoreError::NotFound | StoreError::Full | StoreError::OverBudget => {
-                CompletionError::UnknownTask
-            }
+            StoreError::NotFound | StoreError::Full => CompletionError::UnknownTask,
+            StoreError::OverBudget => CompletionError::TasksOverBudget,
             StoreError::Terminal(s) => CompletionError::TaskTerminal(s),
             StoreError::TooManyArtifacts => CompletionError::TooManyArtifacts,
             StoreError::ArtifactsTooLarge => CompletionError::ArtifactsTooLarge,

@@ -34,8 +34,10 @@ const ACCEPTED_PART_TYPES: &str = "text/plain, application/json";
 /// ListTasks page size when the client names none, and the largest it may name.
 const DEFAULT_PAGE_SIZE: i32 = 50;
 const MAX_PAGE_SIZE: i32 = 100;
-/// Serialized bytes of the tasks one ListTasks page carries, at most (a page holds one task
-/// at least, whatever its size: a task is bounded by the task limits).
+/// Serialized bytes of the tasks one ListTasks page carries, at most: the connection's output
+/// bound (`limits.max_output_bytes`), so that a slow reader of a page holds no more than any
+/// other slow reader, and never above this. A page holds one task at least, whatever its
+/// size: a task is bounded by the task limits.
 pub const LIST_PAGE_BYTES: usize = 4 << 20;
 
 /// What a request is answered with.
@@ -505,7 +507,10 @@ fn send(
         let owner = t.owner.clone();
         inst.tasks
             .append_message(&task_id, message.clone())
-            .map_err(|_| RpcError::task_not_found(&task_id))?;
+            .map_err(|e| match e {
+                StoreError::OverBudget => no_room(inst, e),
+                _ => RpcError::task_not_found(&task_id),
+            })?;
         // The gate is answered: its question no longer stands.
         if let Some(t) = inst.tasks.get_mut(&task_id) {
             t.ask_schema = None;
@@ -612,9 +617,10 @@ fn list_tasks(
             && since.is_none_or(|ms| t.status_ms >= ms)
     };
     let total = inst.tasks.newest_first(None).filter(matches).count();
+    let page_bytes = inst.config.conn.max_output_bytes.min(LIST_PAGE_BYTES);
     let mut page = inst.tasks.newest_first(after).filter(matches).peekable();
     // A page is bounded in bytes as well as in tasks: a small request must not build an
-    // answer of any size. Past LIST_PAGE_BYTES the page ends early (at least one task, so
+    // answer of any size. Past the page's bytes the page ends early (at least one task, so
     // the listing always moves on) and `nextPageToken` says where to go on.
     let mut views: Vec<Box<serde_json::value::RawValue>> = Vec::new();
     let mut bytes = 0usize;
@@ -627,7 +633,7 @@ fn list_tasks(
             serde_json::value::to_raw_value(&t.view(Some(history), include_artifacts, annotate))
                 .map_err(|e| RpcError::new(ErrorKind::Internal, format!("internal error: {e}")))?;
         let size = view.get().len();
-        if !views.is_empty() && bytes + size > LIST_PAGE_BYTES {
+        if !views.is_empty() && bytes + size > page_bytes {
             break;
         }
         bytes += size;

@@ -327,8 +327,10 @@ impl TaskStore {
     }
 
     /// Runs `change` on a live task and keeps the total weight in step with it; past the
-    /// budget, finished tasks make room. A live task's growth is bounded by its own bounds,
-    /// so it is never refused here.
+    /// budget, finished tasks make room. Client messages and artifacts are checked against
+    /// the budget before they are taken ([`TaskStore::append_message`],
+    /// [`TaskStore::put_artifact`]); a state change never is (a task must always be able to
+    /// end), so if its status message finds no room, the task's own oldest history goes.
     fn reweigh<T>(
         &mut self,
         id: &str,
@@ -339,10 +341,27 @@ impl TaskStore {
         let out = change(t);
         let after = t.weight();
         self.bytes = self.bytes - before + after;
-        if after > before {
-            self.shed(id, 0);
+        if after > before && !self.shed(id, 0) {
+            if let Some(t) = self.tasks.get_mut(id) {
+                while self.bytes > self.limits.total_bytes && t.history.len() > 1 {
+                    if let Some((_, s)) = t.history.pop_front() {
+                        t.history_bytes -= s;
+                        self.bytes -= s;
+                    }
+                }
+            }
         }
         out
+    }
+
+    /// Makes room for a live task to grow by `growth` bytes: finished tasks go first;
+    /// `Err(OverBudget)` when none is left to go.
+    fn room_to_grow(&mut self, id: &str, growth: usize) -> Result<(), StoreError> {
+        self.live_mut(id)?;
+        match growth == 0 || self.shed(id, growth) {
+            true => Ok(()),
+            false => Err(StoreError::OverBudget),
+        }
     }
 
     /// The internal key `owner` has bound to its context name `name`, if any.
@@ -618,9 +637,23 @@ impl TaskStore {
         }
     }
 
-    /// Appends a client message to a live task.
+    /// Appends a client message to a live task; refused (`OverBudget`) when it would take
+    /// the tasks past [`TaskLimits::total_bytes`] and no finished task is left to drop.
     pub fn append_message(&mut self, id: &str, mut message: Message) -> Result<(), StoreError> {
         let limits = self.limits;
+        let growth = {
+            let t = self.live_mut(id)?;
+            let pending = t
+                .status_message
+                .as_ref()
+                .map_or(0, |m| serialized_len(m) + m.parts.len() * PART_COST);
+            let size = serialized_len(&message) + message.parts.len() * PART_COST + pending;
+            // The task's own history bound drops its oldest first: it grows at most to it.
+            (t.history_bytes + size)
+                .min(limits.history_bytes.max(size))
+                .saturating_sub(t.history_bytes)
+        };
+        self.room_to_grow(id, growth)?;
         self.reweigh(id, |t| {
             message.task_id = t.id.clone();
             message.context_id = t.context_id.clone();
@@ -680,50 +713,73 @@ impl TaskStore {
     ) -> Result<(), StoreError> {
         let max = self.limits.max_artifacts;
         let budget = self.limits.artifact_bytes;
-        self.reweigh(id, |t| put_artifact(t, artifact, append, max, budget))?;
+        let plan = plan_artifact(self.live_mut(id)?, &artifact, append, max, budget)?;
+        self.room_to_grow(id, plan.growth)?;
+        self.reweigh(id, |t| {
+            put_artifact(t, artifact, plan);
+            Ok(())
+        })?;
         self.touch(id);
         Ok(())
     }
 }
 
-/// [`TaskStore::put_artifact`] on the task itself.
-fn put_artifact(
-    t: &mut TaskRecord,
-    artifact: Artifact,
+/// What an artifact change will do to a task, decided before anything changes, so a
+/// refused artifact leaves the task as it was.
+#[derive(Clone, Copy)]
+struct ArtifactPlan {
+    /// The task's artifact bytes once the change is made.
+    bytes: usize,
+    /// How much that is above what they are now.
+    growth: usize,
+    /// The artifact of the same id, if any.
+    at: Option<usize>,
+    /// Whether the change replaces it (rather than appending parts to it).
+    replaces: bool,
+}
+
+fn plan_artifact(
+    t: &TaskRecord,
+    artifact: &Artifact,
     append: bool,
     max: usize,
     budget: usize,
-) -> Result<(), StoreError> {
-    let count = t.artifacts.len();
+) -> Result<ArtifactPlan, StoreError> {
     let at = t
         .artifacts
         .iter()
         .position(|a| a.artifact_id == artifact.artifact_id);
-    // The task's artifact bytes once this change is made: checked before anything changes,
-    // so a refused artifact leaves the task as it was.
-    let (bytes, replaced) = match at {
+    let bytes = match at {
         Some(_) if append => {
             let added: usize = artifact.parts.iter().map(|p| serialized_len(p) + 1).sum();
-            (t.artifact_bytes + added, None)
+            t.artifact_bytes + added
         }
         Some(i) => {
             let old = serialized_len(&t.artifacts[i]);
-            let new = serialized_len(&artifact);
-            (t.artifact_bytes.saturating_sub(old) + new, Some(i))
+            t.artifact_bytes.saturating_sub(old) + serialized_len(artifact)
         }
-        None if count >= max => return Err(StoreError::TooManyArtifacts),
-        None => (t.artifact_bytes + serialized_len(&artifact) + 1, None),
+        None if t.artifacts.len() >= max => return Err(StoreError::TooManyArtifacts),
+        None => t.artifact_bytes + serialized_len(artifact) + 1,
     };
     if bytes > budget {
         return Err(StoreError::ArtifactsTooLarge);
     }
-    t.artifact_bytes = bytes;
-    match (at, replaced) {
-        (Some(i), None) => t.artifacts[i].parts.extend(artifact.parts),
-        (Some(_), Some(i)) => t.artifacts[i] = artifact,
-        (None, _) => t.artifacts.push(artifact),
+    Ok(ArtifactPlan {
+        bytes,
+        growth: bytes.saturating_sub(t.artifact_bytes),
+        at,
+        replaces: at.is_some() && !append,
+    })
+}
+
+/// Makes the change [`plan_artifact`] planned.
+fn put_artifact(t: &mut TaskRecord, artifact: Artifact, plan: ArtifactPlan) {
+    t.artifact_bytes = plan.bytes;
+    match plan.at {
+        Some(i) if plan.replaces => t.artifacts[i] = artifact,
+        Some(i) => t.artifacts[i].parts.extend(artifact.parts),
+        None => t.artifacts.push(artifact),
     }
-    Ok(())
 }
 
 impl TaskStore {
@@ -882,6 +938,56 @@ mod tests {
         s.put_artifact("t", artifact("a", "small"), false).unwrap();
         s.put_artifact("t", artifact("b", &text), false).unwrap();
         assert_eq!(s.get("t").unwrap().artifacts.len(), 2);
+    }
+
+    /// Live tasks cannot grow past the budget for all tasks: an artifact or a client message
+    /// that finds no finished task to drop is refused and changes nothing; a state change is
+    /// always taken, its status message paid for with the task's own oldest history.
+    #[test]
+    fn live_growth_is_held_to_the_budget_for_all_tasks() {
+        let mut s = TaskStore::new(TaskLimits {
+            total_bytes: 4_000,
+            ..TaskLimits::DEFAULT
+        });
+        for id in ["a", "b"] {
+            s.create(
+                id.into(),
+                ContextIds::plain("c"),
+                Principal::operator(),
+                msg("m0"),
+                10,
+            )
+            .unwrap();
+        }
+        let text = "x".repeat(1_000);
+        s.put_artifact("a", artifact("a1", &text), false).unwrap();
+        s.put_artifact("b", artifact("b1", &text), false).unwrap();
+        s.put_artifact("a", artifact("a2", &text), false).unwrap();
+        let before = s.total_bytes();
+        assert_eq!(
+            s.put_artifact("b", artifact("b2", &text), false),
+            Err(StoreError::OverBudget)
+        );
+        assert_eq!(s.get("b").unwrap().artifacts.len(), 1, "nothing changed");
+        assert_eq!(s.total_bytes(), before);
+        assert_eq!(
+            s.append_message("b", msg(&"y".repeat(1_500))),
+            Err(StoreError::OverBudget)
+        );
+        assert_eq!(s.get("b").unwrap().history_len(), 1, "nothing changed");
+        // A state change with a large message is taken; the budget holds.
+        s.set_status(
+            "b",
+            TaskState::InputRequired,
+            Some(vec![Part::text(&text)]),
+            11,
+        )
+        .unwrap();
+        assert!(s.total_bytes() <= 4_000, "{}", s.total_bytes());
+        // Once a task finishes, it makes room for the other's growth.
+        s.set_status("a", TaskState::Completed, None, 12).unwrap();
+        s.put_artifact("b", artifact("b2", &text), false).unwrap();
+        assert!(s.get("a").is_none(), "the finished task was dropped");
     }
 
     #[test]

@@ -842,6 +842,11 @@ fn complete(inst: &mut Inst<'_>, c: Completion, now: Now) {
                 "the task's artifacts would exceed limits.task_artifact_bytes ({} bytes)",
                 inst.config().tasks.artifact_bytes
             )),
+            CompletionError::TasksOverBudget => Some(format!(
+                "the tasks held would exceed limits.tasks_bytes ({} bytes) and none of them \
+                 is finished",
+                inst.config().tasks.total_bytes
+            )),
             CompletionError::TooManyArtifacts => Some(format!(
                 "the task would hold more than {} artifacts",
                 inst.config().tasks.max_artifacts

@@ -345,17 +345,6 @@ pub static OPS: &[OpSpec] = &[
                     "uptime_ms": count(),
                     "draining": boolean(),
                     "paused": boolean(),
-                    // Whether the durable store takes writes: "degraded" (with why) while a
-                    // full disk or an I/O error has changes refused.
-                    "store": {
-                        "type": "object",
-                        "required": ["state"],
-                        "properties": {
-                            "state": {"enum": ["ok", "degraded"]},
-                            "reason": string(),
-                        },
-                        "additionalProperties": false,
-                    },
                     "model": string(),
                     "version": string(),
                     "skills": strings(),
