@@ -982,6 +982,42 @@ mod tests {
     }
 
     #[test]
+    fn accepted_messages_are_indexed_bounded_weighed_and_forgotten_with_their_task() {
+        let mut s = TaskStore::new(TaskLimits {
+            history_messages: 2,
+            max_tasks: 1,
+            ..TaskLimits::DEFAULT
+        });
+        let op = Principal::operator();
+        s.create("t".into(), ContextIds::plain("c"), op.clone(), msg("a"), 1)
+            .unwrap();
+        let bare = s.total_bytes();
+        for id in ["a", "b", "c"] {
+            s.accept_message("t", &op.id, id, format!("d-{id}"));
+        }
+        // The oldest past the bound is forgotten, in the list and the index.
+        assert!(s.accepted_by(&op.id, "a").is_none());
+        let (t, digest) = s.accepted_by(&op.id, "c").unwrap();
+        assert_eq!((t.id.as_str(), digest), ("t", "d-c"));
+        assert!(s.accepted_by("user:other", "c").is_none());
+        // Counted in the task's weight, and in its record.
+        assert!(s.total_bytes() > bare);
+        let weights: usize = s.tasks.values().map(TaskRecord::weight).sum();
+        assert_eq!(s.total_bytes(), weights);
+        let back = TaskRecord::from_doc(s.get("t").unwrap().to_doc()).unwrap();
+        assert_eq!(back.weight(), s.get("t").unwrap().weight());
+        // Evicted: its ids name nothing any more.
+        s.set_status("t", TaskState::Completed, None, 2).unwrap();
+        s.create("u".into(), ContextIds::plain("c"), op.clone(), msg("x"), 3)
+            .unwrap();
+        assert!(s.accepted_by(&op.id, "c").is_none());
+        assert!(s.by_message.is_empty());
+        // Restored: indexed again.
+        s.restore(back);
+        assert_eq!(s.accepted_by(&op.id, "b").unwrap().1, "d-b");
+    }
+
+    #[test]
     fn lifecycle_and_history() {
         let mut s = TaskStore::new(TaskLimits {
             history_messages: 3,
