@@ -355,3 +355,25 @@ fn a_retry_is_recognized_after_a_restart() {
         other => panic!("the message is new there: {other:?}"),
     }
 }
+
+#[test]
+fn a_retry_is_answered_once_its_task_is_durable() {
+    let mut h = Harness::new();
+    h.inst.set_write_ahead(true);
+    let mut c = h.conn();
+    assert!(c
+        .feed(&mut h, &immediate(text_message("hi", "m-1")))
+        .is_empty());
+    let task_id = h.turn();
+    // The retry overtook the first send's write: it waits for it too.
+    let mut r = h.conn();
+    assert!(r
+        .feed(&mut h, &immediate(text_message("hi", "m-1")))
+        .is_empty());
+    while let Some(batch) = h.inst.poll_records() {
+        h.inst.records_durable(batch.upto);
+    }
+    assert_eq!(task_of(&one(&r.poll(&mut h)))["id"], task_id.as_str());
+    assert_eq!(task_of(&one(&c.poll(&mut h)))["id"], task_id.as_str());
+    assert!(h.take_effects().is_empty());
+}
