@@ -360,7 +360,7 @@ fn streaming_send_frames_then_keep_alive(driver: &str) {
         let req = rpc_request(
             "\"s1\"",
             "SendStreamingMessage",
-            &text_message("sm-1", "stream please"),
+            &text_message(&common::fresh_id(), "stream please"),
         );
         let r = c.request(&req);
         assert_eq!(
@@ -446,7 +446,11 @@ fn streaming_send_frames_then_keep_alive(driver: &str) {
         // `Connection: close` on a stream: it ends and the connection closes.
         let close_req = post(
             &[RPC_HEADERS[0], RPC_HEADERS[1], "Connection: close"],
-            &rpc_body("2", "SendStreamingMessage", &text_message("sm-2", "x")),
+            &rpc_body(
+                "2",
+                "SendStreamingMessage",
+                &text_message(&common::fresh_id(), "x"),
+            ),
         );
         c.send(&close_req);
         let r = c.read_response();
@@ -596,7 +600,7 @@ fn cancel_and_subscribe_refusals(driver: &str) {
         let e = c.rpc_err("SubscribeToTask", json!({"id": id}), -32004);
         assert_eq!(e["data"][0]["reason"], "UNSUPPORTED_OPERATION");
         // A follow-up message on the terminal task.
-        let mut p = text_message("c-2", "again");
+        let mut p = text_message(&common::fresh_id(), "again");
         p["message"]["taskId"] = json!(id);
         c.rpc_err("SendMessage", p, -32004);
         let after = c.rpc_ok("GetTask", json!({"id": id}));
@@ -616,7 +620,11 @@ fn pipelined_requests_answer_in_order(driver: &str) {
     let d = Daemon::start(driver);
     for via in Via::ALL {
         let mut c = d.connect(via);
-        let mut bytes = rpc_request("\"p1\"", "SendMessage", &text_message("p-1", "first"));
+        let mut bytes = rpc_request(
+            "\"p1\"",
+            "SendMessage",
+            &text_message(&common::fresh_id(), "first"),
+        );
         bytes.extend(rpc_request(
             "\"p2\"",
             "GetTask",
@@ -673,7 +681,7 @@ fn request_split_byte_by_byte(driver: &str) {
         c.send_byte_by_byte(&rpc_request(
             "\"b1\"",
             "SendMessage",
-            &text_message("b-1", "bytes"),
+            &text_message(&common::fresh_id(), "bytes"),
         ));
         let r = c.read_response();
         assert_json_200(&r, "a SendMessage written one byte per write");
@@ -1016,7 +1024,11 @@ fn expect_continue(driver: &str) {
     let d = Daemon::start(driver);
     for via in Via::ALL {
         let mut c = d.connect(via);
-        let body = rpc_body("\"e1\"", "SendMessage", &text_message("e-1", "continue?"));
+        let body = rpc_body(
+            "\"e1\"",
+            "SendMessage",
+            &text_message(&common::fresh_id(), "continue?"),
+        );
         let head = format!(
             "POST / HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nA2A-Version: 1.0\r\n\
 Expect: 100-continue\r\nContent-Length: {}\r\n\r\n",
@@ -1374,7 +1386,7 @@ fn request_ids_echo_byte_for_byte(driver: &str) {
         let r = c.request(&rpc_request(
             id,
             "SendStreamingMessage",
-            &text_message(&format!("id-{}", id.len()), "x"),
+            &text_message(&common::fresh_id(), "x"),
         ));
         let raw = r.body_text();
         assert_eq!(
@@ -1535,7 +1547,7 @@ fn abandoned_connections_do_not_starve_others(driver: &str) {
             200,
             "expected a client to be served beside 220 silent connections over {via:?}"
         );
-        let r = c.rpc_ok("SendMessage", text_message("ab-1", "anyone?"));
+        let r = c.rpc_ok("SendMessage", text_message(&common::fresh_id(), "anyone?"));
         assert_eq!(state_of(task_of(&r)), "TASK_STATE_REJECTED");
         assert!(
             t.elapsed() < Duration::from_secs(2),
@@ -1566,7 +1578,7 @@ fn pipelined_request_behind_a_stream(driver: &str) {
         let mut bytes = rpc_request(
             "\"st\"",
             "SendStreamingMessage",
-            &text_message("ps-1", "stream"),
+            &text_message(&common::fresh_id(), "stream"),
         );
         bytes.extend(rpc_request("\"after\"", "ListTasks", &json!({})));
         bytes.extend(get(CARD, &[]));
@@ -1610,7 +1622,7 @@ fn half_closed_client_still_gets_its_answers(driver: &str) {
         c.send(&rpc_request(
             "1",
             "SendMessage",
-            &text_message("hc-1", "bye"),
+            &text_message(&common::fresh_id(), "bye"),
         ));
         c.shutdown_write();
         let r = c.read_response();
@@ -1631,7 +1643,7 @@ fn half_closed_client_still_gets_its_answers(driver: &str) {
         c.send(&rpc_request(
             "2",
             "SendStreamingMessage",
-            &text_message("hc-2", "bye"),
+            &text_message(&common::fresh_id(), "bye"),
         ));
         c.shutdown_write();
         let r = c.read_response();

@@ -225,7 +225,7 @@ fn restart_keeps_sessions() {
             .json()
     };
     let op = |d: &Daemon, envelope: Value| {
-        let params = json!({"message": {"role":"ROLE_USER","messageId":"m","extensions":[COMMAND_URI],"parts":[{"data":{"agentd": envelope}}]}});
+        let params = json!({"message": {"role":"ROLE_USER","messageId":common::fresh_id(),"extensions":[COMMAND_URI],"parts":[{"data":{"agentd": envelope}}]}});
         call(d, "op-token", "SendMessage", params, true)
     };
 
@@ -594,6 +594,48 @@ fn a_task_in_flight_at_a_crash_fails_with_the_reason() {
         t["status"]["message"]["parts"][0]["text"],
         "agentd restarted while this task was in flight"
     );
+}
+
+#[test]
+fn a_retried_send_after_a_crash_gets_its_task_and_no_second_turn() {
+    let data = DataDir::new("retry");
+    let turns = data.0.with_extension("turns");
+    let agent = format!(
+        "[agent]\ncommand = [\"python3\", \"{}/tests/agents/count_turns.py\", \"{}\"]\n",
+        env!("CARGO_MANIFEST_DIR"),
+        turns.display()
+    );
+    let message = |text: &str| {
+        let params = json!({"message": {"role": "ROLE_USER", "messageId": "retry-1", "parts": [{"text": text}]}});
+        post(&RPC_HEADERS, &rpc_body("1", "SendMessage", &params))
+    };
+    let mut d = Daemon::start_setup("smol", &setup(&data.0, &agent));
+    let first = d.connect(Via::Tcp).request(&message("hi")).json();
+    let t = first["result"]["task"].clone();
+    assert_eq!(state(&t), "TASK_STATE_COMPLETED", "{first}");
+    let job = d
+        .connect(Via::Tcp)
+        .request(&command_body("job.start", 7))
+        .json();
+    let job_id = job["result"]["task"]["id"].as_str().unwrap().to_owned();
+    // Acknowledged, so durable: a crash now loses neither the tasks nor their messageIds.
+    d.kill();
+    drop(d);
+
+    let d = Daemon::start_setup("std", &setup(&data.0, &agent));
+    let again = d.connect(Via::Tcp).request(&message("hi")).json();
+    assert_eq!(again["result"]["task"], t, "the same task, as it was");
+    let job_again = d
+        .connect(Via::Tcp)
+        .request(&command_body("job.start", 7))
+        .json();
+    assert_eq!(job_again["result"]["task"]["id"], job_id.as_str());
+    let other = d.connect(Via::Tcp).request(&message("bye")).json();
+    assert_eq!(other["error"]["code"], -32602, "{other}");
+    assert_eq!(all_tasks(&d).len(), 2, "no task was added");
+    let log = std::fs::read_to_string(&turns).unwrap_or_default();
+    assert_eq!(log.lines().count(), 1, "one agent turn: {log:?}");
+    let _ = std::fs::remove_file(&turns);
 }
 
 #[test]

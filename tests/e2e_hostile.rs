@@ -987,7 +987,7 @@ fn huge_ids_are_echoed_byte_for_byte(driver: &str) {
         let r = c.request(&rpc_request(
             id,
             "SendStreamingMessage",
-            &text_message("huge-id", "x"),
+            &text_message(&common::fresh_id(), "x"),
         ));
         assert_eq!(r.status, 200);
         let needle = format!("\"id\":{id},");

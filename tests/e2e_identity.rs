@@ -45,7 +45,7 @@ fn call(d: &Daemon, token: &str, method: &str, params: Value, extra: &[&str]) ->
 }
 
 fn op(d: &Daemon, envelope: Value) -> Value {
-    let params = json!({"message": {"role":"ROLE_USER","messageId":"m","extensions":[COMMAND_URI],"parts":[{"data":{"agentd": envelope}}]}});
+    let params = json!({"message": {"role":"ROLE_USER","messageId":common::fresh_id(),"extensions":[COMMAND_URI],"parts":[{"data":{"agentd": envelope}}]}});
     let ext = format!("A2A-Extensions: {COMMAND_URI}");
     call(d, "op-token", "SendMessage", params, &[ext.as_str()]).json()
 }
@@ -58,7 +58,7 @@ fn event_seqs(r: &common::Response) -> Vec<u64> {
 }
 
 fn send(d: &Daemon, token: &str) -> String {
-    let params = json!({"message": {"role":"ROLE_USER","messageId":"m","parts":[{"text":"hi"}]}});
+    let params = json!({"message": {"role":"ROLE_USER","messageId":common::fresh_id(),"parts":[{"text":"hi"}]}});
     let r = call(d, token, "SendMessage", params, &[]);
     r.json()["result"]["task"]["id"]
         .as_str()

@@ -369,6 +369,9 @@ pub(crate) struct PendingCall {
     pub(crate) history: Option<usize>,
     pub(crate) waker: Option<Waker>,
     pub(crate) outcome: Option<CallOutcome>,
+    /// The message's digest, for a task op: its task records the message as accepted, so
+    /// a retry finds the task.
+    pub(crate) digest: Option<String>,
 }
 
 /// The shared state of one daemon.
@@ -903,7 +906,7 @@ impl Instance {
             .task_id
             .clone()
             .ok_or(CompletionError::WrongReplyKind)?;
-        let (context, principal, message, op, mode, annotate, history) = (
+        let (context, principal, message, op, mode, annotate, history, digest) = (
             call.context.clone(),
             call.principal.clone(),
             call.message.clone(),
@@ -911,10 +914,16 @@ impl Instance {
             call.mode,
             call.annotate,
             call.history,
+            call.digest.clone(),
         );
+        let (by, message_id) = (principal.id.clone(), message.message_id.clone());
         self.tasks
             .create(task_id.clone(), context, principal, message, now.epoch_ms)
             .map_err(|_| CompletionError::UnknownTask)?;
+        if let Some(digest) = digest {
+            self.tasks
+                .accept_message(&task_id, &by, &message_id, digest);
+        }
         self.tasks.set_origin(&task_id, link, Some(op));
         self.task_changed(&task_id, now);
         let first = Box::new(

@@ -394,24 +394,37 @@ fn send(
             Some(c)
         }
     };
+    let mode = if streaming {
+        CallMode::Stream
+    } else if config.return_immediately == Some(true) {
+        CallMode::Immediate
+    } else {
+        CallMode::Wait
+    };
     let switches = inst.switches(ctx.listener);
-    if let Some(checked) = command::check(
+    let checked = command::check(
         &message,
         &config,
         activated,
         ctx.principal,
         &inst.commands,
         switches,
-    )? {
-        let mode = if streaming {
-            CallMode::Stream
-        } else if config.return_immediately == Some(true) {
-            CallMode::Immediate
-        } else {
-            CallMode::Wait
-        };
-        return run_command(inst, ctx, checked, message, mode, history, annotate);
+    )?;
+    // A message that makes or moves a task is idempotent per (caller, messageId); a read
+    // (a command answered with a message) changes nothing, so it is not remembered.
+    let digest = if checked.as_ref().is_none_or(|c| c.reply == ReplyKind::Task) {
+        let digest = crate::tasks::message_digest(&message);
+        if let Some(reply) = retried(inst, ctx, &message, &digest, mode, history, annotate)? {
+            return Ok(reply);
+        }
+        Some(digest)
+    } else {
+        None
+    };
+    if let Some(checked) = checked {
+        return run_command(inst, ctx, checked, message, mode, history, annotate, digest);
     }
+    let digest = digest.unwrap_or_default();
 
     writable(inst)?;
     let task_id = if message.task_id.is_empty() {
@@ -430,6 +443,8 @@ fn send(
             Ok(_) => {}
             Err(e) => return Err(no_room(inst, e)),
         }
+        inst.tasks
+            .accept_message(&task_id, &ctx.principal.id, &message.message_id, digest);
         message.task_id = task_id.clone();
         message.context_id = context.key.clone();
         inst.task_changed(&task_id, ctx.now);
@@ -511,6 +526,8 @@ fn send(
                 StoreError::OverBudget => no_room(inst, e),
                 _ => RpcError::task_not_found(&task_id),
             })?;
+        inst.tasks
+            .accept_message(&task_id, &ctx.principal.id, &message.message_id, digest);
         // The gate is answered: its question no longer stands.
         if let Some(t) = inst.tasks.get_mut(&task_id) {
             t.ask_schema = None;
@@ -562,6 +579,67 @@ fn send(
         task_id,
         history_length: history,
     })
+}
+
+/// A retry of a message `ctx.principal` already sent (same messageId): nothing runs again.
+/// The same content gets the task it created or continued, answered as a first send of
+/// this mode would be; other content under that id is refused and changes nothing. None:
+/// the id is unused (or its task is gone), so the message is new.
+#[allow(clippy::too_many_arguments)]
+fn retried(
+    inst: &mut Instance,
+    ctx: &CallContext<'_>,
+    message: &Message,
+    digest: &str,
+    mode: CallMode,
+    history: Option<usize>,
+    annotate: bool,
+) -> Result<Option<Reply>, RpcError> {
+    let Some((t, first)) = inst
+        .tasks
+        .accepted_by(&ctx.principal.id, &message.message_id)
+    else {
+        return Ok(None);
+    };
+    if !ctx.principal.may_see(&t.owner) {
+        return Ok(None);
+    }
+    let task_id = t.id.clone();
+    if first != digest {
+        return Err(RpcError::invalid_field(
+            "message.messageId",
+            format!(
+                "{:?} was already used for a different message (task {task_id}); a new message needs a new messageId",
+                message.message_id
+            ),
+        )
+        .with_meta("taskId", &task_id));
+    }
+    let state = t.state;
+    let snapshot = t.view(history, true, annotate);
+    // Counted as a change (the record is written again, the same): the answer then waits,
+    // as the first one did, until the task is durable, so a retry that overtook the first
+    // send's write never acknowledges a task a crash could still lose.
+    let _ = inst.tasks.get_mut(&task_id);
+    Ok(Some(match mode {
+        CallMode::Immediate => serialize(&StreamResponse::Task(snapshot)),
+        // A blocking send answers once the task settles: at once if it already has.
+        CallMode::Wait if state.ends_a_turn() => serialize(&StreamResponse::Task(snapshot)),
+        CallMode::Wait => Reply::Wait {
+            sub: inst.subscribe(&task_id, true),
+            task_id,
+            history_length: history,
+        },
+        // As SubscribeToTask streams it; a finished task is its one final snapshot.
+        CallMode::Stream => Reply::Stream {
+            sub: (!state.is_terminal()).then(|| inst.subscribe(&task_id, false)),
+            frames: vec![(
+                inst.replay.last(&task_id),
+                Arc::new(StreamResponse::Task(snapshot)),
+            )],
+            task_id: Some(task_id),
+        },
+    }))
 }
 
 fn get_task(
@@ -769,7 +847,9 @@ fn subscribe(
 }
 
 /// Runs a command that passed every check: `status` and `config` in the core, everything
-/// else handed to the host as an effect.
+/// else handed to the host as an effect. `digest`: the message's, for a task op (its task
+/// records the message as accepted once it exists).
+#[allow(clippy::too_many_arguments)]
 fn run_command(
     inst: &mut Instance,
     ctx: &CallContext<'_>,
@@ -778,12 +858,19 @@ fn run_command(
     mode: CallMode,
     history: Option<usize>,
     annotate: bool,
+    digest: Option<String>,
 ) -> Result<Reply, RpcError> {
     let context = inst.resolve_context(ctx.principal, &message.context_id);
     let context_id = context.name.clone();
     message.context_id = context_id.clone();
     if let Some(result) = sign_in_op(inst, ctx, &checked)? {
-        return complete_locally(inst, ctx, checked, message, mode, history, annotate, result);
+        let local = Local {
+            mode,
+            history,
+            annotate,
+            digest,
+        };
+        return complete_locally(inst, ctx, checked, message, local, result);
     }
     let local = match checked.op.as_str() {
         "status" => Some(status_document(inst, ctx)),
@@ -830,6 +917,7 @@ fn run_command(
         history,
         waker: None,
         outcome: None,
+        digest,
     };
     let principal = ctx.principal.clone();
     let call = inst.start_call(call, |call| Effect::Command {
@@ -1050,21 +1138,33 @@ fn sign_in_op(
     Ok(Some(result))
 }
 
+/// How a locally completed task op is answered, and the digest its task accepts.
+struct Local {
+    mode: CallMode,
+    history: Option<usize>,
+    annotate: bool,
+    digest: Option<String>,
+}
+
 /// A task op the core did itself: its task is created, carries the result as its
 /// `<taskId>.result` artifact, and is completed, then answered like any task.
-#[allow(clippy::too_many_arguments)]
 fn complete_locally(
     inst: &mut Instance,
     ctx: &CallContext<'_>,
     checked: Checked,
     message: Message,
-    mode: CallMode,
-    history: Option<usize>,
-    annotate: bool,
+    local: Local,
     result: serde_json::Value,
 ) -> Result<Reply, RpcError> {
+    let Local {
+        mode,
+        history,
+        annotate,
+        digest,
+    } = local;
     let task_id = inst.new_id();
     let context = inst.resolve_context(ctx.principal, &message.context_id);
+    let message_id = message.message_id.clone();
     let created = inst.tasks.create(
         task_id.clone(),
         context,
@@ -1074,6 +1174,10 @@ fn complete_locally(
     );
     if let Err(e) = created {
         return Err(no_room(inst, e));
+    }
+    if let Some(digest) = digest {
+        inst.tasks
+            .accept_message(&task_id, &ctx.principal.id, &message_id, digest);
     }
     let link = crate::ext::annotations::Link {
         kind: crate::ext::annotations::LinkKind::Run,

@@ -136,7 +136,7 @@ fn run_op(h: &mut Harness, op: &str, token: Option<&str>) -> Answer {
     let spec = OPS.iter().find(|s| s.op == op).unwrap();
     let mut envelope = sample(&(spec.args)());
     envelope["op"] = json!(op);
-    let message = json!({"role":"ROLE_USER","messageId":"m","extensions":[COMMAND_URI],"parts":[{"data":{"agentd": envelope}}]});
+    let message = json!({"role":"ROLE_USER","messageId":fresh_id(),"extensions":[COMMAND_URI],"parts":[{"data":{"agentd": envelope}}]});
     let mut c = h.conn_peer(0, Peer::Tcp);
     let out = c.feed(
         h,
@@ -222,7 +222,7 @@ fn every_core_method_as_every_role() {
     let methods = [
         (
             "SendMessage",
-            json!({"message": text_message("x","m"), "configuration":{"returnImmediately":true}}),
+            json!({"message": text_message("x",&fresh_id()), "configuration":{"returnImmediately":true}}),
             200,
         ),
         ("GetTask", json!({"id": "none"}), -32001),
@@ -352,7 +352,7 @@ fn a_revoked_session_reaches_nothing() {
 }
 
 fn run_op_with(h: &mut Harness, envelope: Value, token: &str) -> Answer {
-    let message = json!({"role":"ROLE_USER","messageId":"m","extensions":[COMMAND_URI],"parts":[{"data":{"agentd": envelope}}]});
+    let message = json!({"role":"ROLE_USER","messageId":fresh_id(),"extensions":[COMMAND_URI],"parts":[{"data":{"agentd": envelope}}]});
     let mut c = h.conn_peer(0, Peer::Tcp);
     let out = c.feed(
         h,

@@ -50,7 +50,7 @@ fn new_task(h: &mut Harness, c: &mut Client, text: &str) -> String {
         &call(
             "SendMessage",
             1,
-            json!({"message": text_message(text, "m"), "configuration": {"returnImmediately": true}}),
+            json!({"message": text_message(text, &fresh_id()), "configuration": {"returnImmediately": true}}),
         ),
     );
     let task = one(&out).json()["result"]["task"].clone();
@@ -812,7 +812,7 @@ fn streams_end_at_input_required_and_http10_streams_close() {
     assert!(!c.conn.is_finished());
 
     let mut c = h.conn();
-    let body = json!({"jsonrpc":"2.0","id":1,"method":"SendStreamingMessage","params":{"message":text_message("hi","m")}}).to_string();
+    let body = json!({"jsonrpc":"2.0","id":1,"method":"SendStreamingMessage","params":{"message":text_message("hi","m2")}}).to_string();
     let req = format!("POST / HTTP/1.0\r\nContent-Type: application/json\r\nA2A-Version: 1.0\r\nContent-Length: {}\r\n\r\n{body}", body.len());
     let mut out = c.feed(&mut h, req.as_bytes());
     let t = h.turn();

@@ -45,7 +45,7 @@ fn bearer(mut req: Vec<u8>, token: &str) -> Vec<u8> {
 }
 
 fn command(op: Value) -> Value {
-    json!({"message": {"role":"ROLE_USER","messageId":"m","extensions":[COMMAND],"parts":[{"data":{"agentd": op}}]}})
+    json!({"message": {"role":"ROLE_USER","messageId":fresh_id(),"extensions":[COMMAND],"parts":[{"data":{"agentd": op}}]}})
 }
 
 fn op_call(h: &mut Harness, envelope: Value) -> Value {

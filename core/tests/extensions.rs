@@ -16,7 +16,7 @@ use support::*;
 const NOT_OURS: &str = "https://example.com/not-ours";
 
 fn command_message(envelope: Value) -> Value {
-    json!({"role":"ROLE_USER","messageId":"m","extensions":[COMMAND_URI],"parts":[{"data":{"agentd": envelope}}]})
+    json!({"role":"ROLE_USER","messageId":fresh_id(),"extensions":[COMMAND_URI],"parts":[{"data":{"agentd": envelope}}]})
 }
 
 fn send_command(h: &mut Harness, c: &mut Client, envelope: Value) -> Resp {

@@ -31,7 +31,7 @@ fn task_round(h: &mut Harness, c: &mut Client) -> String {
         &call(
             "SendMessage",
             1,
-            json!({"message": text_message("x","m"), "configuration":{"returnImmediately":true}}),
+            json!({"message": text_message("x",&fresh_id()), "configuration":{"returnImmediately":true}}),
         ),
     );
     let id = h.turn();

@@ -342,7 +342,7 @@ fn device_session(h: &mut Harness, name: &str) -> String {
         call_ext(
             "SendMessage",
             1,
-            json!({"message": {"role":"ROLE_USER","messageId":"m","extensions":[COMMAND],"parts":[{"data":{"agentd":{"op":"auth.device.approve","user_code":user_code,"as":name}}}]}}),
+            json!({"message": {"role":"ROLE_USER","messageId":fresh_id(),"extensions":[COMMAND],"parts":[{"data":{"agentd":{"op":"auth.device.approve","user_code":user_code,"as":name}}}]}}),
             &[COMMAND],
         ),
         "op-token",

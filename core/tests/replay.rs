@@ -89,7 +89,7 @@ fn start(h: &mut Harness, c: &mut Client) -> (String, Vec<u8>) {
         &call(
             "SendStreamingMessage",
             1,
-            json!({"message": text_message("hi", "m-1")}),
+            json!({"message": text_message("hi", &fresh_id())}),
         ),
     );
     (h.turn(), out)

@@ -948,6 +948,13 @@ pub fn rpc_request(id: &str, method: &str, params: &Value) -> Vec<u8> {
     post(&RPC_HEADERS, &rpc_body(id, method, params))
 }
 
+/// A messageId not used before in this test process: a send is idempotent per (caller,
+/// messageId), so each new message needs its own.
+pub fn fresh_id() -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!("m-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
 /// SendMessage params with one text part.
 pub fn text_message(message_id: &str, text: &str) -> Value {
     serde_json::json!({

@@ -112,6 +112,30 @@ pub struct TaskRecord {
     /// run must not approve its own program. Not persisted: a gate does not outlive a
     /// restart (its run ends FAILED).
     pub ask_operator_only: bool,
+    /// The client messages this task accepted (it was created by or continued with them),
+    /// oldest first, each with its serialized size: what recognizes a retried SendMessage.
+    /// Bounded like the history.
+    accepted: VecDeque<(Accepted, usize)>,
+    /// Serialized bytes of `accepted`, counted in the task's weight.
+    accepted_bytes: usize,
+}
+
+/// One message a task accepted: who sent it, its `messageId`, and the digest of its content
+/// ([`message_digest`]), so a retry is told from a different message under the same id.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Accepted {
+    /// The sender's principal id (not always the owner: an operator answers others' gates).
+    pub(crate) by: String,
+    pub(crate) message_id: String,
+    pub(crate) digest: String,
+}
+
+/// The sha256 (hex) of a message as the client sent it. Its serialization is canonical: the
+/// fields in declaration order, object keys sorted (serde_json's map is ordered).
+pub fn message_digest(message: &Message) -> String {
+    let bytes = serde_json::to_vec(message).unwrap_or_default();
+    crate::ids::hex(&crate::digest::sha256(&bytes))
 }
 
 impl TaskRecord {
@@ -165,7 +189,12 @@ impl TaskRecord {
 
     /// What the task counts against [`TaskLimits::total_bytes`].
     fn weight(&self) -> usize {
-        self.history_bytes + self.artifact_bytes
+        self.history_bytes + self.artifact_bytes + self.accepted_bytes
+    }
+
+    /// The messages this task accepted, oldest first.
+    pub(crate) fn accepted(&self) -> impl Iterator<Item = &Accepted> {
+        self.accepted.iter().map(|(a, _)| a)
     }
 
     fn push_history(&mut self, message: Message, limits: &TaskLimits) {
@@ -283,6 +312,9 @@ pub struct TaskStore {
     unused_seq: u64,
     /// The sum of every held task's weight ([`TaskLimits::total_bytes`]).
     bytes: usize,
+    /// (sender's principal id, messageId) of every message a held task still lists as
+    /// accepted, to that task: bounded by the tasks held times the history bound.
+    by_message: HashMap<(String, String), String>,
 }
 
 impl TaskStore {
@@ -301,6 +333,63 @@ impl TaskStore {
             unused_contexts: BTreeMap::new(),
             unused_seq: 0,
             bytes: 0,
+            by_message: HashMap::new(),
+        }
+    }
+
+    /// The task that accepted `by`'s message `message_id`, with that message's digest.
+    pub fn accepted_by(&self, by: &str, message_id: &str) -> Option<(&TaskRecord, &str)> {
+        let id = self
+            .by_message
+            .get(&(by.to_owned(), message_id.to_owned()))?;
+        let t = self.tasks.get(id)?;
+        let a = t
+            .accepted()
+            .find(|a| a.by == by && a.message_id == message_id)?;
+        Some((t, a.digest.as_str()))
+    }
+
+    /// Records that task `id` accepted `by`'s message `message_id` (of digest `digest`), so
+    /// a retry of it finds the task. Past the history bound the oldest entry is forgotten.
+    pub fn accept_message(&mut self, id: &str, by: &str, message_id: &str, digest: String) {
+        let keep = self.limits.history_messages.max(1);
+        let Some(t) = self.tasks.get_mut(id) else {
+            return;
+        };
+        let before = t.weight();
+        let entry = Accepted {
+            by: by.to_owned(),
+            message_id: message_id.to_owned(),
+            digest,
+        };
+        let size = serialized_len(&entry);
+        t.accepted.push_back((entry, size));
+        t.accepted_bytes += size;
+        let mut dropped = Vec::new();
+        while t.accepted.len() > keep {
+            if let Some((old, s)) = t.accepted.pop_front() {
+                t.accepted_bytes -= s;
+                dropped.push(old);
+            }
+        }
+        let after = t.weight();
+        self.bytes = self.bytes - before + after;
+        for old in &dropped {
+            self.unindex(id, old);
+        }
+        self.by_message
+            .insert((by.to_owned(), message_id.to_owned()), id.to_owned());
+        self.touch(id);
+        if after > before {
+            self.shed(id, 0);
+        }
+    }
+
+    /// Forgets an index entry, if it still names task `id`.
+    fn unindex(&mut self, id: &str, a: &Accepted) {
+        let key = (a.by.clone(), a.message_id.clone());
+        if self.by_message.get(&key).is_some_and(|t| t == id) {
+            self.by_message.remove(&key);
         }
     }
 
@@ -478,9 +567,15 @@ impl TaskStore {
 
     /// Puts back a task read from the durable store, with its place in the listing order.
     /// A task already held (the same key twice) is replaced.
-    pub fn restore(&mut self, rec: TaskRecord) {
+    pub fn restore(&mut self, mut rec: TaskRecord) {
         if let Some(old) = self.remove(&rec.id) {
             drop(old);
+        }
+        // The bound may have shrunk since the record was written.
+        while rec.accepted.len() > self.limits.history_messages.max(1) {
+            if let Some((_, s)) = rec.accepted.pop_front() {
+                rec.accepted_bytes -= s;
+            }
         }
         self.bytes += rec.weight();
         self.seq = self.seq.max(rec.status_seq);
@@ -490,6 +585,10 @@ impl TaskStore {
             self.terminal.insert((rec.created_ms, rec.id.clone()));
         }
         self.context_used(&rec);
+        for a in rec.accepted() {
+            self.by_message
+                .insert((a.by.clone(), a.message_id.clone()), rec.id.clone());
+        }
         self.tasks.insert(rec.id.clone(), rec);
     }
 
@@ -582,6 +681,8 @@ impl TaskStore {
             ask_schema: None,
             ask_channel: None,
             ask_operator_only: false,
+            accepted: VecDeque::new(),
+            accepted_bytes: 0,
         };
         rec.push_history(first, &self.limits);
         self.bytes += rec.weight();
@@ -602,6 +703,9 @@ impl TaskStore {
         self.order.remove(&(t.status_ms, t.status_seq));
         self.terminal.remove(&(t.created_ms, t.id.clone()));
         self.context_released(&t);
+        for a in t.accepted() {
+            self.unindex(id, a);
+        }
         Some(t)
     }
 
@@ -988,6 +1092,42 @@ mod tests {
         s.set_status("a", TaskState::Completed, None, 12).unwrap();
         s.put_artifact("b", artifact("b2", &text), false).unwrap();
         assert!(s.get("a").is_none(), "the finished task was dropped");
+    }
+
+    #[test]
+    fn accepted_messages_are_indexed_bounded_weighed_and_forgotten_with_their_task() {
+        let mut s = TaskStore::new(TaskLimits {
+            history_messages: 2,
+            max_tasks: 1,
+            ..TaskLimits::DEFAULT
+        });
+        let op = Principal::operator();
+        s.create("t".into(), ContextIds::plain("c"), op.clone(), msg("a"), 1)
+            .unwrap();
+        let bare = s.total_bytes();
+        for id in ["a", "b", "c"] {
+            s.accept_message("t", &op.id, id, format!("d-{id}"));
+        }
+        // The oldest past the bound is forgotten, in the list and the index.
+        assert!(s.accepted_by(&op.id, "a").is_none());
+        let (t, digest) = s.accepted_by(&op.id, "c").unwrap();
+        assert_eq!((t.id.as_str(), digest), ("t", "d-c"));
+        assert!(s.accepted_by("user:other", "c").is_none());
+        // Counted in the task's weight, and in its record.
+        assert!(s.total_bytes() > bare);
+        let weights: usize = s.tasks.values().map(TaskRecord::weight).sum();
+        assert_eq!(s.total_bytes(), weights);
+        let back = TaskRecord::from_doc(s.get("t").unwrap().to_doc()).unwrap();
+        assert_eq!(back.weight(), s.get("t").unwrap().weight());
+        // Evicted: its ids name nothing any more.
+        s.set_status("t", TaskState::Completed, None, 2).unwrap();
+        s.create("u".into(), ContextIds::plain("c"), op.clone(), msg("x"), 3)
+            .unwrap();
+        assert!(s.accepted_by(&op.id, "c").is_none());
+        assert!(s.by_message.is_empty());
+        // Restored: indexed again.
+        s.restore(back);
+        assert_eq!(s.accepted_by(&op.id, "b").unwrap().1, "d-b");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::TaskRecord;
+use super::{Accepted, TaskRecord};
 use crate::a2a::types::{Artifact, Message, TaskState};
 use crate::auth::{Principal, Role};
 use crate::ext::annotations::{Link, LinkKind};
@@ -43,6 +43,10 @@ struct TaskDoc {
     ask_schema: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     ask_channel: Option<String>,
+    /// The messages the task accepted, so a retried SendMessage is recognized after a
+    /// restart; absent in records written before idempotent sends.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    accepted: Vec<Accepted>,
 }
 
 /// A principal as the store keeps it (owners of tasks, sessions' principals).
@@ -98,6 +102,7 @@ impl TaskRecord {
             command: self.command.clone(),
             ask_schema: self.ask_schema.clone(),
             ask_channel: self.ask_channel.clone(),
+            accepted: self.accepted().cloned().collect(),
         };
         serde_json::to_value(doc).expect("a task record serialises")
     }
@@ -122,7 +127,17 @@ impl TaskRecord {
                 (m, size)
             })
             .collect();
+        let accepted: std::collections::VecDeque<(Accepted, usize)> = d
+            .accepted
+            .into_iter()
+            .map(|a| {
+                let size = super::serialized_len(&a);
+                (a, size)
+            })
+            .collect();
         Ok(TaskRecord {
+            accepted_bytes: accepted.iter().map(|(_, s)| s).sum(),
+            accepted,
             artifact_bytes: d
                 .artifacts
                 .iter()

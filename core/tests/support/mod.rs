@@ -182,6 +182,13 @@ pub fn call(method: &str, id: u64, params: Value) -> Vec<u8> {
     rpc(&serde_json::json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}).to_string())
 }
 
+/// A messageId not used before in this test process: a send is idempotent per (caller,
+/// messageId), so each new message needs its own.
+pub fn fresh_id() -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!("m-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
 pub fn text_message(text: &str, message_id: &str) -> Value {
     serde_json::json!({"role":"ROLE_USER","messageId":message_id,"parts":[{"text":text}]})
 }
