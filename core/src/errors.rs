@@ -59,6 +59,9 @@ pub enum ErrorKind {
     /// The durable store cannot write (a full disk, an I/O error): changes are refused, reads
     /// go on, and the store heals by itself. `Retry-After` as for a drain.
     StoreUnavailable,
+    /// A retried task op whose first send is still being started by the host: try again in
+    /// a moment (`Retry-After: 1`) and get its task. Never run twice.
+    InProgress,
 }
 
 /// What the table says about a kind.
@@ -199,6 +202,7 @@ impl ErrorKind {
                 Some("STORE_UNAVAILABLE"),
                 AGENTD_DOMAIN,
             ),
+            InProgress => (-32603, "Internal error", Some("IN_PROGRESS"), AGENTD_DOMAIN),
             Unauthenticated => (
                 -31401,
                 "Unauthenticated",
@@ -286,6 +290,7 @@ impl RpcError {
     pub fn retry_after(&self) -> Option<u32> {
         match self.kind {
             ErrorKind::Draining | ErrorKind::StoreUnavailable => Some(5),
+            ErrorKind::InProgress => Some(1),
             ErrorKind::RateLimited => Some(
                 self.metadata
                     .iter()

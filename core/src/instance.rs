@@ -642,6 +642,16 @@ impl Instance {
         }
     }
 
+    /// The digest of a task op this caller sent under `message_id` that the host has not
+    /// started yet (its task does not exist, so the task index cannot know the id yet).
+    pub(crate) fn pending_task_op(&self, principal: &str, message_id: &str) -> Option<&str> {
+        self.calls
+            .values()
+            .filter(|c| c.outcome.is_none() && c.principal.id == principal)
+            .filter(|c| c.message.message_id == message_id)
+            .find_map(|c| c.digest.as_deref())
+    }
+
     /// The host made every change up to `seq` durable (the fsync returned): answers held for
     /// them are released, and their connections woken.
     pub fn records_durable(&mut self, seq: u64) {

@@ -595,6 +595,24 @@ fn retried(
     history: Option<usize>,
     annotate: bool,
 ) -> Result<Option<Reply>, RpcError> {
+    if let Some(first) = inst.pending_task_op(&ctx.principal.id, &message.message_id) {
+        // The first send's task op is with the host, its task not started: a retry now
+        // must not run it again, and cannot be answered with a task yet.
+        if first != digest {
+            return Err(RpcError::invalid_field(
+                "message.messageId",
+                format!(
+                    "{:?} was already used for a different message; a new message needs a new messageId",
+                    message.message_id
+                ),
+            ));
+        }
+        return Err(RpcError::new(
+            ErrorKind::InProgress,
+            "the first send of this message is still starting its task; retry in a moment \
+             to get that task",
+        ));
+    }
     let Some((t, first)) = inst
         .tasks
         .accepted_by(&ctx.principal.id, &message.message_id)

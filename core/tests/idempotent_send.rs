@@ -257,6 +257,15 @@ fn a_retried_task_op_does_not_run_the_command_again() {
         [Effect::Command { call, task_id, .. }] => (*call, task_id.clone().unwrap()),
         other => panic!("{other:?}"),
     };
+    // Retried while the host has not started the task: not run again, and told to retry.
+    let mut other = h.conn();
+    let r = one(&other.feed(&mut h, &send(&run)));
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_rpc_error(&r, -32603, Some("IN_PROGRESS"));
+    assert!(h.take_effects().is_empty(), "the command is not run twice");
+    let mut changed = run.clone();
+    changed["parts"][0]["data"]["agentd"]["workflow"] = json!("other");
+    assert_rpc_error(&one(&other.feed(&mut h, &send(&changed))), -32602, None);
     h.inst
         .handle_completion(
             Completion::CommandStarted {
