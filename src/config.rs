@@ -280,6 +280,9 @@ pub struct LimitsSection {
     pub sse_keepalive_ms: Option<u64>,
     /// Events queued for one slow stream reader (default 256; 1 to [`MAX_STREAM_QUEUE`]).
     pub stream_queue: Option<usize>,
+    /// Unsent bytes of answers larger than a connection's output bound, over all
+    /// connections (default 64 MiB; 1 to [`MAX_LARGE_ANSWERS_BYTES`]).
+    pub large_answers_bytes: Option<usize>,
     /// Stream events kept per task for `Last-Event-ID` reconnection (default 64; 1 to
     /// [`MAX_REPLAY_EVENTS_PER_TASK`]).
     pub replay_events_per_task: Option<usize>,
@@ -325,6 +328,9 @@ pub const MAX_BODY_BYTES: usize = 4 << 20;
 
 /// The most `limits.stream_queue` may be.
 pub const MAX_STREAM_QUEUE: usize = 65_536;
+
+/// The most `limits.large_answers_bytes` may be (64 GiB).
+pub const MAX_LARGE_ANSWERS_BYTES: usize = 64 << 30;
 
 /// The most `limits.replay_events_per_task` may be.
 pub const MAX_REPLAY_EVENTS_PER_TASK: usize = 65_536;
@@ -734,6 +740,7 @@ impl Config {
         set(&mut conn.http.max_headers, l.max_headers);
         set(&mut conn.http.max_body_bytes, l.max_body_bytes);
         set(&mut conn.stream_queue, l.stream_queue);
+        set(&mut conn.large_answers_bytes, l.large_answers_bytes);
         for (field, value) in [
             (&mut conn.idle_timeout_ms, l.idle_timeout_ms),
             (&mut conn.header_timeout_ms, l.header_timeout_ms),
@@ -803,7 +810,7 @@ impl Config {
     /// workflow (`crate::runtime::workflow`).
     pub fn check_ranges(&self) -> Result<(), String> {
         let l = &self.limits;
-        let sizes: [(&str, Option<usize>, usize); 11] = [
+        let sizes: [(&str, Option<usize>, usize); 12] = [
             (
                 "limits.max_header_bytes",
                 l.max_header_bytes,
@@ -812,6 +819,11 @@ impl Config {
             ("limits.max_headers", l.max_headers, MAX_HEADERS),
             ("limits.max_body_bytes", l.max_body_bytes, MAX_BODY_BYTES),
             ("limits.stream_queue", l.stream_queue, MAX_STREAM_QUEUE),
+            (
+                "limits.large_answers_bytes",
+                l.large_answers_bytes,
+                MAX_LARGE_ANSWERS_BYTES,
+            ),
             (
                 "limits.replay_events_per_task",
                 l.replay_events_per_task,
@@ -1158,6 +1170,7 @@ fn effective_document(c: &InstanceConfig, max_connections: Option<usize>) -> ser
             "write_timeout_ms": l.write_timeout_ms,
             "sse_keepalive_ms": l.sse_keepalive_ms,
             "stream_queue": l.stream_queue,
+            "large_answers_bytes": l.large_answers_bytes,
             "replay_events_per_task": c.replay.per_task,
             "replay_events": c.replay.events,
             "replay_bytes": c.replay.bytes,

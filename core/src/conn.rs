@@ -169,6 +169,18 @@ pub struct Connection {
     /// Records the driver has not taken yet, at most [`reqlog::MAX_RECORDS`].
     records: VecDeque<Box<RequestRecord>>,
     dropped: Dropped,
+    /// Bytes of large read answers this connection holds unsent, counted in the instance's
+    /// pool (see [`ConnLimits::large_answers_bytes`]), and that pool, once it held any.
+    large_held: usize,
+    large_pool: Option<Arc<std::sync::atomic::AtomicUsize>>,
+}
+
+impl Drop for Connection {
+    /// A connection dropped without [`Connection::close`] still gives its large-answer
+    /// bytes back.
+    fn drop(&mut self) {
+        self.release_large(usize::MAX);
+    }
 }
 
 /// Output written but held until the change it acknowledges is durable.
@@ -243,6 +255,45 @@ impl Connection {
             current: None,
             records: VecDeque::new(),
             dropped: Dropped::default(),
+            large_held: 0,
+            large_pool: None,
+        }
+    }
+
+    /// Whether a read answer of `len` bytes may be written now. An answer within the output
+    /// bound always may; a larger one (a large task) takes its bytes from the instance's
+    /// pool until the peer reads them, and is refused while the pool is spent (but one is
+    /// always admitted into an empty pool). A small request cannot otherwise make the
+    /// daemon hold megabytes for a reader that does not read.
+    fn admit_large(&mut self, inst: &Instance, len: usize) -> bool {
+        use std::sync::atomic::Ordering;
+        if len <= self.limits.max_output_bytes {
+            return true;
+        }
+        let pool = self
+            .large_pool
+            .get_or_insert_with(|| inst.large_answers.clone());
+        let cap = self.limits.large_answers_bytes;
+        let admitted = pool
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held == 0 || held.saturating_add(len) <= cap).then(|| held + len)
+            })
+            .is_ok();
+        if admitted {
+            self.large_held += len;
+        }
+        admitted
+    }
+
+    /// The peer read `n` bytes (or they were dropped): as many large-answer bytes go back
+    /// to the pool.
+    fn release_large(&mut self, n: usize) {
+        let r = n.min(self.large_held);
+        if r > 0 {
+            self.large_held -= r;
+            if let Some(pool) = &self.large_pool {
+                pool.fetch_sub(r, std::sync::atomic::Ordering::AcqRel);
+            }
         }
     }
 
@@ -409,6 +460,7 @@ impl Connection {
         self.holds.clear();
         inst.set_holding(false);
         self.out.truncate(first.start);
+        self.release_large(usize::MAX);
         self.end_state(inst);
         let why = inst.store_unavailable().unwrap_or_default().to_owned();
         let err = RpcError::new(
@@ -523,6 +575,7 @@ impl Connection {
                 tls.close_notify();
             }
         }
+        self.release_large(n);
     }
 
     /// The peer will send nothing more. What was asked is still answered; then it closes.
@@ -578,7 +631,9 @@ impl Connection {
             self.encrypt();
             return;
         }
+        let before = self.out_pos;
         self.out_pos = (self.out_pos + n).min(self.visible_end());
+        self.release_large(self.out_pos - before);
         if self.out_pos == self.out.len() {
             self.out.clear();
             self.out_pos = 0;
@@ -627,6 +682,7 @@ impl Connection {
             inst.set_holding(false);
         }
         self.end_state(inst);
+        self.release_large(usize::MAX);
         self.closing = true;
         self.aborted = true;
     }
@@ -1100,6 +1156,24 @@ impl Connection {
                     // A send that returned at once: the task it created.
                     let task = reqlog::peek_result_task(&result);
                     self.note_task(task.as_str());
+                }
+                // A read's large answer waits for room in the pool; an answer that
+                // acknowledges a change is always given (its request carried the bytes).
+                if changed.is_none() && !self.admit_large(inst, result.len()) {
+                    let cap = self.limits.large_answers_bytes;
+                    let err = RpcError::new(
+                        ErrorKind::LimitReached,
+                        format!(
+                            "this answer ({} bytes) waits for large answers other clients \
+                             have not read yet (limits.large_answers_bytes = {cap}); try \
+                             again shortly",
+                            result.len()
+                        ),
+                    )
+                    .with_meta("limit", "limits.large_answers_bytes")
+                    .with_meta("max", cap.to_string());
+                    self.write_error_reply(&err, &id, keep_alive, minor, now);
+                    return false;
                 }
                 let mut doc = Vec::with_capacity(result.len() + 48);
                 jsonrpc::write_result_raw(&mut doc, &id, &result);

@@ -71,6 +71,11 @@ pub struct ConnLimits {
     pub stream_queue: usize,
     /// Output bytes buffered before the connection stops taking new work.
     pub max_output_bytes: usize,
+    /// Unsent bytes of answers larger than `max_output_bytes` (a large task), over all
+    /// connections: past it such an answer is refused LIMIT_REACHED, so slow readers of
+    /// large tasks cannot take the daemon's memory. One such answer is always admitted when
+    /// none is held, however large.
+    pub large_answers_bytes: usize,
 }
 
 impl ConnLimits {
@@ -84,6 +89,7 @@ impl ConnLimits {
         sse_keepalive_ms: 15_000,
         stream_queue: 256,
         max_output_bytes: 256 * 1024,
+        large_answers_bytes: 64 << 20,
     };
 }
 
@@ -412,6 +418,10 @@ pub struct Instance {
     wal: WriteAhead,
     /// Why the host's store cannot write now (see [`Instance::set_store_unavailable`]).
     store_unavailable: Option<String>,
+    /// Unsent bytes of large answers over all connections
+    /// ([`ConnLimits::large_answers_bytes`]); shared, so a connection gives its bytes back
+    /// as the peer reads them, without the instance.
+    pub(crate) large_answers: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// The failure limiter and the per-principal rates (§7.5).
     pub(crate) limits: crate::limits::Limits,
 }
@@ -483,6 +493,7 @@ impl Instance {
             push_configs: crate::push::PushConfigs::default(),
             wal: WriteAhead::default(),
             store_unavailable: None,
+            large_answers: Default::default(),
             limits: crate::limits::Limits::default(),
         }
     }

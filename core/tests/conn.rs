@@ -1315,8 +1315,9 @@ fn list_tasks_pages_are_bounded_in_bytes() {
                 json!({"pageSize": 100, "historyLength": 10, "pageToken": token}),
             ),
         ));
+        // The output bound (256 KiB), or one task when a task alone is larger.
         assert!(
-            r.body.len() <= (4 << 20) + 64 * 1024,
+            r.body.len() <= (1 << 20) + 64 * 1024,
             "a page of {} bytes",
             r.body.len()
         );
@@ -1408,4 +1409,47 @@ fn a_full_store_refuses_a_new_task_naming_the_bound() {
     );
     assert_eq!(e["error"]["data"][0]["metadata"]["max"], "2", "{e}");
     assert!(h.take_effects().is_empty());
+}
+
+/// Large read answers (past the connection's output bound) held unsent share one pool:
+/// while one reader has not read its large answer, another large read is refused
+/// LIMIT_REACHED naming `limits.large_answers_bytes`; once the first is read, it goes.
+/// Small answers, and a first large one into an empty pool, always go.
+#[test]
+fn large_read_answers_share_a_bounded_pool() {
+    let mut h = Harness::with(|c| c.conn.large_answers_bytes = 1 << 20);
+    let mut c = h.conn();
+    let id = new_task(&mut h, &mut c, &"x".repeat(700_000));
+    let get = call("GetTask", 2, json!({"id": id}));
+
+    let mut slow = h.conn();
+    slow.conn.handle_input(&mut h.inst, &get, h.now);
+    let held = slow.conn.pending_output().len();
+    assert!(held > 700_000, "the first large answer is written: {held}");
+
+    let mut other = h.conn();
+    let r = one(&other.feed(&mut h, &get));
+    let j = assert_rpc_error(&r, -32603, Some("LIMIT_REACHED"));
+    assert_eq!(
+        j["error"]["data"][0]["metadata"]["limit"],
+        "limits.large_answers_bytes"
+    );
+    // Small answers are not held up.
+    let small = one(&other.feed(
+        &mut h,
+        &call("ListTasks", 3, json!({"pageSize": 1, "historyLength": 0})),
+    ));
+    assert!(small.json()["result"]["tasks"].is_array());
+
+    // The slow reader reads: the pool empties, and the other's large read goes.
+    let n = slow.conn.pending_output().len();
+    slow.conn.consume_output(n, h.now);
+    let r = one(&other.feed(&mut h, &get));
+    assert_eq!(r.json()["result"]["id"], id.as_str());
+    // A connection dropped unread gives its bytes back too.
+    let mut dropped = h.conn();
+    dropped.conn.handle_input(&mut h.inst, &get, h.now);
+    drop(dropped);
+    let r = one(&other.feed(&mut h, &get));
+    assert_eq!(r.json()["result"]["id"], id.as_str());
 }
