@@ -175,6 +175,16 @@ pub struct Connection {
     large_pool: Option<Arc<std::sync::atomic::AtomicUsize>>,
 }
 
+/// Everything written was sent. A buffer grown past twice the output bound (a large answer)
+/// is given back rather than kept at that size for the connection's life.
+fn clear_output(out: &mut Vec<u8>, bound: usize) {
+    if out.capacity() > 2 * bound {
+        *out = Vec::new();
+    } else {
+        out.clear();
+    }
+}
+
 impl Drop for Connection {
     /// A connection dropped without [`Connection::close`] still gives its large-answer
     /// bytes back.
@@ -567,7 +577,7 @@ impl Connection {
         let n = tls.send(&self.out[self.out_pos..end]);
         self.out_pos += n;
         if self.out_pos == self.out.len() {
-            self.out.clear();
+            clear_output(&mut self.out, self.limits.max_output_bytes);
             self.out_pos = 0;
             // Only empty holds can remain (held bytes are never sent).
             self.holds.iter_mut().for_each(|h| h.start = 0);
@@ -635,7 +645,7 @@ impl Connection {
         self.out_pos = (self.out_pos + n).min(self.visible_end());
         self.release_large(self.out_pos - before);
         if self.out_pos == self.out.len() {
-            self.out.clear();
+            clear_output(&mut self.out, self.limits.max_output_bytes);
             self.out_pos = 0;
             self.holds.iter_mut().for_each(|h| h.start = 0);
             self.write_stalled_since = None;
@@ -650,6 +660,11 @@ impl Connection {
             let n = self.out_pos;
             self.shift_holds(n);
             self.out_pos = 0;
+            // What is left of a large answer keeps no more room than it needs.
+            let bound = 2 * self.limits.max_output_bytes;
+            if self.out.capacity() > bound && self.out.len() < self.out.capacity() / 2 {
+                self.out.shrink_to(self.out.len().max(bound));
+            }
         }
     }
 
