@@ -1,6 +1,7 @@
 //! HTTP/1.1 as the core speaks it: an incremental request parser ([`parser`]) and the
 //! response and Server-Sent Events writer ([`response`]). No sockets: bytes in, bytes out.
 
+pub mod chunked;
 pub mod cors;
 pub mod parser;
 pub mod response;

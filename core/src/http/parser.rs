@@ -101,18 +101,6 @@ impl HttpError {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Chunk {
-    /// Reading a chunk-size line.
-    Size,
-    /// Reading `n` more bytes of chunk data.
-    Data(usize),
-    /// Expecting the CRLF that ends a chunk's data.
-    DataEnd,
-    /// Reading trailer lines until the empty one.
-    Trailer,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     /// Waiting for a complete head; the end of head is searched from `scan_from`.
     Head {
@@ -122,12 +110,10 @@ enum State {
     Length {
         remaining: usize,
     },
-    Chunked(Chunk),
+    /// Head delivered; the body is chunked (the decoder the outbound client shares).
+    Chunked(super::chunked::Decoder),
     Failed,
 }
-
-/// Longest chunk-size line (size, extensions) or trailer line accepted.
-const MAX_CHUNK_LINE: usize = 1024;
 
 /// The incremental parser of one connection's request stream.
 #[derive(Debug)]
@@ -241,7 +227,10 @@ impl RequestParser {
         self.state = match head.body {
             BodyKind::None => State::Length { remaining: 0 },
             BodyKind::Length(n) => State::Length { remaining: n },
-            BodyKind::Chunked => State::Chunked(Chunk::Size),
+            BodyKind::Chunked => State::Chunked(super::chunked::Decoder::new(
+                self.limits.max_body_bytes as u64,
+                self.limits.max_headers,
+            )),
         };
         self.body = Vec::new();
         Ok(Some(Event::Head(head)))
@@ -369,65 +358,30 @@ impl RequestParser {
     }
 
     fn decode_chunked(&mut self) -> Result<Option<Event>, HttpError> {
+        use super::chunked::{ChunkError, Step};
         loop {
-            let State::Chunked(chunk) = self.state else {
+            let State::Chunked(decoder) = &mut self.state else {
                 unreachable!("decode_chunked outside the chunked state")
             };
             let avail = &self.buf[self.pos..];
-            match chunk {
-                Chunk::Size => {
-                    let Some(line) = take_line(avail, MAX_CHUNK_LINE)? else {
-                        return Ok(None);
-                    };
-                    let size = parse_chunk_size(&avail[..line.content])?;
-                    self.pos += line.total;
-                    if size == 0 {
-                        self.state = State::Chunked(Chunk::Trailer);
-                    } else {
-                        if self.body.len().saturating_add(size) > self.limits.max_body_bytes {
-                            return Err(HttpError::new(413, "request body too large"));
-                        }
-                        self.state = State::Chunked(Chunk::Data(size));
-                    }
+            let (taken, step) = decoder.step(avail).map_err(|e| match e {
+                ChunkError::TooLarge => HttpError::new(413, "request body too large"),
+                other => HttpError::new(400, other.as_str()),
+            })?;
+            match step {
+                Step::NeedMore => return Ok(None),
+                Step::Data { len } => self.body.extend_from_slice(&avail[..len]),
+                Step::Done => {
+                    self.pos += taken;
+                    let upto = self.pos;
+                    self.consume(upto);
+                    self.state = State::Head { scan_from: 0 };
+                    return Ok(Some(Event::Body(core::mem::take(&mut self.body))));
                 }
-                Chunk::Data(n) => {
-                    if avail.is_empty() {
-                        return Ok(None);
-                    }
-                    let take = n.min(avail.len());
-                    self.body.extend_from_slice(&avail[..take]);
-                    self.pos += take;
-                    self.state = State::Chunked(if take == n {
-                        Chunk::DataEnd
-                    } else {
-                        Chunk::Data(n - take)
-                    });
-                }
-                Chunk::DataEnd => match avail {
-                    [b'\r', b'\n', ..] => {
-                        self.pos += 2;
-                        self.state = State::Chunked(Chunk::Size);
-                    }
-                    [b'\n', ..] => {
-                        self.pos += 1;
-                        self.state = State::Chunked(Chunk::Size);
-                    }
-                    [] | [b'\r'] => return Ok(None),
-                    _ => return Err(HttpError::new(400, "chunk data overran its size")),
-                },
-                Chunk::Trailer => {
-                    let Some(line) = take_line(avail, MAX_CHUNK_LINE)? else {
-                        return Ok(None);
-                    };
-                    self.pos += line.total;
-                    if line.content == 0 {
-                        let upto = self.pos;
-                        self.consume(upto);
-                        self.state = State::Head { scan_from: 0 };
-                        return Ok(Some(Event::Body(core::mem::take(&mut self.body))));
-                    }
-                }
+                // Trailer fields are checked and bounded, and not kept: nothing reads them.
+                Step::Trailer { .. } | Step::Framing => {}
             }
+            self.pos += taken;
             // Keep the buffer from holding decoded chunk data twice.
             if self.pos > 64 * 1024 {
                 let upto = self.pos;
@@ -435,58 +389,6 @@ impl RequestParser {
             }
         }
     }
-}
-
-struct Line {
-    /// Length without the line ending.
-    content: usize,
-    /// Length with it.
-    total: usize,
-}
-
-fn take_line(buf: &[u8], max: usize) -> Result<Option<Line>, HttpError> {
-    match buf.iter().position(|b| *b == b'\n') {
-        Some(nl) if nl <= max => {
-            let content = if nl > 0 && buf[nl - 1] == b'\r' {
-                nl - 1
-            } else {
-                nl
-            };
-            Ok(Some(Line {
-                content,
-                total: nl + 1,
-            }))
-        }
-        Some(_) => Err(HttpError::new(400, "chunk line too long")),
-        None if buf.len() > max => Err(HttpError::new(400, "chunk line too long")),
-        None => Ok(None),
-    }
-}
-
-fn parse_chunk_size(line: &[u8]) -> Result<usize, HttpError> {
-    let bad = HttpError::new(400, "malformed chunk size");
-    let size_part = match line.iter().position(|b| *b == b';') {
-        Some(i) => &line[..i],
-        None => line,
-    };
-    let digits = trim(size_part);
-    if digits.is_empty() || digits.len() > 16 {
-        return Err(bad);
-    }
-    let mut n: usize = 0;
-    for b in digits {
-        let d = match b {
-            b'0'..=b'9' => b - b'0',
-            b'a'..=b'f' => b - b'a' + 10,
-            b'A'..=b'F' => b - b'A' + 10,
-            _ => return Err(bad),
-        };
-        n = n
-            .checked_mul(16)
-            .and_then(|n| n.checked_add(usize::from(d)))
-            .ok_or(bad)?;
-    }
-    Ok(n)
 }
 
 fn parse_content_length(value: &[u8]) -> Result<usize, HttpError> {
@@ -615,6 +517,24 @@ mod tests {
         assert_eq!(events.len(), 2);
         assert_eq!(events[1], Event::Body(b"abcde".to_vec()));
         assert!(p.is_idle());
+    }
+
+    /// Trailer fields are read by the client's rule (the shared decoder): checked, and no
+    /// more of them than header fields.
+    #[test]
+    fn trailer_fields_are_checked_and_bounded() {
+        let head = "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n";
+        let malformed = format!("{head}no colon here\r\n\r\n");
+        let many = format!("{head}{}\r\n", "X-T: 1\r\n".repeat(65));
+        for (req, reason) in [
+            (malformed, "malformed trailer field"),
+            (many, "too many trailer fields"),
+        ] {
+            let mut p = parser();
+            p.push(req.as_bytes());
+            let err = all_events(&mut p).unwrap_err();
+            assert_eq!((err.status, err.reason), (400, reason));
+        }
     }
 
     #[test]
