@@ -12,11 +12,11 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{full_disk, post, rpc_body, Client, Daemon, Setup, Via, RPC_HEADERS};
+use common::{full_disk, post, rpc_body, Client, Daemon, Setup, TempDir, Via, RPC_HEADERS};
 use serde_json::{json, Value};
 
 const COMMAND_URI: &str = "https://agentd.dev/a2a/ext/command";
@@ -50,32 +50,6 @@ id = "ask"
 kind = "human"
 prompt = "Go?"
 "#;
-
-static NEXT: AtomicU64 = AtomicU64::new(0);
-
-/// A data directory this test owns (outside any one daemon's temp dir, so it outlives it).
-struct DataDir(PathBuf);
-
-impl DataDir {
-    fn new(name: &str) -> DataDir {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let p = std::env::temp_dir().join(format!(
-            "agentd-durable-{name}-{}-{}-{nanos:x}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::SeqCst)
-        ));
-        DataDir(p)
-    }
-}
-
-impl Drop for DataDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn setup(data: &Path, sections: &str) -> Setup {
     Setup {
@@ -152,7 +126,7 @@ fn state(v: &Value) -> String {
 
 #[test]
 fn restart_keeps_tasks_with_history_and_artifacts() {
-    let data = DataDir::new("restart");
+    let data = TempDir::unmade("restart");
     let mut d = Daemon::start_setup("smol", &setup(&data.0, ""));
     let mut ids = Vec::new();
     for i in 0..5 {
@@ -198,7 +172,7 @@ fn restart_keeps_tasks_with_history_and_artifacts() {
 
 #[test]
 fn restart_keeps_sessions() {
-    let data = DataDir::new("sessions");
+    let data = TempDir::unmade("sessions");
     let s = |data: &Path| Setup {
         a2a: "bearer = \"{{secret:E2E_OP}}\"".into(),
         sections: "[a2a.device_grant]\nenabled = true\n".into(),
@@ -430,7 +404,7 @@ fn dir_bytes(dir: &Path) -> u64 {
 ///   store heals while the load goes on, and the crash comes after that.
 #[test]
 fn sigkill_under_load_loses_nothing_acknowledged() {
-    let data = DataDir::new("crash");
+    let data = TempDir::unmade("crash");
     let acked: Acked = Arc::default();
     let mut seed = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -447,7 +421,7 @@ fn sigkill_under_load_loses_nothing_acknowledged() {
         let sent = if round == FULL_DISK {
             // The same directory, copied onto a tmpfs with room for the load, and copied
             // back from it after the crash.
-            let mnt = DataDir::new("crash-tmpfs");
+            let mnt = TempDir::unmade("crash-tmpfs");
             std::fs::create_dir_all(&mnt.0).unwrap();
             let kib = (dir_bytes(&data.0) * 2 / 1024 + 8192) as u32;
             let launcher = full_disk::tmpfs_launcher(&mnt.0, kib, Some(&data.0), false);
@@ -523,7 +497,7 @@ fn sigkill_under_load_loses_nothing_acknowledged() {
 
 #[test]
 fn a_torn_journal_tail_is_cut_and_the_rest_served() {
-    let data = DataDir::new("torn");
+    let data = TempDir::unmade("torn");
     let mut d = Daemon::start_setup("smol", &setup(&data.0, ""));
     let mut ids = Vec::new();
     for i in 0..3 {
@@ -570,7 +544,7 @@ fn a_torn_journal_tail_is_cut_and_the_rest_served() {
 
 #[test]
 fn a_task_in_flight_at_a_crash_fails_with_the_reason() {
-    let data = DataDir::new("inflight");
+    let data = TempDir::unmade("inflight");
     let mut d = Daemon::start_setup("smol", &setup(&data.0, ""));
     let r = d
         .connect(Via::Tcp)
@@ -598,7 +572,7 @@ fn a_task_in_flight_at_a_crash_fails_with_the_reason() {
 
 #[test]
 fn a_retried_send_after_a_crash_gets_its_task_and_no_second_turn() {
-    let data = DataDir::new("retry");
+    let data = TempDir::unmade("retry");
     let turns = data.0.with_extension("turns");
     let agent = format!(
         "[agent]\ncommand = [\"python3\", \"{}/tests/agents/count_turns.py\", \"{}\"]\n",
@@ -640,7 +614,7 @@ fn a_retried_send_after_a_crash_gets_its_task_and_no_second_turn() {
 
 #[test]
 fn a_memory_store_behind_a_non_loopback_listener_is_refused() {
-    let dir = DataDir::new("memory");
+    let dir = TempDir::unmade("memory");
     std::fs::create_dir_all(&dir.0).unwrap();
     let config = dir.0.join("agentd.toml");
     std::fs::write(
@@ -705,7 +679,7 @@ fn frames(bytes: &[u8]) -> Vec<(usize, usize)> {
 /// Runs the binary on a data directory where it must not start: returns its exit status
 /// and stderr. Panics (after killing it) if it announces a listener instead.
 fn run_refused(data: &Path) -> (ExitStatus, String) {
-    let dir = DataDir::new("refused-config");
+    let dir = TempDir::unmade("refused-config");
     std::fs::create_dir_all(&dir.0).unwrap();
     let config = dir.0.join("agentd.toml");
     std::fs::write(
@@ -769,7 +743,7 @@ fn run_refused(data: &Path) -> (ExitStatus, String) {
 /// the offset, and leaves the journal exactly as it was.
 #[test]
 fn a_flipped_byte_under_acknowledged_tasks_refuses_to_start() {
-    let data = DataDir::new("flipped");
+    let data = TempDir::unmade("flipped");
     let mut d = Daemon::start_setup("smol", &setup(&data.0, ""));
     let mut c = d.connect_tcp();
     let mut ids = Vec::new();
@@ -825,7 +799,7 @@ fn a_flipped_byte_under_acknowledged_tasks_refuses_to_start() {
 /// now: the second is refused, and the first serves on and keeps what it acknowledged.
 #[test]
 fn a_second_daemon_is_refused_even_with_the_lock_file_deleted() {
-    let data = DataDir::new("shared");
+    let data = TempDir::unmade("shared");
     let mut d = Daemon::start_setup("smol", &setup(&data.0, ""));
     let mut ids = Vec::new();
     let mut c = d.connect_tcp();

@@ -4,27 +4,12 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{post, rpc_body, Daemon, Setup, DRIVERS, RPC_HEADERS};
+use common::{post, rpc_body, Daemon, Setup, TempDir, DRIVERS, RPC_HEADERS};
 use serde_json::{json, Value};
 
 /// A data directory the test owns, so a restarted daemon reads the same store.
-struct DataDir(PathBuf);
-
-impl DataDir {
-    fn new(name: &str) -> DataDir {
-        DataDir(std::env::temp_dir().join(format!("agentd-faults-{name}-{}", std::process::id())))
-    }
-}
-
-impl Drop for DataDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn get_task(d: &Daemon, id: &str) -> Value {
     d.connect_tcp()
         .request(&post(
@@ -40,7 +25,7 @@ fn get_task(d: &Daemon, id: &str) -> Value {
 #[test]
 fn a_burst_of_large_sends_never_stops_the_daemon() {
     for driver in DRIVERS {
-        let data = DataDir::new(&format!("burst-{driver}"));
+        let data = TempDir::unmade(&format!("burst-{driver}"));
         let setup = Setup {
             store_dir: Some(data.0.clone()),
             ..Setup::default()
@@ -88,7 +73,7 @@ fn a_burst_of_large_sends_never_stops_the_daemon() {
 /// bound, the daemon keeps serving, and the task (kept within the bound) survives a restart.
 #[test]
 fn an_agent_past_the_artifact_bound_fails_its_task_not_the_daemon() {
-    let data = DataDir::new("artifacts");
+    let data = TempDir::unmade("artifacts");
     let setup = Setup {
         limits: "task_artifact_bytes = 2000000".into(),
         sections: format!(

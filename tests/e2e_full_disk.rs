@@ -13,40 +13,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::path::Path;
+use std::time::Duration;
 
 use common::full_disk::{crash_and_copy, fill, inside, store_status, tmpfs_launcher, wait_healed};
-use common::{post, rpc_body, Daemon, Response, Setup, Via, RPC_HEADERS};
+use common::{post, rpc_body, Daemon, Response, Setup, TempDir, Via, RPC_HEADERS};
 use serde_json::{json, Value};
-
-static NEXT: AtomicU64 = AtomicU64::new(0);
-
-/// A directory this test owns, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let p = std::env::temp_dir().join(format!(
-            "agentd-fulldisk-{name}-{}-{}-{nanos:x}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn setup(data: &Path, launcher: Vec<String>) -> Setup {
     Setup {

@@ -9,19 +9,6 @@ use agentd_core::{Completion, CompletionError, Effect};
 use serde_json::{json, Value};
 use support::*;
 
-fn complete(h: &mut Harness, task_id: &str, state: TaskState, text: Option<&str>) {
-    h.inst
-        .handle_completion(
-            Completion::Status {
-                task_id: task_id.into(),
-                state,
-                message: text.map(|t| vec![Part::text(t)]),
-            },
-            h.now,
-        )
-        .expect("completion accepted");
-}
-
 fn artifact(h: &mut Harness, task_id: &str, id: &str, text: &str, append: bool) {
     h.inst
         .handle_completion(

@@ -5,7 +5,7 @@
 
 mod support;
 
-use agentd_core::a2a::types::{Part, TaskState};
+use agentd_core::a2a::types::TaskState;
 use agentd_core::auth::{Principal, Role};
 use agentd_core::ext::annotations::{Link, LinkKind};
 use agentd_core::ext::COMMAND_URI;
@@ -15,19 +15,6 @@ use support::*;
 
 fn user(name: &str) -> Principal {
     Principal::new(format!("user:{name}"), Role::User, vec![])
-}
-
-fn complete(h: &mut Harness, task_id: &str, state: TaskState, text: Option<&str>) {
-    h.inst
-        .handle_completion(
-            Completion::Status {
-                task_id: task_id.into(),
-                state,
-                message: text.map(|t| vec![Part::text(t)]),
-            },
-            h.now,
-        )
-        .expect("status accepted");
 }
 
 fn immediate(message: Value) -> Vec<u8> {

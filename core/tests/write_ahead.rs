@@ -3,8 +3,7 @@
 
 mod support;
 
-use agentd_core::a2a::types::{Part, TaskState};
-use agentd_core::Completion;
+use agentd_core::a2a::types::TaskState;
 use serde_json::json;
 use support::*;
 
@@ -12,19 +11,6 @@ fn wal() -> Harness {
     let mut h = Harness::new();
     h.inst.set_write_ahead(true);
     h
-}
-
-fn complete(h: &mut Harness, task_id: &str, state: TaskState, text: Option<&str>) {
-    h.inst
-        .handle_completion(
-            Completion::Status {
-                task_id: task_id.into(),
-                state,
-                message: text.map(|t| vec![Part::text(t)]),
-            },
-            h.now,
-        )
-        .expect("status accepted");
 }
 
 /// Drains the records and reports them durable, as a host does after its fsync.

@@ -33,6 +33,42 @@ const START_TIMEOUT: Duration = Duration::from_secs(15);
 
 static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
 
+/// A directory a test owns under the system temp dir, unique per process and call, removed
+/// on drop with everything in it.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// Created now.
+    pub fn new(name: &str) -> TempDir {
+        let dir = TempDir::unmade(name);
+        fs::create_dir_all(&dir.0).expect("create a temp dir");
+        dir
+    }
+
+    /// Only named: whoever needs it creates it (a daemon its data directory, say).
+    pub fn unmade(name: &str) -> TempDir {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        TempDir(std::env::temp_dir().join(format!(
+            "agentd-test-{name}-{}-{}-{nanos:x}",
+            std::process::id(),
+            NEXT_DIR.fetch_add(1, Ordering::SeqCst)
+        )))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Which listener of a [`Daemon`] to connect to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Via {

@@ -193,6 +193,25 @@ pub fn text_message(text: &str, message_id: &str) -> Value {
     serde_json::json!({"role":"ROLE_USER","messageId":message_id,"parts":[{"text":text}]})
 }
 
+/// The host reports that a task moved to `state`, with an agent message of `text`.
+pub fn complete(
+    h: &mut Harness,
+    task_id: &str,
+    state: agentd_core::a2a::types::TaskState,
+    text: Option<&str>,
+) {
+    h.inst
+        .handle_completion(
+            agentd_core::Completion::Status {
+                task_id: task_id.into(),
+                state,
+                message: text.map(|t| vec![agentd_core::a2a::types::Part::text(t)]),
+            },
+            h.now,
+        )
+        .expect("status accepted");
+}
+
 /// One parsed response.
 #[derive(Debug, Clone)]
 pub struct Resp {
