@@ -9,8 +9,9 @@ pub const A2A_DOMAIN: &str = "a2a-protocol.org";
 /// Domain of agentd's own reasons.
 pub const AGENTD_DOMAIN: &str = "agentd.dev";
 
-/// One row of the error table.
+/// One row of the error table. Rows may be added.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ErrorKind {
     ParseError,
     InvalidRequest,
@@ -348,6 +349,18 @@ impl RpcError {
         err
     }
 }
+
+impl std::fmt::Display for RpcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let row = self.kind.row();
+        match row.reason {
+            Some(reason) => write!(f, "{} {reason}: {}", row.code, self.message),
+            None => write!(f, "{}: {}", row.code, self.message),
+        }
+    }
+}
+
+impl std::error::Error for RpcError {}
 
 #[cfg(test)]
 mod tests {

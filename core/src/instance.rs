@@ -189,8 +189,10 @@ pub struct Reloadable {
     pub config_document: serde_json::Value,
 }
 
-/// Work the instance asks the host to do.
+/// Work the instance asks the host to do. New kinds of work may be added: a host ignores
+/// (and should log) an effect it does not know.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum Effect {
     /// A conversation turn: answer `message` on task `task_id` with completions.
     Turn {
@@ -241,6 +243,7 @@ pub enum Effect {
 
 /// What the host did, reported back.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum Completion {
     /// The task moved to `state`, optionally with an agent message explaining it.
     Status {
@@ -295,6 +298,7 @@ pub enum CommandAnswer {
 
 /// Why a completion was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CompletionError {
     UnknownTask,
     /// A terminal task never changes again.
@@ -312,6 +316,33 @@ pub enum CompletionError {
     /// A document for a task op, or a start for a message op.
     WrongReplyKind,
 }
+
+impl std::fmt::Display for CompletionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CompletionError::UnknownTask => f.write_str("no such task"),
+            CompletionError::TaskTerminal(s) => {
+                write!(f, "the task is {} and never changes again", s.as_str())
+            }
+            CompletionError::InvalidState(s) => {
+                write!(f, "{} is not a state a host moves a task to", s.as_str())
+            }
+            CompletionError::TooManyArtifacts => f.write_str("the task holds its most artifacts"),
+            CompletionError::ArtifactsTooLarge => {
+                f.write_str("the task's artifacts would exceed limits.task_artifact_bytes")
+            }
+            CompletionError::TasksOverBudget => {
+                f.write_str("the tasks held would exceed limits.tasks_bytes")
+            }
+            CompletionError::UnknownCall => f.write_str("no command call of that id is waiting"),
+            CompletionError::WrongReplyKind => {
+                f.write_str("the answer does not match the op's reply kind")
+            }
+        }
+    }
+}
+
+impl std::error::Error for CompletionError {}
 
 /// A pre-serialized card and its entity tag.
 #[derive(Clone, Debug)]

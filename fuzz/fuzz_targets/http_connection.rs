@@ -334,6 +334,8 @@ impl Harness {
                     task_id,
                     op,
                 },
+                // A kind of work this host does not do: nothing to answer.
+                _ => continue,
             };
             if self.mode.hold_turns {
                 self.open_work.push_back(work);

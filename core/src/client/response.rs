@@ -136,6 +136,8 @@ impl fmt::Display for ResponseError {
     }
 }
 
+impl std::error::Error for ResponseError {}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     /// Waiting for a complete head; the end is searched from `scan_from`.

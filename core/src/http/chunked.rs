@@ -43,6 +43,14 @@ impl ChunkError {
     }
 }
 
+impl std::fmt::Display for ChunkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::error::Error for ChunkError {}
+
 /// What one [`Decoder::step`] found, after taking `taken` bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {

@@ -100,6 +100,14 @@ impl HttpError {
     }
 }
 
+impl std::fmt::Display for HttpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.status, self.reason)
+    }
+}
+
+impl std::error::Error for HttpError {}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     /// Waiting for a complete head; the end of head is searched from `scan_from`.

@@ -809,6 +809,10 @@ impl Runtime {
                     );
                 }
             }
+            // A kind of work a newer core asks for and this runtime does not do yet.
+            other => {
+                tracing::warn!(effect = ?other, "an effect this runtime does not know: ignored")
+            }
         }
     }
 }
