@@ -319,6 +319,11 @@ impl Pumping<'_> {
                 Err(RecvTimeoutError::Disconnected) => Some(Msg::Stop),
             };
             if matches!(msg, Some(Msg::Stop)) {
+                // A store still failed gets one last try: what the instance holds (changes
+                // made while it failed included) survives the stop if the disk has room now.
+                if self.degraded.is_some() {
+                    self.heal();
+                }
                 self.drain(wake, waker);
                 if let Err(e) = self.store.close() {
                     tracing::error!("store: {e}");
@@ -448,4 +453,94 @@ fn to_store(records: Vec<agentd_core::instance::Record>) -> Vec<Record> {
             None => Record::remove(r.kind, r.key),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentd_core::auth::Peer;
+    use agentd_core::ids::CounterEntropy;
+    use agentd_core::{Connection, InstanceConfig, ListenerInfo, ListenerKind};
+
+    fn send(inst: &Mutex<Instance>, now: Now, text: &str) -> String {
+        let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+            "params": {"message": {"role": "ROLE_USER", "messageId": text, "parts": [{"text": text}]},
+                       "configuration": {"returnImmediately": true}}})
+        .to_string();
+        let req = format!(
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nA2A-Version: 1.0\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let mut i = lock(inst);
+        let limits = i.config().conn;
+        let mut c = Connection::new(0, Peer::Tcp, limits, Waker::noop().clone(), now);
+        c.handle_input(&mut i, req.as_bytes(), now);
+        match i.poll_effect() {
+            Some(agentd_core::Effect::Turn { task_id, .. }) => task_id,
+            other => panic!("expected the task's turn, got {other:?}"),
+        }
+    }
+
+    /// A write that fails makes the instance refuse changes instead of stopping anything; a
+    /// stop while the store is still failed tries one last heal, so what the instance held
+    /// (the task whose write failed included) is there at the next open.
+    #[test]
+    fn a_failed_write_degrades_and_a_stop_heals_what_it_can() {
+        let dir = std::env::temp_dir().join(format!("agentd-pump-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let now = Now::new(0, 1_767_225_600_000);
+        let listener = ListenerInfo {
+            kind: ListenerKind::Tcp,
+            url: "http://127.0.0.1:8420/".into(),
+            loopback: true,
+        };
+        let mut inst = Instance::new(
+            InstanceConfig::new(vec![listener]),
+            Box::new(CounterEntropy(1)),
+            now,
+        );
+        inst.set_write_ahead(true);
+        let inst = Arc::new(Mutex::new(inst));
+        let (store, _) = open(&dir).unwrap();
+        store.fail_next_sync();
+        // A task waits to be written when the pump starts: its write is the one that fails.
+        let task = send(&inst, now, "first");
+        let pump = spawn(inst.clone(), store, Vec::new()).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while lock(&inst).store_unavailable().is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the store never failed"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let why = lock(&inst).store_unavailable().unwrap().to_owned();
+        assert!(why.contains("Input/output error"), "{why}");
+        // The host's work goes on while the store cannot write: the task completes.
+        lock(&inst)
+            .handle_completion(
+                agentd_core::Completion::Status {
+                    task_id: task.clone(),
+                    state: agentd_core::a2a::types::TaskState::Completed,
+                    message: None,
+                },
+                now,
+            )
+            .unwrap();
+        pump.finish();
+        let (_, recovered) = open(&dir).unwrap();
+        let record = recovered
+            .records
+            .iter()
+            .find(|r| r.key == task)
+            .expect("the task survived the stop");
+        let Op::Put(body) = &record.op else {
+            panic!("a put")
+        };
+        assert!(
+            body.to_string().contains("TASK_STATE_COMPLETED"),
+            "the change made while the store could not write was healed in: {body}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

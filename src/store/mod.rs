@@ -294,7 +294,8 @@ pub enum Error {
         bytes: usize,
         max: usize,
     },
-    /// The store failed earlier (a write or fsync error) and is read-only for good.
+    /// The store failed earlier (a write or fsync error) and takes no appends until
+    /// [`Store::heal`] succeeds.
     Failed(Arc<str>),
     /// `wait_durable` timed out; the ticket may still become durable.
     Timeout,
@@ -329,7 +330,7 @@ impl fmt::Display for Error {
             Error::TooLarge { bytes, max } => {
                 write!(f, "append of {bytes} bytes exceeds the limit of {max}")
             }
-            Error::Failed(why) => write!(f, "store failed and is read-only: {why}"),
+            Error::Failed(why) => write!(f, "store cannot write until it heals: {why}"),
             Error::Timeout => f.write_str("timed out waiting for durability"),
         }
     }
@@ -702,6 +703,14 @@ impl Store {
                 .wait(g)
                 .unwrap_or_else(|e| e.into_inner());
         }
+    }
+
+    /// Makes the next write+fsync fail (EIO), as a full or failing disk would.
+    #[cfg(test)]
+    pub(crate) fn fail_next_sync(&self) {
+        self.shared
+            .fail_next_sync
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Heals a failed store from the state its caller holds in memory: writes `records`
