@@ -15,7 +15,7 @@
 use std::path::Path;
 
 use agentd_core::{InstanceConfig, ListenerInfo};
-use agentd_io_std::Endpoint;
+use agentd_io_common::Endpoint;
 use serde::Deserialize;
 
 /// The listener served when no configuration names one.

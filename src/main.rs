@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use agentd_core::Instance;
-use agentd_io_std::{BoundListener, Clock, OsEntropy};
+use agentd_io_common::{BoundListener, Clock, OsEntropy};
 
 use agentd::{config, durable, runtime};
 
@@ -357,9 +357,9 @@ fn run(args: Args) -> Result<(), Failure> {
 }
 
 /// What the card of a listener on `ep` would name, without binding it (`--check-config`).
-fn unbound_info(ep: &agentd_io_std::Endpoint) -> agentd_core::ListenerInfo {
+fn unbound_info(ep: &agentd_io_common::Endpoint) -> agentd_core::ListenerInfo {
     use agentd_core::{ListenerInfo, ListenerKind};
-    use agentd_io_std::Endpoint;
+    use agentd_io_common::Endpoint;
     match ep {
         Endpoint::Tcp(a) | Endpoint::Https(a) => ListenerInfo {
             kind: ListenerKind::Tcp,

@@ -17,7 +17,8 @@ use agentd::runtime::peer::{
 use agentd_core::a2a::types::{Artifact, Part, PartContent, TaskState};
 use agentd_core::client::a2a::CardError;
 use agentd_core::{Completion, Effect, Instance, InstanceConfig};
-use agentd_io_std::{BoundListener, Clock, DriverOptions, Endpoint, OsEntropy, ServerHandle};
+use agentd_io_common::{BoundListener, Clock, Endpoint, OsEntropy};
+use agentd_io_std::{DriverOptions, ServerHandle};
 use serde_json::{json, Map, Value};
 
 static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);

@@ -24,7 +24,7 @@
 use agentd::config::Config;
 use agentd_core::ext::command::Commands;
 use agentd_core::{ListenerInfo, ListenerKind};
-use agentd_io_std::Endpoint;
+use agentd_io_common::Endpoint;
 use libfuzzer_sys::fuzz_target;
 
 const FILE: &str = "fuzz.toml";

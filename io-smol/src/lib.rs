@@ -3,7 +3,7 @@
 //! channel wakes a connection task when a task it watches changes.
 //!
 //! The operating-system helpers (clock, entropy, listener binding, the peer-uid check) are
-//! shared with the blocking driver, [`agentd_io_std::os`].
+//! shared with the blocking driver, [`agentd_io_common::os`].
 
 #![forbid(unsafe_code)]
 
@@ -15,22 +15,22 @@ use std::time::Duration;
 
 use agentd_core::auth::Peer;
 use agentd_core::{Connection, Instance};
-use agentd_io_std::os::{
+use agentd_io_common::os::{
     answer_busy, out_of_descriptors, start_connection_bound, transient_accept_error,
     unix_peer_allowed, AcceptBackoff, BoundListener, Clock, LogThrottle, SpareFd, BUSY_RESPONSE,
 };
-use agentd_io_std::{log_accept_failed, log_refused, log_requests, request_log_keep};
+use agentd_io_common::{log_accept_failed, log_refused, log_requests, request_log_keep};
 use async_io::{Async, Timer};
 use futures_lite::{future, AsyncWrite, AsyncWriteExt};
 
-pub use agentd_io_std::os;
+pub use agentd_io_common::os;
 
 /// How the driver runs.
 #[derive(Clone, Copy, Debug)]
 pub struct DriverOptions {
     /// Connections served at once; past it a new connection is answered 503 and closed.
     /// [`serve`] lowers it to what the open-file limit allows
-    /// ([`agentd_io_std::os::start_connection_bound`]).
+    /// ([`agentd_io_common::os::start_connection_bound`]).
     pub max_connections: usize,
     /// Bytes read from a socket at a time, into a buffer each executor thread shares among
     /// its connections (an idle connection holds none).

@@ -78,7 +78,7 @@ pub fn command(
     }
     let parent = rustix::process::getpid();
     // The open-file limit the daemon inherited (it raises its own for its connections).
-    let soft_nofile = agentd_io_std::os::inherited_soft_fd_limit();
+    let soft_nofile = agentd_io_common::os::inherited_soft_fd_limit();
     // SAFETY: the closure runs in the forked child before exec, where only
     // async-signal-safe work is allowed. It makes raw system calls (prlimit, prctl, getppid)
     // through rustix, allocates nothing, takes no lock and touches no shared state.

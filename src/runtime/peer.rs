@@ -25,7 +25,7 @@ use agentd_core::client::{
     OutRequest, ResponseEvent, ResponseHead, ResponseLimits, ResponseParser, SseDecoder,
 };
 use agentd_core::ext::COMMAND_URI;
-use agentd_io_std::OsEntropy;
+use agentd_io_common::OsEntropy;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::{Map, Value};

@@ -17,7 +17,7 @@ use agentd_core::ext::annotations::{Link, LinkKind};
 use agentd_core::feed::FeedEvent;
 use agentd_core::view::{ViewItem, WorkflowEntry};
 use agentd_core::{CallId, CommandAnswer, Completion, CompletionError, Effect, Instance, Now};
-use agentd_io_std::Clock;
+use agentd_io_common::Clock;
 use serde_json::{json, Map, Value};
 
 use super::agent::{self, AgentEvent, AgentEventKind, AgentProcess, AgentSpec, TurnIn};
