@@ -502,19 +502,11 @@ fn parse_head_block(block: &[u8], max_headers: usize) -> Result<Head, ResponseEr
 }
 
 fn keep_alive(minor_version: u8, headers: &[(String, Vec<u8>)]) -> bool {
-    let (mut close, mut keep) = (false, false);
+    let mut persistence = crate::http::Persistence::default();
     for (_, v) in headers.iter().filter(|(n, _)| n == "connection") {
-        for token in v.split(|b| *b == b',') {
-            let t = trim(token);
-            close |= t.eq_ignore_ascii_case(b"close");
-            keep |= t.eq_ignore_ascii_case(b"keep-alive");
-        }
+        persistence.add(v);
     }
-    if minor_version == 0 {
-        keep && !close
-    } else {
-        !close
-    }
+    persistence.persists(minor_version)
 }
 
 fn parse_content_length(value: &[u8]) -> Result<u64, ResponseError> {

@@ -8,6 +8,34 @@ pub mod response;
 
 pub use parser::{BodyKind, Event, HttpError, Method, RequestHead, RequestParser};
 
+/// The `Connection` header's persistence tokens over a message's fields, both parsers'
+/// rule (RFC 9112 §9.3): `close` ends the connection after the message; HTTP/1.0 persists
+/// only with `keep-alive`, HTTP/1.1 unless `close`.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Persistence {
+    close: bool,
+    keep_alive: bool,
+}
+
+impl Persistence {
+    /// Reads one `Connection` field value (a comma-separated token list).
+    pub(crate) fn add(&mut self, value: &[u8]) {
+        for token in value.split(|b| *b == b',') {
+            let t = parser::trim(token);
+            self.close |= t.eq_ignore_ascii_case(b"close");
+            self.keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
+        }
+    }
+
+    /// Whether the connection persists after a message of this HTTP/1.x minor version.
+    pub(crate) fn persists(self, minor_version: u8) -> bool {
+        match minor_version {
+            0 => self.keep_alive && !self.close,
+            _ => !self.close,
+        }
+    }
+}
+
 /// Bounds on what one request may make the core hold. Every one is a typed refusal when
 /// exceeded, never an allocation without end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

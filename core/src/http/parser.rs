@@ -271,8 +271,7 @@ impl RequestParser {
         let mut transfer_encoding: Option<Vec<u8>> = None;
         let mut hosts = 0;
         let mut authorizations = 0;
-        let mut connection_close = false;
-        let mut connection_keep_alive = false;
+        let mut persistence = super::Persistence::default();
         let mut expect_continue = false;
         for h in req.headers.iter() {
             let name = h.name.to_ascii_lowercase();
@@ -297,13 +296,7 @@ impl RequestParser {
                 }
                 "host" => hosts += 1,
                 "authorization" => authorizations += 1,
-                "connection" => {
-                    for token in h.value.split(|b| *b == b',') {
-                        let t = trim(token);
-                        connection_close |= t.eq_ignore_ascii_case(b"close");
-                        connection_keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
-                    }
-                }
+                "connection" => persistence.add(h.value),
                 "expect" => {
                     if trim(h.value).eq_ignore_ascii_case(b"100-continue") {
                         expect_continue = true;
@@ -346,11 +339,7 @@ impl RequestParser {
             (None, Some(0)) | (None, None) => BodyKind::None,
             (None, Some(n)) => BodyKind::Length(n),
         };
-        let keep_alive = if minor_version == 0 {
-            connection_keep_alive && !connection_close
-        } else {
-            !connection_close
-        };
+        let keep_alive = persistence.persists(minor_version);
         Ok(RequestHead {
             // RFC 9110 §10.1.1: an HTTP/1.0 client's expectation is ignored (it may get no 1xx).
             expect_continue: expect_continue
