@@ -18,8 +18,29 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{post, rpc_body, Client, Daemon, Response, Setup, Via, DRIVERS, RPC_HEADERS};
+use common::{post, rpc_body, Client, Daemon, Response, Setup, Via, RPC_HEADERS};
 use serde_json::{json, Value};
+
+/// Runs each listed `fn name(driver: &str)` as `smol_driver::name` and `std_driver::name`.
+macro_rules! both_drivers {
+    ($($name:ident),* $(,)?) => {
+        mod smol_driver {
+            $( #[test] fn $name() { super::$name("smol") } )*
+        }
+        mod std_driver {
+            $( #[test] fn $name() { super::$name("std") } )*
+        }
+    };
+}
+
+both_drivers!(
+    a_message_to_a_working_task_is_refused_and_the_turn_goes_on,
+    too_many_parts_are_refused_naming_the_bound,
+    a_full_task_store_refuses_with_limit_reached,
+    rotating_loopback_addresses_are_one_source,
+    device_sign_ins_from_loopback_share_one_source,
+    push_config_methods_take_snake_case_names,
+);
 
 fn rpc(d: &Daemon, method: &str, params: Value) -> Response {
     d.connect(Via::Tcp)
@@ -54,18 +75,25 @@ fn temp_path(name: &str) -> PathBuf {
     ))
 }
 
+/// A daemon whose agent (`tests/agents/paced.py`) holds each turn until the test creates
+/// the gate files its text names: a turn that runs as long as the test wants.
+fn paced_daemon(driver: &str, limits: &str) -> Daemon {
+    let agent = format!("{}/tests/agents/paced.py", env!("CARGO_MANIFEST_DIR"));
+    Daemon::start_setup(
+        driver,
+        &Setup {
+            limits: limits.into(),
+            sections: format!("[agent]\ncommand = [\"python3\", \"{agent}\"]\n"),
+            ..Setup::default()
+        },
+    )
+}
+
 /// Item 5: a message to a task whose turn is running would start a second turn beside the
 /// first (the first's answer was lost). It is refused with -32004 naming the state, and the
 /// first turn goes on to its end untouched.
 fn a_message_to_a_working_task_is_refused_and_the_turn_goes_on(driver: &str) {
-    let agent = format!("{}/tests/agents/paced.py", env!("CARGO_MANIFEST_DIR"));
-    let d = Daemon::start_setup(
-        driver,
-        &Setup {
-            sections: format!("[agent]\ncommand = [\"python3\", \"{agent}\"]\n"),
-            ..Setup::default()
-        },
-    );
+    let d = paced_daemon(driver, "");
     let gate = temp_path("gate");
     let gate_text = gate.display().to_string();
     let first = rpc(
@@ -145,15 +173,7 @@ fn too_many_parts_are_refused_naming_the_bound(driver: &str) {
 /// Item 6: when every task held is unfinished, a new one is refused with LIMIT_REACHED,
 /// naming the bound; the tasks held are untouched.
 fn a_full_task_store_refuses_with_limit_reached(driver: &str) {
-    let agent = format!("{}/tests/agents/paced.py", env!("CARGO_MANIFEST_DIR"));
-    let d = Daemon::start_setup(
-        driver,
-        &Setup {
-            limits: "max_tasks = 2".into(),
-            sections: format!("[agent]\ncommand = [\"python3\", \"{agent}\"]\n"),
-            ..Setup::default()
-        },
-    );
+    let d = paced_daemon(driver, "max_tasks = 2");
     // Each turn waits on a gate file that never comes: two live tasks fill the store.
     let gate = temp_path("never").display().to_string();
     let mut held = Vec::new();
@@ -198,6 +218,7 @@ fn rss_kib(pid: u32) -> u64 {
 /// Item 6: eight readers that ask for ListTasks over large tasks and read nothing. Each
 /// page stops at the connection's output bound, so the daemon holds about a page per reader
 /// (it held ~95 MB answers each, past 1 GB in all), and other clients are served meanwhile.
+#[test]
 fn slow_readers_of_large_pages_hold_a_page_each() {
     let d = Daemon::start("smol");
     // 40 tasks of about 1.5 MB (each message near max_body_bytes, 2 MiB).
@@ -381,51 +402,4 @@ fn push_config_methods_take_snake_case_names(driver: &str) {
     )
     .json();
     assert!(deleted.get("error").is_none(), "{deleted}");
-}
-
-#[test]
-fn a_message_to_a_working_task_is_refused() {
-    for driver in DRIVERS {
-        a_message_to_a_working_task_is_refused_and_the_turn_goes_on(driver);
-    }
-}
-
-#[test]
-fn too_many_parts_are_refused() {
-    for driver in DRIVERS {
-        too_many_parts_are_refused_naming_the_bound(driver);
-    }
-}
-
-#[test]
-fn a_full_task_store_refuses() {
-    for driver in DRIVERS {
-        a_full_task_store_refuses_with_limit_reached(driver);
-    }
-}
-
-#[test]
-fn slow_list_readers_hold_a_page_each() {
-    slow_readers_of_large_pages_hold_a_page_each();
-}
-
-#[test]
-fn loopback_bearer_guesses_are_one_source() {
-    for driver in DRIVERS {
-        rotating_loopback_addresses_are_one_source(driver);
-    }
-}
-
-#[test]
-fn loopback_device_sign_ins_are_one_source() {
-    for driver in DRIVERS {
-        device_sign_ins_from_loopback_share_one_source(driver);
-    }
-}
-
-#[test]
-fn push_configs_take_snake_case() {
-    for driver in DRIVERS {
-        push_config_methods_take_snake_case_names(driver);
-    }
 }

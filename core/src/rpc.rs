@@ -638,7 +638,7 @@ fn retried(
     // Counted as a change (the record is written again, the same): the answer then waits,
     // as the first one did, until the task is durable, so a retry that overtook the first
     // send's write never acknowledges a task a crash could still lose.
-    let _ = inst.tasks.get_mut(&task_id);
+    inst.tasks.mark_changed(&task_id);
     Ok(Some(match mode {
         CallMode::Immediate => serialize(&StreamResponse::Task(snapshot)),
         // A blocking send answers once the task settles: at once if it already has.
