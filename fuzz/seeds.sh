@@ -426,4 +426,11 @@ printf '[a2a]\nbearer = "{{secret:NOPE_UNSET}}"\n[[a2a.principals]]\nid = "x"\nr
 printf '[[a2a.principals]]\nid = "c"\nrole = "agent"\nmatch = { san = "*.example" }\n[a2a.tls]\nclient_ca = "/nonexistent"\n' > "$cfg_dir/seed-cert-rule"
 printf '[[workflows]]\nname = "w"\n[[workflows.steps]]\nid = "start"\nkind = "a2a"\ncommand = "config.set"\n' > "$cfg_dir/seed-removed-op"
 
-echo "wrote the seeds of jsonrpc_envelope, extensions_header, command_envelope and config_file"
+# task_json: two bytes of room, then the task's messages and artifacts as JSON.
+tj_dir="$here/corpus/task_json"
+mkdir -p "$tj_dir"
+printf '\x03\x00{"history":[{"messageId":"m1","role":"ROLE_USER","parts":[{"text":"a\\"b\\n\\u0001\\u00e9"}]}]}' > "$tj_dir/seed-history"
+printf '\x00\x01{"artifacts":[{"artifactId":"a","name":"n","parts":[{"data":{"k":[1,"x"]},"filename":"f"},{"raw":"aGk=","mediaType":"m"},{"url":"https://x/"}]}],"status":{"messageId":"s","role":"ROLE_AGENT","parts":[{"text":""}],"metadata":{"q":1}}}' > "$tj_dir/seed-artifacts"
+printf '\x00\x00{"metadata":{"a":"b"},"history":[{"messageId":"m","contextId":"c","extensions":["e"],"referenceTaskIds":["t"],"taskId":"t","role":"ROLE_AGENT","parts":[]}]}' > "$tj_dir/seed-empty-parts"
+
+echo "wrote the seeds of jsonrpc_envelope, extensions_header, command_envelope, config_file and task_json"

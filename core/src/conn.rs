@@ -22,6 +22,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::task::Waker;
 
+use crate::a2a::piecewise::TaskJson;
 use crate::a2a::types::StreamResponse;
 use crate::auth::{Peer, Principal, Unauthenticated};
 use crate::errors::{ErrorKind, RpcError};
@@ -173,6 +174,31 @@ pub struct Connection {
     /// pool (see [`ConnLimits::large_answers_bytes`]), and that pool, once it held any.
     large_held: usize,
     large_pool: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    /// An answer larger than the output bound, written as room frees. Nothing else is
+    /// written (no further request is answered, no stream event) until it is complete.
+    tail: Option<Tail>,
+}
+
+/// A result holding one task, and how to answer it.
+struct TaskAnswer<'a> {
+    json: Box<TaskJson>,
+    id: &'a RequestId,
+    keep_alive: bool,
+    minor: u8,
+    echo: Option<String>,
+    /// It acknowledges a change: always given (its request carried the change).
+    acknowledges: bool,
+}
+
+/// The rest of a large answer: a task written from a snapshot that shares the store's
+/// content, so the connection holds no more of it than its output bound.
+#[derive(Debug)]
+struct Tail {
+    json: Box<TaskJson>,
+    /// Each slice goes out as one HTTP chunk (an SSE frame of a chunked stream).
+    chunked: bool,
+    /// Framed bytes that follow the answer (a stream's end).
+    then: Vec<u8>,
 }
 
 /// Everything written was sent. A buffer grown past twice the output bound (a large answer)
@@ -267,6 +293,7 @@ impl Connection {
             dropped: Dropped::default(),
             large_held: 0,
             large_pool: None,
+            tail: None,
         }
     }
 
@@ -304,6 +331,49 @@ impl Connection {
             if let Some(pool) = &self.large_pool {
                 pool.fetch_sub(r, std::sync::atomic::Ordering::AcqRel);
             }
+        }
+    }
+
+    /// Writes more of a large answer while the output has room.
+    fn pump_tail(&mut self) {
+        let bound = self.limits.max_output_bytes;
+        while let Some(tail) = self.tail.as_mut() {
+            let room = bound.saturating_sub(
+                self.out.len() - self.out_pos + self.tls.as_ref().map_or(0, |t| t.pending().len()),
+            );
+            if room == 0 {
+                return;
+            }
+            let done = if tail.chunked {
+                let mut slice = Vec::with_capacity(room.min(64 * 1024) + 8);
+                let done = tail.json.fill(&mut slice, room);
+                if !slice.is_empty() {
+                    use std::io::Write;
+                    let _ = write!(self.out, "{:x}\r\n", slice.len());
+                    self.out.extend_from_slice(&slice);
+                    self.out.extend_from_slice(b"\r\n");
+                }
+                done
+            } else {
+                tail.json.fill(&mut self.out, room)
+            };
+            if done {
+                let then = std::mem::take(&mut tail.then);
+                self.out.extend_from_slice(&then);
+                self.tail = None;
+                // What waited behind it (pipelined requests, a stream's next events) goes
+                // on at the next poll.
+                self.waker.wake_by_ref();
+            }
+        }
+    }
+
+    /// Where bytes that must follow everything already answered go: after the large answer
+    /// still being written, if there is one.
+    fn out_after_tail(&mut self) -> &mut Vec<u8> {
+        match self.tail.as_mut() {
+            Some(t) => &mut t.then,
+            None => &mut self.out,
         }
     }
 
@@ -470,6 +540,7 @@ impl Connection {
         self.holds.clear();
         inst.set_holding(false);
         self.out.truncate(first.start);
+        self.tail = None;
         self.release_large(usize::MAX);
         self.end_state(inst);
         let why = inst.store_unavailable().unwrap_or_default().to_owned();
@@ -638,6 +709,7 @@ impl Connection {
         if let Some(tls) = self.tls.as_mut() {
             tls.consume(n);
             self.write_stalled_since = (!tls.pending().is_empty()).then_some(now.mono_ms);
+            self.pump_tail();
             self.encrypt();
             return;
         }
@@ -666,6 +738,12 @@ impl Connection {
                 self.out.shrink_to(self.out.len().max(bound));
             }
         }
+        if self.tail.is_some() {
+            self.pump_tail();
+            if self.write_stalled_since.is_none() && self.visible_end() > self.out_pos {
+                self.write_stalled_since = Some(now.mono_ms);
+            }
+        }
     }
 
     /// Whether the driver should read: the connection can take more requests and has room.
@@ -674,6 +752,7 @@ impl Connection {
         !self.closing
             && !self.aborted
             && self.holds.is_empty()
+            && self.tail.is_none()
             && matches!(self.state, State::Reading { .. })
             && self.backlog() < self.limits.max_output_bytes
             && self.parser.buffered() < self.limits.http.input_capacity()
@@ -681,7 +760,7 @@ impl Connection {
 
     /// The connection is done: close the socket, then call [`Connection::close`].
     pub fn is_finished(&self) -> bool {
-        self.aborted || (self.closing && self.backlog() == 0)
+        self.aborted || (self.closing && self.backlog() == 0 && self.tail.is_none())
     }
 
     /// Releases what the connection holds in the instance. Call once, when dropping it.
@@ -697,6 +776,7 @@ impl Connection {
             inst.set_holding(false);
         }
         self.end_state(inst);
+        self.tail = None;
         self.release_large(usize::MAX);
         self.closing = true;
         self.aborted = true;
@@ -791,6 +871,7 @@ impl Connection {
                 } else if !self.reading_head()
                     && !self.parser.in_body()
                     && self.backlog() == 0
+                    && self.tail.is_none()
                     && t >= self.idle_since + l.idle_timeout_ms
                 {
                     self.closing = true;
@@ -850,7 +931,8 @@ impl Connection {
                 chunked,
                 ..
             } => {
-                if t >= *last_write + l.sse_keepalive_ms {
+                // Not in the middle of a task frame still being written.
+                if t >= *last_write + l.sse_keepalive_ms && self.tail.is_none() {
                     response::write_sse_comment(&mut self.out, "keep-alive", *chunked);
                     *last_write = t;
                     self.note_output(now);
@@ -887,7 +969,12 @@ impl Connection {
     /// Runs the state machine as far as it can go without new input.
     fn drive(&mut self, inst: &mut Instance, now: Now) {
         self.release(inst, now);
+        self.pump_tail();
         loop {
+            if self.tail.is_some() {
+                // The large answer goes out first; what comes after it waits.
+                break;
+            }
             let progressed = match self.state {
                 State::Reading { .. } => self.read_requests(inst, now),
                 State::Waiting { .. } => self.pump_wait(inst, now),
@@ -1162,6 +1249,31 @@ impl Connection {
         let minor = head.minor_version;
         let annotate = activated.contains(crate::ext::Ext::TaskAnnotations);
         match reply {
+            Reply::Task(json) => {
+                if self
+                    .current
+                    .as_ref()
+                    .is_some_and(|r| r.task_id.is_empty() && r.method == "SendMessage")
+                {
+                    // A send that returned at once: the task it created.
+                    let task = json.task().id.clone();
+                    self.note_task(&task);
+                }
+                let answer = TaskAnswer {
+                    json,
+                    id: &id,
+                    keep_alive,
+                    minor,
+                    echo: activated.echo(),
+                    acknowledges: changed.is_some(),
+                };
+                if self.write_task_result(inst, answer, now) {
+                    if let Some(seq) = changed {
+                        self.hold_from(inst, start, seq, Instead::Rpc { id, minor });
+                    }
+                }
+                false
+            }
             Reply::Result(result) => {
                 if self
                     .current
@@ -1175,18 +1287,7 @@ impl Connection {
                 // A read's large answer waits for room in the pool; an answer that
                 // acknowledges a change is always given (its request carried the bytes).
                 if changed.is_none() && !self.admit_large(inst, result.len()) {
-                    let cap = self.limits.large_answers_bytes;
-                    let err = RpcError::new(
-                        ErrorKind::LimitReached,
-                        format!(
-                            "this answer ({} bytes) waits for large answers other clients \
-                             have not read yet (limits.large_answers_bytes = {cap}); try \
-                             again shortly",
-                            result.len()
-                        ),
-                    )
-                    .with_meta("limit", "limits.large_answers_bytes")
-                    .with_meta("max", cap.to_string());
+                    let err = self.large_refusal(result.len());
                     self.write_error_reply(&err, &id, keep_alive, minor, now);
                     return false;
                 }
@@ -1683,24 +1784,34 @@ impl Connection {
         };
         let id = id.clone();
         inst.unsubscribe(sub);
-        let mut doc = Vec::with_capacity(512);
-        let echo = match inst.tasks.get(task_id) {
-            Some(t) => {
-                let task = t.view(history, true, annotate);
-                jsonrpc::write_result(&mut doc, &id, &StreamResponse::Task(task));
-                activated.echo()
+        let task_id = task_id.clone();
+        let json = inst.tasks.get(&task_id).map(|t| {
+            let task = t.view(history, true, annotate);
+            TaskJson::new(task, b"{\"task\":".to_vec(), b"}".to_vec(), t.weight())
+        });
+        self.state = State::Reading { pending: None };
+        let start = self.out.len();
+        match json {
+            Some(json) => {
+                let answer = TaskAnswer {
+                    json: Box::new(json),
+                    id: &id,
+                    keep_alive,
+                    minor: minor_version,
+                    echo: activated.echo(),
+                    acknowledges: true,
+                };
+                self.write_task_result(inst, answer, now);
             }
             None => {
-                jsonrpc::write_error(&mut doc, &id, &RpcError::task_not_found(task_id));
+                let mut doc = Vec::with_capacity(256);
+                jsonrpc::write_error(&mut doc, &id, &RpcError::task_not_found(&task_id));
                 if let Some(r) = self.current.as_mut() {
                     r.error = Some(ErrorKind::TaskNotFound);
                 }
-                None
+                self.write_json_keep(200, &doc, keep_alive, minor_version, None, now);
             }
-        };
-        self.state = State::Reading { pending: None };
-        let start = self.out.len();
-        self.write_json_keep(200, &doc, keep_alive, minor_version, echo, now);
+        }
         // The answer of a blocking send acknowledges the task and the state it reached.
         let seq = inst.record_seq();
         let minor = minor_version;
@@ -1715,6 +1826,10 @@ impl Connection {
         };
         loop {
             if self.backlog() >= self.limits.max_output_bytes {
+                return false;
+            }
+            if self.tail.is_some() {
+                // A task frame is still being written.
                 return false;
             }
             let State::Streaming {
@@ -1774,13 +1889,34 @@ impl Connection {
         else {
             return false;
         };
-        let mut doc = Vec::with_capacity(512);
-        jsonrpc::write_result(&mut doc, id, event);
+        *last_write = now.mono_ms;
         let rid = id.clone();
         let start = self.out.len();
         let event_id = task_id.as_deref().map(|t| inst.stream_event_id(t, seq));
-        response::write_sse_event_with_id(&mut self.out, event_id.as_deref(), &doc, chunked);
-        *last_write = now.mono_ms;
+        if let StreamResponse::Task(task) = event {
+            // A task snapshot may be megabytes: written as the peer reads it, in as many
+            // chunks as the output's room makes.
+            let mut prefix = Vec::with_capacity(96);
+            if let Some(eid) = &event_id {
+                prefix.extend_from_slice(b"id: ");
+                prefix.extend_from_slice(eid.as_bytes());
+                prefix.push(b'\n');
+            }
+            prefix.extend_from_slice(b"data: {\"id\":");
+            prefix.extend_from_slice(rid.as_json().as_bytes());
+            prefix.extend_from_slice(b",\"jsonrpc\":\"2.0\",\"result\":{\"task\":");
+            let json = TaskJson::new(task.clone(), prefix, b"}}\n\n".to_vec(), 0);
+            self.tail = Some(Tail {
+                json: Box::new(json),
+                chunked,
+                then: Vec::new(),
+            });
+            self.pump_tail();
+        } else {
+            let mut doc = Vec::with_capacity(512);
+            jsonrpc::write_result(&mut doc, &rid, event);
+            response::write_sse_event_with_id(&mut self.out, event_id.as_deref(), &doc, chunked);
+        }
         let ends = match event {
             StreamResponse::StatusUpdate(u) => u.status.state.ends_a_turn(),
             StreamResponse::Task(t) => t.status.state.is_terminal(),
@@ -1813,11 +1949,11 @@ impl Connection {
         if let Some(err) = error {
             let mut doc = Vec::with_capacity(256);
             jsonrpc::write_error(&mut doc, id, &err);
-            response::write_sse_event(&mut self.out, &doc, chunked);
+            response::write_sse_event(self.out_after_tail(), &doc, chunked);
             self.note_error(err.kind);
         }
         if chunked {
-            response::write_chunked_end(&mut self.out);
+            response::write_chunked_end(self.out_after_tail());
         }
         if let Some(sub) = sub {
             inst.unsubscribe(sub);
@@ -1889,6 +2025,70 @@ impl Connection {
             .header("www-authenticate", challenge);
         self.finish_head(&mut h, head.minor_version, head.keep_alive, now);
         h.write_full(&mut self.out, &doc, false);
+    }
+
+    /// A read's answer of `len` bytes found the large-answers pool spent.
+    fn large_refusal(&self, len: usize) -> RpcError {
+        let cap = self.limits.large_answers_bytes;
+        RpcError::new(
+            ErrorKind::LimitReached,
+            format!(
+                "this answer ({len} bytes) waits for large answers other clients have not \
+                 read yet (limits.large_answers_bytes = {cap}); try again shortly"
+            ),
+        )
+        .with_meta("limit", "limits.large_answers_bytes")
+        .with_meta("max", cap.to_string())
+    }
+
+    /// A JSON-RPC result holding one task: written whole when it fits the output bound;
+    /// otherwise its head now and the task as the peer reads it. False when a read's large
+    /// answer found the pool spent (a refusal was written instead).
+    fn write_task_result(&mut self, inst: &Instance, answer: TaskAnswer<'_>, now: Now) -> bool {
+        let TaskAnswer {
+            mut json,
+            id,
+            keep_alive,
+            minor,
+            echo,
+            acknowledges,
+        } = answer;
+        let mut prefix = Vec::with_capacity(48);
+        prefix.extend_from_slice(b"{\"id\":");
+        prefix.extend_from_slice(id.as_json().as_bytes());
+        prefix.extend_from_slice(b",\"jsonrpc\":\"2.0\",\"result\":");
+        json.wrap(&prefix, b"}");
+        let bound = self.limits.max_output_bytes;
+        let len = if json.likely_large(bound) {
+            json.measure()
+        } else {
+            0
+        };
+        if len <= bound {
+            self.write_json_keep(200, &json.to_vec(), keep_alive, minor, echo, now);
+            return true;
+        }
+        // The bytes are shared with the store while the task is unchanged, but a reader
+        // that does not read keeps what the store has since replaced: the pool bounds that.
+        if !acknowledges && !self.admit_large(inst, len) {
+            let err = self.large_refusal(len);
+            self.write_error_reply(&err, id, keep_alive, minor, now);
+            return false;
+        }
+        let date = self.date(now);
+        let mut h = Head::new(200, &date).header("content-type", "application/json");
+        if let Some(echo) = echo {
+            h = h.header("a2a-extensions", echo);
+        }
+        self.finish_head(&mut h, minor, keep_alive, now);
+        h.write_sized(&mut self.out, len);
+        self.tail = Some(Tail {
+            json,
+            chunked: false,
+            then: Vec::new(),
+        });
+        self.pump_tail();
+        true
     }
 
     /// A JSON answer; `echo` is the `A2A-Extensions` value of a successful one.

@@ -21,8 +21,9 @@ use crate::instance::{CallId, CallMode, Effect, Instance, PendingCall, SubId};
 use crate::jsonrpc::{self, RequestId};
 use std::sync::Arc;
 
+use crate::a2a::piecewise::TaskJson;
 use crate::tasks::replay::Resume;
-use crate::tasks::{decode_page_token, encode_page_token, StoreError};
+use crate::tasks::{decode_page_token, encode_page_token, StoreError, TaskRecord};
 use crate::time::{parse_rfc3339, Now};
 use crate::view::RuntimeView;
 
@@ -45,6 +46,9 @@ pub const LIST_PAGE_BYTES: usize = 4 << 20;
 pub enum Reply {
     /// A finished result, already serialized.
     Result(Vec<u8>),
+    /// A result holding one task (a snapshot sharing the store's content), written by the
+    /// connection whole or, when large, as the peer reads it.
+    Task(Box<TaskJson>),
     Error(RpcError),
     /// A blocking send: answer with the task once `sub` settles.
     Wait {
@@ -263,6 +267,18 @@ fn parse<T: DeserializeOwned>(params: Option<&RawValue>) -> Result<T, RpcError> 
         let description = inner.split(" at line ").next().unwrap_or(&inner).to_owned();
         RpcError::invalid_field(field, description)
     })
+}
+
+/// A result that is the task `t` (`wrapped`: as a send's result, `{"task":…}`), as
+/// `history` and `annotate` show it.
+fn task_reply(t: &TaskRecord, history: Option<usize>, annotate: bool, wrapped: bool) -> Reply {
+    let (prefix, suffix) = if wrapped {
+        (b"{\"task\":".to_vec(), b"}".to_vec())
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let task = t.view(history, true, annotate);
+    Reply::Task(Box::new(TaskJson::new(task, prefix, suffix, t.weight())))
 }
 
 fn serialize<T: Serialize>(value: &T) -> Reply {
@@ -571,7 +587,11 @@ fn send(
         });
     }
     if config.return_immediately == Some(true) {
-        return Ok(serialize(&StreamResponse::Task(snapshot(inst)?)));
+        let t = inst
+            .tasks
+            .get(&task_id)
+            .ok_or_else(|| RpcError::task_not_found(&task_id))?;
+        return Ok(task_reply(t, history, annotate, true));
     }
     let sub = inst.subscribe(&task_id, true);
     Ok(Reply::Wait {
@@ -635,14 +655,15 @@ fn retried(
     }
     let state = t.state;
     let snapshot = t.view(history, true, annotate);
+    let settled = task_reply(t, history, annotate, true);
     // Counted as a change (the record is written again, the same): the answer then waits,
     // as the first one did, until the task is durable, so a retry that overtook the first
     // send's write never acknowledges a task a crash could still lose.
     inst.tasks.mark_changed(&task_id);
     Ok(Some(match mode {
-        CallMode::Immediate => serialize(&StreamResponse::Task(snapshot)),
+        CallMode::Immediate => settled,
         // A blocking send answers once the task settles: at once if it already has.
-        CallMode::Wait if state.ends_a_turn() => serialize(&StreamResponse::Task(snapshot)),
+        CallMode::Wait if state.ends_a_turn() => settled,
         CallMode::Wait => Reply::Wait {
             sub: inst.subscribe(&task_id, true),
             task_id,
@@ -672,7 +693,7 @@ fn get_task(
         .tasks
         .visible(&req.id, ctx.principal)
         .ok_or_else(|| RpcError::task_not_found(&req.id))?;
-    Ok(serialize(&t.view(history, true, annotate)))
+    Ok(task_reply(t, history, annotate, false))
 }
 
 fn list_tasks(
@@ -723,11 +744,35 @@ fn list_tasks(
     let mut last = None;
     while views.len() < page_size as usize {
         let Some(t) = page.peek() else { break };
+        let shown = t.view(Some(history), include_artifacts, annotate);
+        if views.is_empty()
+            && t.weight() > page_bytes
+            && crate::tasks::serialized_len(&shown) > page_bytes
+        {
+            // One task larger than a page is the page alone, written as the peer reads it
+            // (so the answer is never built whole).
+            let weight = t.weight();
+            let Some(t) = page.next() else { break };
+            let more = page.peek().is_some();
+            let mut prefix = b"{\"nextPageToken\":".to_vec();
+            let token = if more {
+                encode_page_token(t)
+            } else {
+                String::new()
+            };
+            let _ = serde_json::to_writer(&mut prefix, &token);
+            let shown_size = if more { 1 } else { page_size };
+            prefix.extend_from_slice(format!(",\"pageSize\":{shown_size},\"tasks\":[").as_bytes());
+            let total = i32::try_from(total).unwrap_or(i32::MAX);
+            let suffix = format!("],\"totalSize\":{total}}}").into_bytes();
+            return Ok(Reply::Task(Box::new(TaskJson::new(
+                shown, prefix, suffix, weight,
+            ))));
+        }
         // Each task is serialized once, into the page as it is: its size is known before
         // it is kept, and nothing is built twice.
-        let view =
-            serde_json::value::to_raw_value(&t.view(Some(history), include_artifacts, annotate))
-                .map_err(|e| RpcError::new(ErrorKind::Internal, format!("internal error: {e}")))?;
+        let view = serde_json::value::to_raw_value(&shown)
+            .map_err(|e| RpcError::new(ErrorKind::Internal, format!("internal error: {e}")))?;
         let size = view.get().len();
         if !views.is_empty() && bytes + size > page_bytes {
             break;
@@ -800,7 +845,7 @@ fn cancel_task(
         .tasks
         .get(&req.id)
         .ok_or_else(|| RpcError::task_not_found(&req.id))?;
-    Ok(serialize(&t.view(None, true, annotate)))
+    Ok(task_reply(t, None, annotate, false))
 }
 
 fn subscribe(

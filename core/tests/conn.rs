@@ -1398,13 +1398,15 @@ fn a_full_store_refuses_a_new_task_naming_the_bound() {
     assert!(h.take_effects().is_empty());
 }
 
-/// Large read answers (past the connection's output bound) held unsent share one pool:
-/// while one reader has not read its large answer, another large read is refused
-/// LIMIT_REACHED naming `limits.large_answers_bytes`; once the first is read, it goes.
-/// Small answers, and a first large one into an empty pool, always go.
+/// Large read answers (past the connection's output bound) unread share one pool: while
+/// one reader has not read its large answer, another large read is refused LIMIT_REACHED
+/// naming `limits.large_answers_bytes`; once the first is read, it goes. Small answers, and
+/// a first large one into an empty pool, always go. The slow reader's connection holds no
+/// more of its answer than the output bound.
 #[test]
 fn large_read_answers_share_a_bounded_pool() {
     let mut h = Harness::with(|c| c.conn.large_answers_bytes = 1 << 20);
+    let bound = h.inst.config().conn.max_output_bytes;
     let mut c = h.conn();
     let id = new_task(&mut h, &mut c, &"x".repeat(700_000));
     let get = call("GetTask", 2, json!({"id": id}));
@@ -1412,7 +1414,10 @@ fn large_read_answers_share_a_bounded_pool() {
     let mut slow = h.conn();
     slow.conn.handle_input(&mut h.inst, &get, h.now);
     let held = slow.conn.pending_output().len();
-    assert!(held > 700_000, "the first large answer is written: {held}");
+    assert!(
+        held > bound / 2 && held <= bound + 64,
+        "the first large answer is written up to the output bound ({bound}): {held}"
+    );
 
     let mut other = h.conn();
     let r = one(&other.feed(&mut h, &get));
@@ -1429,8 +1434,8 @@ fn large_read_answers_share_a_bounded_pool() {
     assert!(small.json()["result"]["tasks"].is_array());
 
     // The slow reader reads: the pool empties, and the other's large read goes.
-    let n = slow.conn.pending_output().len();
-    slow.conn.consume_output(n, h.now);
+    let whole = one(&slow.drain(&h));
+    assert_eq!(whole.json()["result"]["id"], id.as_str());
     let r = one(&other.feed(&mut h, &get));
     assert_eq!(r.json()["result"]["id"], id.as_str());
     // A connection dropped unread gives its bytes back too.
@@ -1439,4 +1444,110 @@ fn large_read_answers_share_a_bounded_pool() {
     drop(dropped);
     let r = one(&other.feed(&mut h, &get));
     assert_eq!(r.json()["result"]["id"], id.as_str());
+}
+
+/// A task larger than the output bound is written as the peer reads it: the connection
+/// never holds much more than its bound, the bytes are exactly those of the answer built
+/// whole, and a request pipelined behind it is answered after it (the waker says when).
+#[test]
+fn a_large_task_is_written_as_the_peer_reads_it() {
+    let mut h = Harness::new();
+    let bound = h.config.conn.max_output_bytes;
+    let mut c = h.conn();
+    // Every kind of escape, and multi-byte characters across slice edges.
+    let big = "a\"b\\n\n\u{1}é漢".repeat(100_000);
+    let id = new_task(&mut h, &mut c, &big);
+    complete(&mut h, &id, TaskState::Completed, Some(&big[..12 * 400]));
+    let get = call("GetTask", 2, json!({"id": id}));
+
+    // The same answer from a connection whose bound is larger than it: built whole.
+    let wide_bound = std::mem::replace(&mut h.config.conn.max_output_bytes, 64 << 20);
+    let mut wide = h.conn();
+    h.config.conn.max_output_bytes = wide_bound;
+    let whole = one(&wide.feed(&mut h, &get));
+    assert!(whole.body.len() > 4 * bound, "{}", whole.body.len());
+
+    let mut reader = h.conn();
+    let pipelined = [get.as_slice(), CARD_GET].concat();
+    reader.conn.handle_input(&mut h.inst, &pipelined, h.now);
+    let wakes = reader.wakes();
+    let mut out = Vec::new();
+    loop {
+        let pending = reader.conn.pending_output();
+        assert!(
+            pending.len() <= bound + 64,
+            "the connection holds {} bytes (bound {bound})",
+            pending.len()
+        );
+        if pending.is_empty() {
+            break;
+        }
+        // The peer reads a little at a time.
+        let n = pending.len().min(40_000);
+        out.extend_from_slice(&pending[..n]);
+        reader.conn.consume_output(n, h.now);
+    }
+    assert!(
+        reader.wakes() > wakes,
+        "finishing the answer wakes the driver"
+    );
+    out.extend(reader.poll(&mut h));
+    let answers = parse_all(&out);
+    assert_eq!(answers.len(), 2, "the task, then the pipelined card");
+    assert_eq!(
+        answers[0].body, whole.body,
+        "byte for byte the whole answer"
+    );
+    assert_eq!(
+        answers[0].header("content-length"),
+        Some(whole.body.len().to_string().as_str())
+    );
+    assert_eq!(
+        answers[0].json()["result"]["history"][0]["parts"][0]["text"],
+        big
+    );
+    assert!(answers[1].json()["name"].is_string(), "the card");
+}
+
+/// A subscription's first frame (the task) is written the same way, in chunks, and the
+/// stream's next event waits for it: the frames arrive whole and in order.
+#[test]
+fn a_large_task_frame_streams_in_chunks_before_the_next_event() {
+    let mut h = Harness::new();
+    let bound = h.config.conn.max_output_bytes;
+    let mut c = h.conn();
+    let big = "x\"".repeat(600_000);
+    let id = new_task(&mut h, &mut c, &big);
+    complete(&mut h, &id, TaskState::Working, None);
+
+    let mut s = h.conn();
+    s.conn.handle_input(
+        &mut h.inst,
+        &call("SubscribeToTask", 3, json!({"id": id})),
+        h.now,
+    );
+    let mut out = s.conn.pending_output().to_vec();
+    assert!(out.len() <= bound + 64, "{} bytes held", out.len());
+    s.conn.consume_output(out.len(), h.now);
+    // The task finishes while its snapshot is still being written.
+    complete(&mut h, &id, TaskState::Completed, Some("done"));
+    out.extend(s.poll(&mut h));
+    out.extend(s.drain(&h));
+    out.extend(s.poll(&mut h));
+    let r = one(&out);
+    assert_eq!(r.header("transfer-encoding"), Some("chunked"));
+    let events = r.events();
+    assert_eq!(events.len(), 2, "the snapshot, then the final status");
+    assert_eq!(
+        events[0]["result"]["task"]["history"][0]["parts"][0]["text"],
+        big
+    );
+    assert_eq!(
+        events[0]["result"]["task"]["status"]["state"],
+        "TASK_STATE_WORKING"
+    );
+    assert_eq!(
+        events[1]["result"]["statusUpdate"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
 }

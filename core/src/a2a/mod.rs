@@ -1,6 +1,7 @@
 //! A2A 1.0: the wire types (ProtoJSON) and the table of the eleven core methods.
 
 pub mod card;
+pub mod piecewise;
 pub mod types;
 
 /// The eleven core JSON-RPC methods of A2A 1.0, by their exact wire names.

@@ -7,6 +7,7 @@ use serde::de::{self, Deserializer};
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use std::sync::Arc;
 
 pub type Struct = Map<String, Value>;
 
@@ -329,7 +330,7 @@ pub struct Message {
 #[serde(rename_all = "camelCase")]
 pub struct TaskStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<Message>,
+    pub message: Option<Arc<Message>>,
     pub state: TaskState,
     pub timestamp: String,
 }
@@ -350,15 +351,18 @@ pub struct Artifact {
     pub parts: Vec<Part>,
 }
 
-/// The unit of work.
+/// The unit of work. Its messages and artifacts are shared with the task store, so a
+/// snapshot for an answer copies none of their content, and an answer larger than the
+/// connection's output bound is written from that snapshot as the peer reads it
+/// ([`crate::a2a::piecewise`]).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Task {
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub artifacts: Vec<Artifact>,
+    pub artifacts: Vec<Arc<Artifact>>,
     pub context_id: String,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub history: Vec<Message>,
+    pub history: Vec<Arc<Message>>,
     pub id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Struct>,

@@ -3,6 +3,7 @@
 //! (surface §7.13). Pure functions; the caller moves the bytes.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::de::{DeserializeOwned, Deserializer};
 use serde::Deserialize;
@@ -403,7 +404,7 @@ fn status_from(w: Option<TaskStatusWire>) -> Result<TaskStatus, A2aError> {
     let w = w.ok_or_else(|| A2aError::Malformed("a task without a status".into()))?;
     Ok(TaskStatus {
         state: w.state,
-        message: w.message,
+        message: w.message.map(Arc::new),
         timestamp: w.timestamp,
     })
 }
@@ -427,8 +428,12 @@ fn task_from(w: TaskWire) -> Result<Task, A2aError> {
         id: w.id,
         context_id: w.context_id,
         status: status_from(w.status)?,
-        artifacts: w.artifacts.into_iter().map(artifact_from).collect(),
-        history: w.history,
+        artifacts: w
+            .artifacts
+            .into_iter()
+            .map(|a| Arc::new(artifact_from(a)))
+            .collect(),
+        history: w.history.into_iter().map(Arc::new).collect(),
         metadata: w.metadata,
     })
 }
@@ -501,11 +506,11 @@ pub fn apply_update(task: &mut Task, event: &StreamResponse) -> bool {
                 .iter_mut()
                 .find(|x| x.artifact_id == a.artifact.artifact_id)
             {
-                Some(existing) if a.append => {
-                    existing.parts.extend(a.artifact.parts.iter().cloned())
-                }
-                Some(existing) => *existing = a.artifact.clone(),
-                None => task.artifacts.push(a.artifact.clone()),
+                Some(existing) if a.append => Arc::make_mut(existing)
+                    .parts
+                    .extend(a.artifact.parts.iter().cloned()),
+                Some(existing) => *existing = Arc::new(a.artifact.clone()),
+                None => task.artifacts.push(Arc::new(a.artifact.clone())),
             }
         }
         StreamResponse::Message(_) => return false,

@@ -94,6 +94,12 @@ impl<'a> Head<'a> {
         }
     }
 
+    /// The head of a response whose `len`-byte body the caller writes after it.
+    pub fn write_sized(&self, out: &mut Vec<u8>, len: usize) {
+        self.write_start(out);
+        let _ = write!(out, "content-length: {len}\r\n\r\n");
+    }
+
     /// The head of an SSE stream. `chunked` is false for an HTTP/1.0 client: its stream is
     /// delimited by closing the connection.
     pub fn write_sse_start(&self, out: &mut Vec<u8>, chunked: bool) {

@@ -1,6 +1,7 @@
 //! The task model: records, lifecycle rules, history bounds, listing order and page tokens.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
 
 use crate::a2a::types::{Artifact, Message, Role, Task, TaskState, TaskStatus};
 use crate::auth::Principal;
@@ -83,16 +84,16 @@ pub struct TaskRecord {
     pub context_key: String,
     pub owner: Principal,
     pub state: TaskState,
-    pub status_message: Option<Message>,
+    pub status_message: Option<Arc<Message>>,
     /// Epoch milliseconds of the current status.
     pub status_ms: u64,
     /// The store's update counter when the status last changed: orders tasks whose status
     /// changed in the same millisecond.
     pub status_seq: u64,
     pub created_ms: u64,
-    history: VecDeque<(Message, usize)>,
+    history: VecDeque<(Arc<Message>, usize)>,
     history_bytes: usize,
-    pub artifacts: Vec<Artifact>,
+    pub artifacts: Vec<Arc<Artifact>>,
     /// Serialized bytes of `artifacts`, kept as they change (an appended part adds its own
     /// size and a separator), so a bound check never reserializes them.
     artifact_bytes: usize,
@@ -188,7 +189,7 @@ impl TaskRecord {
     }
 
     /// What the task counts against [`TaskLimits::total_bytes`].
-    fn weight(&self) -> usize {
+    pub(crate) fn weight(&self) -> usize {
         self.history_bytes + self.artifact_bytes + self.accepted_bytes
     }
 
@@ -197,7 +198,7 @@ impl TaskRecord {
         self.accepted.iter().map(|(a, _)| a)
     }
 
-    fn push_history(&mut self, message: Message, limits: &TaskLimits) {
+    fn push_history(&mut self, message: Arc<Message>, limits: &TaskLimits) {
         let size = serialized_len(&message) + message.parts.len() * PART_COST;
         self.history.push_back((message, size));
         self.history_bytes += size;
@@ -692,7 +693,7 @@ impl TaskStore {
             accepted: VecDeque::new(),
             accepted_bytes: 0,
         };
-        rec.push_history(first, &self.limits);
+        rec.push_history(Arc::new(first), &self.limits);
         self.bytes += rec.weight();
         self.context_used(&rec);
         self.order.insert((now_ms, rec.status_seq), id.clone());
@@ -773,7 +774,7 @@ impl TaskStore {
             if let Some(prev) = t.status_message.take() {
                 t.push_history(prev, &limits);
             }
-            t.push_history(message, &limits);
+            t.push_history(Arc::new(message), &limits);
             Ok(())
         })?;
         self.touch(id);
@@ -796,7 +797,7 @@ impl TaskStore {
             if let Some(prev) = t.status_message.take() {
                 t.push_history(prev, &limits);
             }
-            t.status_message = parts.map(|p| t.agent_message(p));
+            t.status_message = parts.map(|p| Arc::new(t.agent_message(p)));
             t.state = state;
             // Status times never go backwards, so the listing order stays a total order.
             t.status_ms = now_ms.max(t.status_ms);
@@ -888,9 +889,12 @@ fn plan_artifact(
 fn put_artifact(t: &mut TaskRecord, artifact: Artifact, plan: ArtifactPlan) {
     t.artifact_bytes = plan.bytes;
     match plan.at {
-        Some(i) if plan.replaces => t.artifacts[i] = artifact,
-        Some(i) => t.artifacts[i].parts.extend(artifact.parts),
-        None => t.artifacts.push(artifact),
+        Some(i) if plan.replaces => t.artifacts[i] = Arc::new(artifact),
+        // An answer still being written from a snapshot keeps the parts it had.
+        Some(i) => Arc::make_mut(&mut t.artifacts[i])
+            .parts
+            .extend(artifact.parts),
+        None => t.artifacts.push(Arc::new(artifact)),
     }
 }
 
@@ -1204,7 +1208,7 @@ mod tests {
             .to_task(None, false)
             .history
             .into_iter()
-            .map(|m| m.message_id)
+            .map(|m| m.message_id.clone())
             .collect();
         assert_eq!(ids, ["b", "c"]);
     }

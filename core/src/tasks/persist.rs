@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::sync::Arc;
 
 use super::{Accepted, TaskRecord};
 use crate::a2a::types::{Artifact, Message, TaskState};
@@ -27,12 +28,12 @@ struct TaskDoc {
     owner: PrincipalDoc,
     state: TaskState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    status_message: Option<Message>,
+    status_message: Option<Arc<Message>>,
     status_ms: u64,
     status_seq: u64,
     created_ms: u64,
-    history: Vec<Message>,
-    artifacts: Vec<Artifact>,
+    history: Vec<Arc<Message>>,
+    artifacts: Vec<Arc<Artifact>>,
     status_count: u64,
     status_history: Vec<(TaskState, u64)>,
     link_kind: String,
@@ -119,7 +120,7 @@ impl TaskRecord {
             "turn" => LinkKind::Turn,
             other => return Err(format!("unknown link kind {other:?}")),
         };
-        let history: std::collections::VecDeque<(Message, usize)> = d
+        let history: std::collections::VecDeque<(Arc<Message>, usize)> = d
             .history
             .into_iter()
             .map(|m| {

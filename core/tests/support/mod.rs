@@ -135,10 +135,19 @@ impl Client {
         self.drain(h)
     }
 
+    /// Reads everything the connection has to write, as a driver does: writing makes room,
+    /// and a large answer fills it again until it is complete.
     pub fn drain(&mut self, h: &Harness) -> Vec<u8> {
-        let out = self.conn.pending_output().to_vec();
-        self.conn.consume_output(out.len(), h.now);
-        out
+        let mut out = Vec::new();
+        loop {
+            let pending = self.conn.pending_output();
+            if pending.is_empty() {
+                return out;
+            }
+            out.extend_from_slice(pending);
+            let n = pending.len();
+            self.conn.consume_output(n, h.now);
+        }
     }
 
     pub fn wakes(&self) -> usize {
