@@ -176,6 +176,7 @@ impl TlsLayer {
     /// session failed (its alert is queued to send) and the connection must close. `Ok(true)`:
     /// the peer closed the session.
     pub(crate) fn receive(&mut self, mut bytes: &[u8], plain: &mut Vec<u8>) -> Result<bool, ()> {
+        let mut closed = false;
         while !bytes.is_empty() {
             match self.conn.read_tls(&mut bytes) {
                 Ok(0) => break,
@@ -184,25 +185,30 @@ impl TlsLayer {
                         self.flush();
                         return Err(());
                     }
+                    // Taken out record by record: rustls holds at most 16 KiB of received
+                    // plaintext, and a read of more (a large body in one burst) must not
+                    // be taken for a broken session.
+                    closed |= self.take_plain(plain)?;
                 }
                 Err(_) => return Err(()),
             }
         }
-        let mut closed = false;
+        closed |= self.take_plain(plain)?;
+        self.flush();
+        Ok(closed)
+    }
+
+    /// Moves the session's decrypted bytes into `plain`; true when the peer closed.
+    fn take_plain(&mut self, plain: &mut Vec<u8>) -> Result<bool, ()> {
         let mut buf = [0u8; 8192];
         loop {
             match self.conn.reader().read(&mut buf) {
-                Ok(0) => {
-                    closed = true;
-                    break;
-                }
+                Ok(0) => return Ok(true),
                 Ok(n) => plain.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
                 Err(_) => return Err(()),
             }
         }
-        self.flush();
-        Ok(closed)
     }
 
     /// Encrypts as much of `plain` as the session takes; returns how much it took.

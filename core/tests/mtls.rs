@@ -123,14 +123,15 @@ fn pump(
         while !rd.is_empty() {
             tls.read_tls(&mut rd).map_err(|e| e.to_string())?;
             tls.process_new_packets().map_err(|e| e.to_string())?;
-        }
-        let mut buf = [0u8; 65536];
-        loop {
-            match tls.reader().read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => plain.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => return Err(e.to_string()),
+            // Record by record: rustls holds at most 16 KiB of received plaintext.
+            let mut buf = [0u8; 65536];
+            loop {
+                match tls.reader().read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => plain.extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(e.to_string()),
+                }
             }
         }
     }
@@ -268,4 +269,41 @@ fn a_missing_or_foreign_certificate_cannot_complete_the_handshake() {
     );
     assert!(c.conn.is_finished());
     assert_eq!(h.inst.task_count(), 0);
+}
+
+/// A large answer over TLS: written in slices as the TLS session takes them, and the
+/// client decrypts the whole task.
+#[test]
+fn a_large_task_goes_out_whole_over_tls() {
+    let p = pki();
+    let mut h = harness(&p, vec![]);
+    let cert = leaf(&p.ca, "laptop", &["laptop.example"]);
+    let mut t = client(&p, Some(&cert));
+    // The request itself is 1 MB: past rustls's default plaintext buffer.
+    t.set_buffer_limit(None);
+    let mut c = h.conn_peer(0, Peer::Tcp);
+    let big = "q\"".repeat(500_000);
+    let sent = request(
+        &mut h,
+        &mut c,
+        &mut t,
+        &call(
+            "SendMessage",
+            1,
+            json!({"message": text_message(&big, "big"), "configuration": {"returnImmediately": true}}),
+        ),
+    );
+    let id = sent.json()["result"]["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let bound = h.config.conn.max_output_bytes;
+    let got = request(
+        &mut h,
+        &mut c,
+        &mut t,
+        &call("GetTask", 2, json!({"id": id})),
+    );
+    assert!(got.body.len() > 4 * bound, "{}", got.body.len());
+    assert_eq!(got.json()["result"]["history"][0]["parts"][0]["text"], big);
 }

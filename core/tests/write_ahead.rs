@@ -330,3 +330,61 @@ fn a_held_stream_frame_becomes_an_error_event_when_the_store_fails() {
     assert_eq!(events[1]["error"]["data"][0]["reason"], "STORE_UNAVAILABLE");
     assert!(c.conn.is_finished());
 }
+
+/// A large answer that acknowledges a change (a cancel of a large task) is written as the
+/// peer reads it like any large answer, and held like any acknowledgement: nothing of it
+/// goes out before the change is durable, the connection holds about its output bound
+/// meanwhile, and if the store fails first the peer gets the error alone, no part of the
+/// task.
+#[test]
+fn a_large_held_answer_is_released_whole_or_given_up_whole() {
+    for store_fails in [false, true] {
+        let mut h = wal();
+        let bound = h.config.conn.max_output_bytes;
+        let mut c = h.conn();
+        let big = "z".repeat(1_500_000);
+        let out = c.feed(
+            &mut h,
+            &call(
+                "SendMessage",
+                1,
+                json!({"message": text_message(&big, "big"), "configuration": {"returnImmediately": true}}),
+            ),
+        );
+        assert!(out.is_empty());
+        let t = h.turn();
+        make_durable(&mut h);
+        let created = one(&c.poll(&mut h));
+        assert!(created.body.len() > 1_500_000);
+
+        let out = c.feed(&mut h, &call("CancelTask", 2, json!({"id": t})));
+        assert!(out.is_empty(), "held until durable");
+        assert!(
+            c.conn.pending_output().is_empty(),
+            "nothing of it is visible"
+        );
+        if store_fails {
+            h.inst.poll_records().expect("drained, never durable");
+            h.inst
+                .set_store_unavailable(Some("write journal: No space left on device".into()));
+            let r = one(&c.poll(&mut h));
+            let v = r.json();
+            assert_eq!(v["error"]["data"][0]["reason"], "STORE_UNAVAILABLE", "{v}");
+            assert!(
+                r.body.len() < 4096,
+                "the error alone: {} bytes",
+                r.body.len()
+            );
+            assert!(c.conn.is_finished());
+        } else {
+            make_durable(&mut h);
+            c.conn.poll(&mut h.inst, h.now);
+            let first = c.conn.pending_output().len();
+            assert!(first <= bound + 64, "{first} bytes held (bound {bound})");
+            let r = one(&c.drain(&h));
+            let v = r.json();
+            assert_eq!(v["result"]["status"]["state"], "TASK_STATE_CANCELED");
+            assert_eq!(v["result"]["history"][0]["parts"][0]["text"], big);
+        }
+    }
+}
