@@ -155,6 +155,10 @@ pub struct Connection {
     /// The TLS session of an `https://` listener (set up on the first bytes).
     tls: Option<crate::tls::TlsLayer>,
     tls_checked: bool,
+    /// Bytes received before [`Connection::prepare`]: taken at the next poll.
+    unprepared: Vec<u8>,
+    /// The peer closed its side (a TLS close_notify): the next poll acts on it.
+    peer_closed: bool,
     /// Held output, in output order (so also in sequence order).
     holds: std::collections::VecDeque<Hold>,
     /// Which requests are recorded for the driver's request log (see [`crate::reqlog`]).
@@ -284,6 +288,8 @@ impl Connection {
             cors: Cors::None,
             tls: None,
             tls_checked: false,
+            unprepared: Vec::new(),
+            peer_closed: false,
             holds: std::collections::VecDeque::new(),
             keep: Keep::Off,
             req_started: now.mono_ms,
@@ -591,49 +597,73 @@ impl Connection {
         }
     }
 
-    /// Bytes read from the peer.
-    pub fn handle_input(&mut self, inst: &mut Instance, bytes: &[u8], now: Now) {
-        self.last_mono = now.mono_ms;
-        if self.closing || bytes.is_empty() {
+    /// Takes the listener's TLS configuration from the instance, so that
+    /// [`Connection::receive`] can take bytes without it. Call once, right after
+    /// [`Connection::new`] (a connection not prepared is prepared at its first poll).
+    pub fn prepare(&mut self, inst: &Instance) {
+        if self.tls_checked {
             return;
         }
+        self.tls_checked = true;
+        if let Some(t) = inst.config().tls.get(&self.listener) {
+            match crate::tls::TlsLayer::new(t.config.clone()) {
+                Some(layer) => self.tls = Some(layer),
+                None => self.aborted = true,
+            }
+        }
+    }
+
+    /// Bytes read from the peer, taken without the instance: a TLS session decrypts them
+    /// here (the handshake runs here, and what it answers is ready to write at once) and the
+    /// plaintext waits for [`Connection::poll`], which answers it. A driver that shares the
+    /// instance behind a lock calls this outside the lock. True when `poll` has something to
+    /// do (plaintext arrived, or the peer closed); a handshake in progress needs no poll.
+    pub fn receive(&mut self, bytes: &[u8], now: Now) -> bool {
+        self.last_mono = now.mono_ms;
+        if self.closing || self.aborted || bytes.is_empty() {
+            return false;
+        }
         if !self.tls_checked {
-            self.tls_checked = true;
-            if let Some(t) = inst.config().tls.get(&self.listener) {
-                match crate::tls::TlsLayer::new(t.config.clone()) {
-                    Some(layer) => self.tls = Some(layer),
-                    None => {
-                        self.aborted = true;
-                        return;
-                    }
-                }
-            }
+            // Not prepared: whether these bytes are TLS is decided at the next poll.
+            self.unprepared.extend_from_slice(bytes);
+            return true;
         }
-        if let Some(tls) = self.tls.as_mut() {
-            let mut plain = Vec::new();
-            match tls.receive(bytes, &mut plain) {
-                Ok(peer_closed) => {
-                    if !tls.handshaking() && matches!(self.peer, Peer::Tcp) {
-                        if let Some(id) = tls.client_identity() {
-                            self.peer = Peer::Cert(id);
-                        }
-                    }
-                    self.parser.push(&plain);
-                    if peer_closed {
-                        self.handle_eof(inst, now);
-                        return;
-                    }
-                }
-                Err(()) => {
-                    // A failed handshake or a corrupt record: its alert goes out, then close.
-                    self.closing = true;
-                    return;
-                }
-            }
-        } else {
+        self.take_input(bytes)
+    }
+
+    /// Decrypts (with TLS) and buffers `bytes`; true when there is plaintext or an end of
+    /// input to act on.
+    fn take_input(&mut self, bytes: &[u8]) -> bool {
+        let Some(tls) = self.tls.as_mut() else {
             self.parser.push(bytes);
+            return true;
+        };
+        let mut plain = Vec::new();
+        match tls.receive(bytes, &mut plain) {
+            Ok(peer_closed) => {
+                if !tls.handshaking() && matches!(self.peer, Peer::Tcp) {
+                    if let Some(id) = tls.client_identity() {
+                        self.peer = Peer::Cert(id);
+                    }
+                }
+                self.parser.push(&plain);
+                self.peer_closed |= peer_closed;
+                !plain.is_empty() || peer_closed
+            }
+            Err(()) => {
+                // A failed handshake or a corrupt record: its alert goes out, then close.
+                self.closing = true;
+                false
+            }
         }
-        self.drive(inst, now);
+    }
+
+    /// Bytes read from the peer: [`Connection::receive`] and [`Connection::poll`] in one
+    /// call, for a driver that holds the instance anyway.
+    pub fn handle_input(&mut self, inst: &mut Instance, bytes: &[u8], now: Now) {
+        if self.receive(bytes, now) {
+            self.poll(inst, now);
+        }
     }
 
     /// Moves written plaintext through the TLS session (a no-op without TLS).
@@ -689,6 +719,22 @@ impl Connection {
     /// changed, or a change its held answer waits for became durable).
     pub fn poll(&mut self, inst: &mut Instance, now: Now) {
         self.last_mono = now.mono_ms;
+        if !self.tls_checked {
+            self.prepare(inst);
+            let bytes = std::mem::take(&mut self.unprepared);
+            if !self.aborted && !bytes.is_empty() {
+                self.take_input(&bytes);
+            }
+        }
+        if self.closing && !self.peer_closed {
+            // A TLS failure while taking input: only its alert goes out.
+            self.encrypt();
+            return;
+        }
+        if std::mem::take(&mut self.peer_closed) {
+            self.handle_eof(inst, now);
+            return;
+        }
         self.drive(inst, now);
     }
 
@@ -755,7 +801,7 @@ impl Connection {
             && self.tail.is_none()
             && matches!(self.state, State::Reading { .. })
             && self.backlog() < self.limits.max_output_bytes
-            && self.parser.buffered() < self.limits.http.input_capacity()
+            && self.parser.buffered() + self.unprepared.len() < self.limits.http.input_capacity()
     }
 
     /// The connection is done: close the socket, then call [`Connection::close`].

@@ -307,3 +307,54 @@ fn a_large_task_goes_out_whole_over_tls() {
     assert!(got.body.len() > 4 * bound, "{}", got.body.len());
     assert_eq!(got.json()["result"]["history"][0]["parts"][0]["text"], big);
 }
+
+/// The TLS handshake runs in `receive`, which takes no instance: a driver that shares the
+/// instance behind a lock does the handshake outside it. Plaintext waits for `poll`.
+#[test]
+fn the_handshake_runs_without_the_instance() {
+    let p = pki();
+    let mut h = harness(&p, vec![]);
+    let cert = leaf(&p.ca, "laptop", &["laptop.example"]);
+    let mut t = client(&p, Some(&cert));
+    let mut c = h.conn_peer(0, Peer::Tcp);
+    c.conn.prepare(&h.inst);
+    let mut flights = 0;
+    while t.is_handshaking() {
+        flights += 1;
+        assert!(flights < 10, "the handshake does not finish");
+        let mut to_server = Vec::new();
+        while t.wants_write() {
+            t.write_tls(&mut to_server).unwrap();
+        }
+        if !to_server.is_empty() {
+            assert!(
+                !c.conn.receive(&to_server, h.now),
+                "a handshake flight needs no poll"
+            );
+        }
+        let from_server = c.conn.pending_output().to_vec();
+        c.conn.consume_output(from_server.len(), h.now);
+        let mut rd = &from_server[..];
+        while !rd.is_empty() {
+            t.read_tls(&mut rd).unwrap();
+            t.process_new_packets().unwrap();
+        }
+    }
+    t.writer()
+        .write_all(b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut to_server = Vec::new();
+    while t.wants_write() {
+        t.write_tls(&mut to_server).unwrap();
+    }
+    assert!(c.conn.receive(&to_server, h.now), "a request needs a poll");
+    // Only TLS's own records (a session ticket) may be waiting: no answer yet.
+    let before_poll = c.conn.pending_output().len();
+    c.conn.poll(&mut h.inst, h.now);
+    assert!(
+        c.conn.pending_output().len() > before_poll,
+        "poll answers it"
+    );
+    let plain = pump(&mut h, &mut c, &mut t).expect("the session works");
+    assert_eq!(one(&plain).status, 200);
+}
