@@ -6,15 +6,18 @@
 #   BENCH_SCENARIOS=events bench/run.sh   # only the events-feed fan-out scenario
 #   BENCH_TARGETS="smol std" bench/run.sh # skip the python-sdk peer
 #   BENCH_TARGETS="smol smol-memory" BENCH_SCENARIOS=send bench/run.sh  # durable vs memory store
+#   BENCH_TARGETS=smol BENCH_SCENARIOS=tls-storm bench/run.sh  # TLS handshakes beside plaintext
 #
 # Shape: a *target* is one server process to measure: agentd with a given driver (`smol`,
 # `std`), or the peer `python-sdk` (the official A2A Python SDK's server with an echo agent,
 # bench/python-sdk/). A *scenario* is one wrk load against the running target. Both dispatch
 # through small functions (start_target / scenario_<name>), so adding either means adding one
 # function and one case; target_has says which scenarios a target can run (the peer has no
-# agentd extensions: its status/events cells are n/a). The `events` scenario is the one
-# exception: it needs its own daemon (feed enabled) per subscriber count, so bench_events
-# runs it after the plain scenarios, with the subscriber client bench/events_sub.py.
+# agentd extensions: its status/events cells are n/a). The `events` and `tls-storm` scenarios
+# are the exceptions: each needs daemons of its own (the feed enabled; an https listener), so
+# bench_events and bench_tls_storm run them after the plain scenarios.
+# The agentd targets run with AGENTD_LOCK_STATS=1: SIGUSR1 before and after each load gives
+# the time the drivers held the shared instance lock, reported per request (`lock us/req`).
 # After the per-target tables comes the comparison table: agentd smol/std against python-sdk.
 set -euo pipefail
 
@@ -23,8 +26,8 @@ set -euo pipefail
 # ---------------------------------------------------------------------------------------------
 BENCH_SECONDS=${BENCH_SECONDS:-10}                    # wrk duration per run
 BENCH_TARGETS=${BENCH_TARGETS:-"smol std python-sdk"} # agentd drivers and/or the peer
-BENCH_SCENARIOS=${BENCH_SCENARIOS:-"card get-unknown status send events"}  # `send` last: it grows state
-                                                      # (`events` runs on fresh daemons of its own)
+BENCH_SCENARIOS=${BENCH_SCENARIOS:-"card get-unknown status send events tls-storm"}  # `send` last: it grows state
+                                                      # (`events`, `tls-storm`: fresh daemons of their own)
 BENCH_CONNS=${BENCH_CONNS:-"1 32"}                    # wrk connection counts
 BENCH_SKIP_BUILD=${BENCH_SKIP_BUILD:-0}               # 1: use the existing binary as is
 BENCH_START_TIMEOUT=${BENCH_START_TIMEOUT:-15}        # seconds to wait for the card to answer
@@ -33,6 +36,10 @@ BENCH_EVENTS_SUBS=${BENCH_EVENTS_SUBS:-"1 10 100"}    # events: subscriber count
 BENCH_EVENTS_CONNS=${BENCH_EVENTS_CONNS:-32}          # events: wrk connections of the send load
 BENCH_EVENTS_DRAIN=${BENCH_EVENTS_DRAIN:-10}          # events: seconds to let subscribers catch up
 BENCH_PY_OTEL=${BENCH_PY_OTEL:-0}                     # python-sdk: 1 keeps the SDK's tracing wrappers on
+BENCH_LOCK_STATS=${BENCH_LOCK_STATS:-1}               # agentd: 1 counts the shared lock's hold (AGENTD_LOCK_STATS)
+BENCH_TLS_CONNS=${BENCH_TLS_CONNS:-32}                # tls-storm: connections doing TLS handshakes
+BENCH_TLS_PLAIN_CONNS=${BENCH_TLS_PLAIN_CONNS:-32}    # tls-storm: plaintext connections GETting the card
+BENCH_TLS_KEY=${BENCH_TLS_KEY:-ec}                    # tls-storm: the certificate's key, ec (P-256) or rsa (2048)
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$BENCH_DIR/.." && pwd)
@@ -211,7 +218,7 @@ start_target() {
 # (command, events): A2A core has neither, so the peer reports them as n/a.
 target_has() {  # target scenario
   case $1:$2 in
-    python-sdk:status|python-sdk:events) return 1 ;;
+    python-sdk:status|python-sdk:events|python-sdk:tls-storm) return 1 ;;
     *) return 0 ;;
   esac
 }
@@ -230,6 +237,9 @@ expect_for() {  # target scenario
 
 # 1 while the events scenario starts its daemons: the config then enables the events feed.
 TARGET_EVENTS=0
+# Set while the tls-storm scenario starts its daemon: the https listener's port (its URL is
+# then in TARGET_TLS_URL) and the PEM files of its certificate.
+TARGET_TLS_PORT= TARGET_TLS_URL= TLS_CERT= TLS_KEY=
 # Appended to the names of a target's config, log and state dir (one daemon per events run).
 TARGET_LABEL=
 
@@ -239,6 +249,12 @@ write_agentd_config() {  # port file
   else
     # Just a loopback listener: no agent, no auth (loopback without a mechanism is open).
     printf '[a2a]\nlisten = ["tcp://%s:%s"]\n' "$HOST" "$1" > "$2"
+  fi
+  if [[ -n $TARGET_TLS_PORT ]]; then
+    # tls-storm: the same daemon also listens for https on loopback (no auth: loopback).
+    sed -i "s|^listen = \[\"tcp://$HOST:$1\"\]|listen = [\"tcp://$HOST:$1\", \"https://$HOST:$TARGET_TLS_PORT\"]|" "$2"
+    grep -q "https://$HOST:$TARGET_TLS_PORT" "$2" || { note "tls-storm: could not add the https listener"; return 1; }
+    printf '\n[a2a.tls]\ncert = "%s"\nkey = "%s"\n' "$TLS_CERT" "$TLS_KEY" >> "$2"
   fi
   if [[ $TARGET_EVENTS == 1 ]]; then
     if grep -q '^[[:space:]]*\[a2a\.events\]' "$2"; then
@@ -253,11 +269,12 @@ write_agentd_config() {  # port file
 
 start_agentd() {  # driver store(file|memory)
   local driver=$1 store=${2:-file} port cfg log name=$1$TARGET_LABEL
+  TARGET_LOG= TARGET_LOCKSTATS=0
   [[ $store == memory ]] && name=$1-memory$TARGET_LABEL
   port=$(free_port)
   cfg="$WORK/agentd-$name.toml"
   log="$WORK/agentd-$name.log"
-  write_agentd_config "$port" "$cfg"
+  write_agentd_config "$port" "$cfg" || return 1
   # Keep the daemon's own state inside our temp dir, whatever its defaults are.
   mkdir -p "$WORK/state-$name"
   # The store: the durable file store (the default: every acknowledged task fsynced
@@ -271,10 +288,16 @@ start_agentd() {  # driver store(file|memory)
   fi
 
   local t0; t0=$(now_us)
-  (cd "$WORK/state-$name" && exec "$AGENTD_BIN" --driver "$driver" --config "$cfg") >"$log" 2>&1 &
+  # AGENTD_LOCK_STATS=1: the drivers count their hold of the shared instance lock, and each
+  # SIGUSR1 prints the totals as a `lock-stats` line on stdout (lock_stats below).
+  # (BENCH_LOCK_STATS=0 leaves it off: the daemon then runs exactly as shipped, one thread less.)
+  local lockstats=1
+  [[ $BENCH_LOCK_STATS == 1 ]] || lockstats=0
+  (cd "$WORK/state-$name" && AGENTD_LOCK_STATS=$lockstats exec "$AGENTD_BIN" --driver "$driver" --config "$cfg") >"$log" 2>&1 &
   TARGET_PID=$!
   SPAWNED+=("$TARGET_PID")
-  TARGET_URL="http://$HOST:$port"
+  TARGET_URL="http://$HOST:$port" TARGET_LOG=$log TARGET_LOCKSTATS=$lockstats
+  [[ -n $TARGET_TLS_PORT ]] && TARGET_TLS_URL="https://$HOST:$TARGET_TLS_PORT"
   wait_ready "$TARGET_PID" "$TARGET_URL$CARD_PATH" "$t0" "$log"
 }
 
@@ -285,6 +308,7 @@ start_agentd() {  # driver store(file|memory)
 # per request either.
 start_python_sdk() {
   local port log="$WORK/python-sdk$TARGET_LABEL.log" otel=false
+  TARGET_LOG=$log TARGET_LOCKSTATS=0   # no lock-stats line: SIGUSR1 would end it
   [[ $BENCH_PY_OTEL == 1 ]] && otel=true
   [[ -n $PY_SDK_PYTHON ]] || { note "python-sdk: no venv (setup failed)"; TARGET_PID=; return 1; }
   port=$(free_port)
@@ -376,6 +400,34 @@ run_wrk() {  # conns script path [expect]
 # Pulls key=value out of a BENCH_RESULT line.
 field() { local k=$2; [[ " $1 " =~ \ $k=([^ ]*)\  ]] && echo "${BASH_REMATCH[1]}" || echo 0; }
 
+# The target's lock-stats totals (agentd, AGENTD_LOCK_STATS=1): SIGUSR1 makes it print one
+# `lock-stats acquisitions=N wait_ns=N held_ns=N max_held_ns=N` line on stdout, into its log.
+# Leaves that line in $LOCK_LINE, or empty for a target without it (or no answer in 2 s).
+lock_stats() {
+  LOCK_LINE=
+  [[ $TARGET_LOCKSTATS == 1 && -n $TARGET_LOG ]] || return 0
+  local before i
+  before=$(grep -c '^lock-stats ' "$TARGET_LOG" || true)
+  kill -USR1 "$TARGET_PID" 2>/dev/null || return 0
+  for (( i = 0; i < 100; i++ )); do
+    if (( $(grep -c '^lock-stats ' "$TARGET_LOG" || true) > before )); then
+      LOCK_LINE=$(grep '^lock-stats ' "$TARGET_LOG" | tail -n 1)
+      return 0
+    fi
+    sleep 0.02
+  done
+  note "no lock-stats line from the target within 2 s"
+}
+
+# Microseconds of lock hold (or wait, with key wait_ns) per request between two lock-stats
+# lines: (after - before) / requests, "-" without figures.
+lock_per_req() {  # before_line after_line requests [key]
+  local key=${4:-held_ns}
+  [[ -n $1 && -n $2 ]] || { echo -; return; }
+  awk -v a="$(field "$2" "$key")" -v b="$(field "$1" "$key")" -v n="$3" \
+    'BEGIN { if (n + 0 <= 0) print "-"; else printf "%.2f", (a - b) / n / 1000 }'
+}
+
 # ---------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------
@@ -391,6 +443,13 @@ bench_target() {  # target
   TARGET=$t
   note "== $t"
   if [[ -n $PLAIN_SCENARIOS ]]; then bench_plain "$t"; fi
+  if [[ $RUN_TLS == 1 ]]; then
+    if target_has "$t" tls-storm; then
+      bench_tls_storm "$t"
+    else
+      TLSROWS+=("$t n/a - - - - - - - - n/a(agentd-listener)")
+    fi
+  fi
   if [[ $RUN_EVENTS == 1 ]]; then
     if target_has "$t" events; then
       bench_events "$t"
@@ -402,7 +461,7 @@ bench_target() {  # target
 
 # The wrk scenarios, all against one daemon with the plain config.
 bench_plain() {  # target
-  local t=$1 idle peak=0 sc conns r rps sock n2 un errs flags
+  local t=$1 idle peak=0 sc conns r rps sock n2 un errs flags lock0 lock1 lock
   if ! start_target "$t"; then
     FOOT+=("$t - - - start-failed"); FAILED=1
     [[ -n $TARGET_PID ]] && stop_pid "$TARGET_PID"
@@ -413,14 +472,16 @@ bench_plain() {  # target
   for sc in $PLAIN_SCENARIOS; do
     for conns in $BENCH_CONNS; do
       if ! target_has "$t" "$sc"; then
-        ROWS+=("$t $sc $conns n/a n/a n/a n/a n/a(agentd-extension)"); continue
+        ROWS+=("$t $sc $conns n/a n/a n/a n/a n/a n/a(agentd-extension)"); continue
       fi
       note "   $sc c=$conns (${BENCH_SECONDS}s)"
+      lock_stats; lock0=$LOCK_LINE
       "scenario_$sc" "$conns"
+      lock_stats; lock1=$LOCK_LINE
       (( RUN_PEAK_KB > peak )) && peak=$RUN_PEAK_KB
       r=$WRK_RESULT
       if [[ -z $r ]]; then
-        ROWS+=("$t $sc $conns - - - - wrk-failed"); FAILED=1; continue
+        ROWS+=("$t $sc $conns - - - - - wrk-failed"); FAILED=1; continue
       fi
       rps=$(field "$r" rps)
       sock=$(( $(field "$r" connect) + $(field "$r" read) + $(field "$r" write) + $(field "$r" timeout) ))
@@ -436,7 +497,8 @@ bench_plain() {  # target
       fi
       (( $(field "$r" requests) == 0 )) && flags="!no-requests"
       [[ $sc == send ]] && SEND_REQS[$t]=$(( ${SEND_REQS[$t]:-0} + $(field "$r" requests) ))
-      ROWS+=("$t $sc $conns $rps $(fmt_ms "$(field "$r" p50_us)") $(fmt_ms "$(field "$r" p99_us)") $errs $flags")
+      lock=$(lock_per_req "$lock0" "$lock1" "$(field "$r" requests)")
+      ROWS+=("$t $sc $conns $rps $(fmt_ms "$(field "$r" p50_us)") $(fmt_ms "$(field "$r" p99_us)") $errs $lock $flags")
     done
   done
 
@@ -600,6 +662,153 @@ print_events_report() {
   echo "agentd and wrk, so at high fan-out it competes for CPU: read send/s and ev/s with that in mind."
 }
 
+# ---------------------------------------------------------------------------------------------
+# Scenario `tls-storm`: BENCH_TLS_CONNS connections doing TLS handshakes (wrk over https with
+# `Connection: close`: a new connection and a full handshake per request) while
+# BENCH_TLS_PLAIN_CONNS plaintext keep-alive connections GET the card. One fresh daemon with
+# a plaintext and an https listener on loopback; three loads of BENCH_SECONDS each:
+#   plain  the plaintext card load alone          -> its p50/p99, req/s
+#   storm  the handshake load alone                -> handshakes/s
+#   both   both at once, started together          -> the plaintext p99 under the storm
+# Around each, the lock-stats counters (lock_stats): the time the drivers held the shared
+# instance lock per request (plain and storm requests together), the wait for it, and the
+# longest single hold. Figures only: nothing here passes or fails on a time.
+# ---------------------------------------------------------------------------------------------
+TLSROWS=()   # "target phase plain_rps plain_p50 plain_p99 hs_per_s errors held_us wait_us max_ms flags"
+
+# A self-signed certificate for 127.0.0.1 (openssl), made once per bench run.
+make_tls_cert() {
+  [[ -n $TLS_CERT ]] && return 0
+  command -v openssl >/dev/null || { note "tls-storm: openssl is missing"; return 1; }
+  local dir="$WORK/tls" newkey
+  mkdir -p "$dir"
+  case $BENCH_TLS_KEY in
+    ec) newkey=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1) ;;
+    rsa) newkey=(-newkey rsa:2048) ;;
+    *) die "BENCH_TLS_KEY: '$BENCH_TLS_KEY' is not ec or rsa" ;;
+  esac
+  if ! openssl req -x509 "${newkey[@]}" -nodes -days 2 -subj "/CN=$HOST" \
+       -addext "subjectAltName=IP:$HOST" -keyout "$dir/key.pem" -out "$dir/cert.pem" \
+       >"$dir/openssl.log" 2>&1; then
+    note "tls-storm: openssl could not make a certificate:"; sed 's/^/  /' "$dir/openssl.log" >&2
+    return 1
+  fi
+  TLS_CERT="$dir/cert.pem" TLS_KEY="$dir/key.pem"
+}
+
+# Starts wrk in the background against a URL; bench_tls_wait collects its BENCH_RESULT.
+bench_tls_wrk() {  # conns script url out ; sets BG_WRK_PID
+  local conns=$1 threads
+  threads=$(( conns < 2 ? conns : 2 ))
+  timeout --kill-after=5 $(( BENCH_SECONDS + 30 )) \
+    wrk -t "$threads" -c "$conns" -d "${BENCH_SECONDS}s" --timeout 5s --latency \
+        -s "$2" "$3" -- "tls-$RUN_SEQ-$$" >"$4" 2>&1 &
+  BG_WRK_PID=$!
+  SPAWNED+=("$BG_WRK_PID")
+}
+bench_tls_wait() {  # pid out ; sets BG_RESULT
+  wait "$1" || true
+  forget_pid "$1"
+  BG_RESULT=$(grep '^BENCH_RESULT ' "$2" || true)
+  [[ -n $BG_RESULT ]] || { note "wrk produced no result ($2):"; sed 's/^/  /' "$2" >&2; }
+}
+
+bench_tls_storm() {  # target
+  local t=$1 phase
+  note "   tls-storm: $BENCH_TLS_CONNS handshaking ($BENCH_TLS_KEY key) + $BENCH_TLS_PLAIN_CONNS plaintext card (${BENCH_SECONDS}s x 3)"
+  if [[ -n $BENCH_CONFIG_TEMPLATE ]]; then
+    note "tls-storm: skipped with BENCH_CONFIG_TEMPLATE (it adds its own https listener)"
+    TLSROWS+=("$t - - - - - - - - - !config-template"); return 0
+  fi
+  if ! make_tls_cert; then TLSROWS+=("$t - - - - - - - - - !no-certificate"); FAILED=1; return 0; fi
+  TARGET_TLS_PORT=$(free_port) TARGET_LABEL="-tls"
+  if ! start_target "$t" || ! curl -fsS -k -o /dev/null --max-time 5 "$TARGET_TLS_URL$CARD_PATH"; then
+    TARGET_TLS_PORT= TARGET_LABEL=
+    TLSROWS+=("$t - - - - - - - - - !start-failed"); FAILED=1
+    [[ -n $TARGET_PID ]] && stop_pid "$TARGET_PID"
+    return 0
+  fi
+  TARGET_TLS_PORT= TARGET_LABEL=
+  for phase in plain storm both; do
+    bench_tls_phase "$t" "$phase"
+  done
+  kill -0 "$TARGET_PID" 2>/dev/null || { TLSROWS+=("$t - - - - - - - - - !died"); FAILED=1; }
+  stop_pid "$TARGET_PID"
+}
+
+bench_tls_phase() {  # target phase
+  local t=$1 phase=$2 l0 l1 plain_pid storm_pid plain_out storm_out pr="" sr="" n=0 errs=0 flags=""
+  RUN_SEQ=$((RUN_SEQ + 1))
+  plain_out="$WORK/tls-plain-$RUN_SEQ.txt" storm_out="$WORK/tls-storm-$RUN_SEQ.txt"
+  note "   tls-storm $phase"
+  lock_stats; l0=$LOCK_LINE
+  if [[ $phase != plain ]]; then
+    bench_tls_wrk "$BENCH_TLS_CONNS" "$LUA_DIR/tls-handshake.lua" "$TARGET_TLS_URL$CARD_PATH" "$storm_out"
+    storm_pid=$BG_WRK_PID
+  fi
+  if [[ $phase != storm ]]; then
+    bench_tls_wrk "$BENCH_TLS_PLAIN_CONNS" "$LUA_DIR/card.lua" "$TARGET_URL$CARD_PATH" "$plain_out"
+    plain_pid=$BG_WRK_PID
+  fi
+  if [[ $phase != storm ]]; then bench_tls_wait "$plain_pid" "$plain_out"; pr=$BG_RESULT; fi
+  if [[ $phase != plain ]]; then bench_tls_wait "$storm_pid" "$storm_out"; sr=$BG_RESULT; fi
+  lock_stats; l1=$LOCK_LINE
+  local r
+  for r in "$pr" "$sr"; do
+    [[ -n $r ]] || continue
+    n=$(( n + $(field "$r" requests) ))
+    errs=$(( errs + $(field "$r" connect) + $(field "$r" read) + $(field "$r" write) \
+             + $(field "$r" timeout) + $(field "$r" non2xx) + $(field "$r" unexpected) ))
+  done
+  [[ $phase != storm && -z $pr ]] && { flags+="plain-wrk-failed,"; FAILED=1; }
+  [[ $phase != plain && -z $sr ]] && { flags+="storm-wrk-failed,"; FAILED=1; }
+  (( errs > 0 )) && flags+="errors=$errs,"
+  if [[ -z $flags ]]; then flags=ok; else flags="!${flags%,}"; fi
+  local rps=- p50=- p99=- hs=- max=-
+  if [[ -n $pr ]]; then
+    rps=$(field "$pr" rps) p50=$(fmt_ms "$(field "$pr" p50_us)") p99=$(fmt_ms "$(field "$pr" p99_us)")
+  fi
+  [[ -n $sr ]] && hs=$(field "$sr" rps)
+  [[ -n $l0 && -n $l1 ]] && max=$(awk -v m="$(field "$l1" max_held_ns)" 'BEGIN { printf "%.3f", m / 1e6 }')
+  TLSROWS+=("$t $phase $rps $p50 $p99 $hs $errs $(lock_per_req "$l0" "$l1" "$n") \
+$(lock_per_req "$l0" "$l1" "$n" wait_ns) $max $flags")
+}
+
+print_tls_report() {
+  (( ${#TLSROWS[@]} )) || return 0
+  echo
+  echo "tls-storm — $BENCH_TLS_CONNS connections doing TLS handshakes ($BENCH_TLS_KEY key, Connection: close) beside"
+  echo "$BENCH_TLS_PLAIN_CONNS plaintext keep-alive connections GETting the card, ${BENCH_SECONDS}s per phase"
+  echo
+  local f='%-10s %-6s %10s %9s %9s %8s %7s %12s %12s %12s  %s\n'
+  # shellcheck disable=SC2059
+  printf "$f" target phase 'card req/s' 'p50 ms' 'p99 ms' 'hs/s' errors 'lock us/req' 'wait us/req' 'max hold ms' flags
+  # shellcheck disable=SC2059
+  printf "$f" ---------- ------ ---------- --------- --------- -------- ------- ------------ ------------ ------------ -----
+  local row base=""
+  for row in "${TLSROWS[@]}"; do
+    # shellcheck disable=SC2086,SC2059  # rows are space-separated fields by construction
+    printf "$f" $row
+  done
+  # The figure the scenario is for: the plaintext p99 under the storm against without it.
+  local t ph rps p50 p99 _r
+  local -A plain99=() both99=()
+  for row in "${TLSROWS[@]}"; do
+    read -r t ph rps p50 p99 _r <<<"$row"
+    [[ $ph == plain ]] && plain99[$t]=$p99
+    [[ $ph == both ]] && both99[$t]=$p99
+  done
+  for t in "${!plain99[@]}"; do
+    [[ -n ${both99[$t]:-} ]] || continue
+    echo "$t: plaintext card p99 ${plain99[$t]} ms alone, ${both99[$t]} ms under the storm ($(ratio "${both99[$t]}" "${plain99[$t]}"))"
+  done
+  echo
+  echo "plain = the plaintext load alone; storm = the handshake load alone; both = together."
+  echo "hs/s = handshakes (= https requests) per second; lock/wait us/req = microseconds the"
+  echo "drivers held / waited for the shared instance lock, over every request of the phase"
+  echo "(plaintext and https); max hold = the longest single hold since the daemon started."
+}
+
 print_report() {
   local bin_size=
   [[ -f $AGENTD_BIN ]] && bin_size=$(stat -c %s "$AGENTD_BIN" 2>/dev/null || wc -c < "$AGENTD_BIN")
@@ -607,13 +816,15 @@ print_report() {
   echo "agentd bench — ${BENCH_SECONDS}s per run, wrk threads=min(2,conns), $(nproc 2>/dev/null || echo '?') cores, loopback"
   echo
   if (( ${#ROWS[@]} + ${#FOOT[@]} )); then
-    printf '%-10s %-12s %5s %10s %9s %9s %7s  %s\n' target scenario conns 'req/s' 'p50 ms' 'p99 ms' errors flags
-    printf '%-10s %-12s %5s %10s %9s %9s %7s  %s\n' ---------- ------------ ----- ---------- --------- --------- ------- -----
+    printf '%-10s %-12s %5s %10s %9s %9s %7s %12s  %s\n' target scenario conns 'req/s' 'p50 ms' 'p99 ms' errors 'lock us/req' flags
+    printf '%-10s %-12s %5s %10s %9s %9s %7s %12s  %s\n' ---------- ------------ ----- ---------- --------- --------- ------- ------------ -----
     local row
     for row in "${ROWS[@]:+${ROWS[@]}}"; do
       # shellcheck disable=SC2086  # rows are space-separated fields by construction
-      printf '%-10s %-12s %5s %10s %9s %9s %7s  %s\n' $row
+      printf '%-10s %-12s %5s %10s %9s %9s %7s %12s  %s\n' $row
     done
+    echo "lock us/req = microseconds the drivers held the shared instance lock per request answered"
+    echo "(AGENTD_LOCK_STATS counters, read by SIGUSR1 before and after the run)"
     echo
     printf '%-10s %12s %12s %14s  %s\n' target 'idle RSS' 'peak RSS' 'cold start ms' status
     printf '%-10s %12s %12s %14s  %s\n' ---------- ------------ ------------ -------------- ------
@@ -633,6 +844,7 @@ print_report() {
     done
     [[ -n ${IDLE_NOTE:-} ]] && echo "note: $IDLE_NOTE"
   fi
+  print_tls_report
   print_events_report
   echo
   [[ -n $bin_size ]] && echo "binary: $AGENTD_BIN  $bin_size bytes ($(fmt_mib $(( bin_size / 1024 ))))"
@@ -661,7 +873,7 @@ print_compare() {
   local -A rps=() foot=()
   local row t sc conns r p50 p99 errs fl
   for row in "${ROWS[@]:+${ROWS[@]}}"; do
-    read -r t sc conns r p50 p99 errs fl <<<"$row"
+    read -r t sc conns r p50 p99 errs _ fl <<<"$row"
     # A run with errors keeps its figure, marked: the figure is still worth reading.
     [[ $fl == ok || $fl == n/a* || $r == - ]] || r="$r!"
     rps[$t/$sc/$conns]=$r
@@ -742,9 +954,10 @@ main() {
   command -v curl >/dev/null || die "curl is required"
   command -v timeout >/dev/null || die "timeout (coreutils) is required"
   local sc
-  PLAIN_SCENARIOS= RUN_EVENTS=0
+  PLAIN_SCENARIOS= RUN_EVENTS=0 RUN_TLS=0
   for sc in $BENCH_SCENARIOS; do
     if [[ $sc == events ]]; then RUN_EVENTS=1; continue; fi
+    if [[ $sc == tls-storm ]]; then RUN_TLS=1; continue; fi
     declare -F "scenario_$sc" >/dev/null || die "unknown scenario '$sc'"
     PLAIN_SCENARIOS+="$sc "
   done

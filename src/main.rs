@@ -38,6 +38,8 @@ Options:
 
 Environment:
   AGENTD_LOG        log level: error, warn, info (default), debug or trace
+  AGENTD_LOCK_STATS 1: count the drivers' hold of the shared lock, printed as a
+                    `lock-stats ...` line on stdout at each SIGUSR1 (for bench/)
 ";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -264,6 +266,9 @@ fn run(args: Args) -> Result<(), Failure> {
         .map_err(|e| Failure::Runtime(format!("runtime thread: {e}")))?;
     let max_connections = config.limits.max_connections;
     let reload_instance = instance.clone();
+    if std::env::var_os("AGENTD_LOCK_STATS").is_some_and(|v| !v.is_empty() && v != "0") {
+        lock_stats_on_sigusr1()?;
+    }
     match args.driver {
         Driver::Smol => {
             let mut opts = agentd_io_smol::DriverOptions::default();
@@ -372,6 +377,26 @@ fn unbound_info(ep: &agentd_io_common::Endpoint) -> agentd_core::ListenerInfo {
             loopback: false,
         },
     }
+}
+
+/// `AGENTD_LOCK_STATS`: counts how long the drivers hold the shared instance lock
+/// ([`agentd_io_common::lockstat`]), and prints the totals so far as one line on stdout at
+/// each SIGUSR1 (`bench/run.sh` reads them before and after a load). Unset, nothing is
+/// counted and SIGUSR1 keeps its default action.
+fn lock_stats_on_sigusr1() -> Result<(), Failure> {
+    use agentd_io_common::lockstat;
+    let mut usr1 = signal_hook::iterator::Signals::new([signal_hook::consts::SIGUSR1])
+        .map_err(|e| Failure::Runtime(format!("signal handlers: {e}")))?;
+    lockstat::enable();
+    std::thread::Builder::new()
+        .name("agentd-lock-stats".into())
+        .spawn(move || {
+            for _ in usr1.forever() {
+                println!("{}", lockstat::snapshot().line());
+            }
+        })
+        .map_err(|e| Failure::Runtime(format!("lock stats thread: {e}")))?;
+    Ok(())
 }
 
 fn runtime_drainer(h: runtime::DrainHandle) -> impl Fn(&str) {

@@ -25,6 +25,13 @@
 //! assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"));
 //! assert!(answer.contains("\"protocolBinding\":\"JSONRPC\""));
 //! ```
+//!
+//! A whole embedder, neither of agentd's drivers, is `examples/embed/` in the repository
+//! (<https://github.com/agentd-dev/agentd/tree/main/examples/embed>): under 100 lines of std
+//! and this crate, its own non-blocking loop over a TCP socket serves the card, SendMessage
+//! and SendStreamingMessage, and answers every turn ([`Effect::Turn`]) with an echo through
+//! [`Instance::poll_effect`] and [`Instance::handle_completion`]. Its test runs it as a
+//! process over real HTTP, so CI builds and runs it.
 
 #![forbid(unsafe_code)]
 

@@ -5,10 +5,12 @@
 //! 0600 with no window in which it is wider), the peer-uid check, and what bounds the
 //! connections by the open-file limit (raising it, the reserve, the spare descriptor, the
 //! accept back-off and the throttle of the warnings that would otherwise repeat per
-//! connection). [`log`] holds the log lines both drivers write.
+//! connection). [`log`] holds the log lines both drivers write. [`lockstat`] counts how long
+//! the drivers hold the shared instance lock, for `bench/`, when asked to.
 
 #![forbid(unsafe_code)]
 
+pub mod lockstat;
 pub mod log;
 pub mod os;
 

@@ -9,12 +9,13 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::task::{Wake, Waker};
 use std::time::Duration;
 
 use agentd_core::auth::Peer;
 use agentd_core::{Connection, Instance};
+use agentd_io_common::lockstat::{self, TimedGuard};
 use agentd_io_common::os::{
     answer_busy, out_of_descriptors, start_connection_bound, transient_accept_error,
     unix_peer_allowed, AcceptBackoff, BoundListener, Clock, LogThrottle, SpareFd, BUSY_RESPONSE,
@@ -160,8 +161,10 @@ struct Shared {
 }
 
 impl Ctx {
-    fn lock(&self) -> MutexGuard<'_, Instance> {
-        self.instance.lock().unwrap_or_else(|p| p.into_inner())
+    /// The shared instance (a poisoned lock is taken over), its hold counted when
+    /// `AGENTD_LOCK_STATS` asks for it ([`agentd_io_common::lockstat`]).
+    fn lock(&self) -> TimedGuard<'_, Instance> {
+        lockstat::lock(&self.instance)
     }
 
     /// Takes a connection slot, or answers 503 when none is free.

@@ -4,7 +4,7 @@ use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::task::{Wake, Waker};
 use std::thread;
 use std::time::Duration;
@@ -12,6 +12,7 @@ use std::time::Duration;
 use agentd_core::auth::Peer;
 use agentd_core::{Connection, Instance};
 
+use agentd_io_common::lockstat::{self, TimedGuard};
 use agentd_io_common::os::{
     answer_busy, out_of_descriptors, start_connection_bound, transient_accept_error,
     unix_peer_allowed, AcceptBackoff, BoundListener, Clock, LogThrottle, SpareFd,
@@ -287,10 +288,10 @@ impl AcceptContext {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Instance> {
-        // A panic while holding the lock cannot leave the instance half-changed in a way a
-        // later request would misread more than a crash would; keep serving.
-        self.instance.lock().unwrap_or_else(|p| p.into_inner())
+    /// The shared instance (a poisoned lock is taken over), its hold counted when
+    /// `AGENTD_LOCK_STATS` asks for it ([`agentd_io_common::lockstat`]).
+    fn lock(&self) -> TimedGuard<'_, Instance> {
+        lockstat::lock(&self.instance)
     }
 
     fn serve<S: Stream>(self, mut stream: S, peer: Peer, source: Option<std::net::IpAddr>) {
