@@ -311,8 +311,14 @@ impl Ctx {
     ) {
         let (wake_tx, wake_rx) = async_channel::bounded::<()>(1);
         let waker = Waker::from(Arc::new(ChannelWake(wake_tx)));
-        let limits = self.lock().config().conn;
-        let mut conn = Connection::new(self.index, peer, limits, waker, self.clock.now());
+        let (limits, mut conn) = {
+            let inst = self.lock();
+            let limits = inst.config().conn;
+            let mut conn = Connection::new(self.index, peer, limits, waker, self.clock.now());
+            // Its TLS configuration now, so the handshake runs outside the lock.
+            conn.prepare(&inst);
+            (limits, conn)
+        };
         conn.keep_records(request_log_keep());
         // The failure limiter keys on the socket's own peer address; unix peers have none.
         if let Some(ip) = source {
@@ -320,8 +326,13 @@ impl Ctx {
         }
         let read_buffer = self.options.read_buffer;
         let write_timeout = Duration::from_millis(limits.write_timeout_ms.max(1));
+        // Whether the loop's top polls the core (under the lock): always, but after input
+        // that needed none (a TLS handshake flight) or that was just answered.
+        let mut needs_poll = true;
         'conn: loop {
-            conn.poll(&mut self.lock(), self.clock.now());
+            if std::mem::replace(&mut needs_poll, true) {
+                conn.poll(&mut self.lock(), self.clock.now());
+            }
             log_requests(&mut conn);
             let wrote = !conn.pending_output().is_empty();
             while !conn.pending_output().is_empty() {
@@ -381,14 +392,21 @@ impl Ctx {
                             match stream.try_read(&mut buf[..read_buffer]) {
                                 Ok(0) => Ok(false),
                                 Ok(n) => {
-                                    conn.handle_input(&mut self.lock(), &buf[..n], now);
+                                    // TLS runs here, outside the lock; only what it
+                                    // decrypted is answered under it.
+                                    if conn.receive(&buf[..n], now) {
+                                        conn.poll(&mut self.lock(), now);
+                                    }
                                     Ok(true)
                                 }
                                 Err(e) => Err(e),
                             }
                         });
                         match read {
-                            Ok(true) => log_requests(&mut conn),
+                            Ok(true) => {
+                                needs_poll = false;
+                                log_requests(&mut conn);
+                            }
                             Ok(false) => {
                                 conn.handle_eof(&mut self.lock(), now);
                                 log_requests(&mut conn);

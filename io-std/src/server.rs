@@ -301,17 +301,26 @@ impl AcceptContext {
         });
         let waker = Waker::from(notify.clone());
         let now = self.clock.now();
-        let limits = self.lock().config().conn;
+        let (limits, mut conn) = {
+            let inst = self.lock();
+            let limits = inst.config().conn;
+            let mut conn = Connection::new(self.index, peer, limits, waker, now);
+            // Its TLS configuration now, so the handshake runs outside the lock.
+            conn.prepare(&inst);
+            (limits, conn)
+        };
         let _ =
             stream.set_write_timeout(Some(Duration::from_millis(limits.write_timeout_ms.max(1))));
-        let mut conn = Connection::new(self.index, peer, limits, waker, now);
         conn.keep_records(request_log_keep());
         if let Some(ip) = source {
             conn.set_source(ip);
         }
         let mut buf = vec![0u8; self.options.read_buffer];
+        // Whether the loop's top polls the core (under the lock): always, but after input
+        // that needed none (a TLS handshake flight) or that was just answered.
+        let mut needs_poll = true;
         loop {
-            {
+            if std::mem::replace(&mut needs_poll, true) {
                 let now = self.clock.now();
                 conn.poll(&mut self.lock(), now);
             }
@@ -333,7 +342,15 @@ impl AcceptContext {
                 let _ = stream.set_read_timeout(wait);
                 match stream.read(&mut buf) {
                     Ok(0) => conn.handle_eof(&mut self.lock(), self.clock.now()),
-                    Ok(n) => conn.handle_input(&mut self.lock(), &buf[..n], self.clock.now()),
+                    Ok(n) => {
+                        // TLS runs here, outside the lock; only what it decrypted is
+                        // answered under it.
+                        let now = self.clock.now();
+                        if conn.receive(&buf[..n], now) {
+                            conn.poll(&mut self.lock(), now);
+                        }
+                        needs_poll = false;
+                    }
                     Err(e)
                         if matches!(
                             e.kind(),
