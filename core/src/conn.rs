@@ -726,11 +726,6 @@ impl Connection {
                 self.take_input(&bytes);
             }
         }
-        if self.closing && !self.peer_closed {
-            // A TLS failure while taking input: only its alert goes out.
-            self.encrypt();
-            return;
-        }
         if std::mem::take(&mut self.peer_closed) {
             self.handle_eof(inst, now);
             return;

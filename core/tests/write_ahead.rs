@@ -388,3 +388,26 @@ fn a_large_held_answer_is_released_whole_or_given_up_whole() {
         }
     }
 }
+
+/// A held answer on a connection that closes after it (`Connection: close`) still goes out
+/// once its change is durable: the poll that releases it is not skipped for a closing
+/// connection.
+#[test]
+fn a_held_answer_on_a_closing_connection_is_released() {
+    let mut h = wal();
+    let mut c = h.conn();
+    let req = call(
+        "SendMessage",
+        1,
+        json!({"message": text_message("hi", "close-1"), "configuration": {"returnImmediately": true}}),
+    );
+    let text = String::from_utf8(req).unwrap();
+    let req = text.replacen("\r\n\r\n", "\r\nConnection: close\r\n\r\n", 1);
+    assert!(c.feed(&mut h, req.as_bytes()).is_empty(), "held");
+    h.turn();
+    make_durable(&mut h);
+    let r = one(&c.poll(&mut h));
+    assert_eq!(r.header("connection"), Some("close"));
+    assert!(r.json()["result"]["task"]["id"].is_string());
+    assert!(c.conn.is_finished());
+}

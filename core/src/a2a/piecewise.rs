@@ -114,18 +114,25 @@ impl TaskJson {
         out
     }
 
-    /// The document's length in bytes: written once into a scratch buffer and counted.
+    /// The document's length in bytes, counted without writing it (a data value is
+    /// serialized once into a counter).
     pub fn measure(&self) -> usize {
         let mut copy = self.clone();
-        let mut scratch = Vec::with_capacity(16 * 1024);
         let mut total = 0;
         loop {
-            let done = copy.fill(&mut scratch, 16 * 1024);
-            total += scratch.len();
-            scratch.clear();
-            if done {
+            if copy.queue.is_empty() && !copy.make() {
                 return total;
             }
+            total += match copy.queue.pop_front() {
+                Some(Fragment::Bytes(b)) => b.len(),
+                Some(Fragment::Text { unit, part }) => {
+                    escaped_len(content_str(&parts(&copy.task, unit)[part]).as_bytes())
+                }
+                Some(Fragment::Data { unit, part }) => {
+                    crate::tasks::serialized_len(&parts(&copy.task, unit)[part])
+                }
+                None => 0,
+            };
         }
     }
 
@@ -500,6 +507,17 @@ fn escape_into(out: &mut Vec<u8>, s: &[u8], from: usize, room: usize) -> usize {
     i
 }
 
+/// How many bytes [`escape_into`] writes for `s`.
+fn escaped_len(s: &[u8]) -> usize {
+    s.iter()
+        .map(|&c| match c {
+            b'"' | b'\\' | 0x08 | 0x0c | b'\n' | b'\r' | b'\t' => 2,
+            0..0x20 => 6,
+            _ => 1,
+        })
+        .sum()
+}
+
 /// A writer that drops the first `skip` bytes, keeps the next `room`, and then fails (which
 /// stops the serializer).
 struct Window<'a> {
@@ -694,6 +712,7 @@ mod tests {
                 at = escape_into(&mut out, all.as_bytes(), at, room);
             }
             out.push(b'"');
+            assert_eq!(escaped_len(all.as_bytes()) + 2, expected.len());
             assert_eq!(String::from_utf8(out).unwrap(), expected, "room {room}");
         }
     }
