@@ -25,8 +25,27 @@ mod engine;
 
 pub use engine::{
     spawn, Approval, DrainHandle, Exit, Reload, ReloadHandle, RuntimeHandle, RuntimeLimits,
-    Settings, CONVERSATION_AGENT,
+    Settings, CONVERSATION_AGENT, SERVED_OPS,
 };
+
+/// What this runtime serves, as the core's instance configuration declares it: every op of
+/// [`SERVED_OPS`], and the `conversation` skill when a conversation agent answers turns
+/// (without one every turn is rejected, so the card offers no conversation).
+pub fn capabilities(converses: bool) -> agentd_core::HostCapabilities {
+    let conversation = agentd_core::a2a::card::AgentSkill {
+        description: "Converse with this agent: each message without a command is a turn \
+                      answered by the configured conversation agent."
+            .into(),
+        examples: Vec::new(),
+        id: "conversation".into(),
+        name: "Conversation".into(),
+        tags: vec!["conversation".into()],
+    };
+    agentd_core::HostCapabilities::new(
+        SERVED_OPS,
+        converses.then_some(conversation).into_iter().collect(),
+    )
+}
 
 /// The status message of a turn no agent can answer.
 pub const NO_AGENT: &str =
