@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use crate::a2a::card::AgentSkill;
 use crate::errors::{ErrorKind, FieldViolation, RpcError};
-use crate::ext::command::table::{OpId, SETTABLE_PATHS};
+use crate::ext::command::table::OpId;
 
 /// A set of ops of the table.
 #[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -127,8 +127,8 @@ pub enum SettablePath {
 impl SettablePath {
     pub fn as_str(self) -> &'static str {
         match self {
-            SettablePath::AgentApproval => SETTABLE_PATHS[0],
-            SettablePath::IntrospectionEnabled => SETTABLE_PATHS[1],
+            SettablePath::AgentApproval => "agent.approval",
+            SettablePath::IntrospectionEnabled => "a2a.introspection.enabled",
         }
     }
 
@@ -461,6 +461,20 @@ mod tests {
         let e = Op::parse(OpId::WorkflowCancel, &args, "message.parts[0].data.agentd").unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidCommandArgs);
         assert_eq!(e.violations[0].field, "message.parts[0].data.agentd.run");
+    }
+
+    #[test]
+    fn settable_paths_are_the_tables() {
+        let ours = [
+            SettablePath::AgentApproval,
+            SettablePath::IntrospectionEnabled,
+        ]
+        .map(SettablePath::as_str);
+        assert_eq!(ours, crate::ext::command::table::SETTABLE_PATHS);
+        for p in ours {
+            assert_eq!(SettablePath::parse(p).map(SettablePath::as_str), Some(p));
+        }
+        assert_eq!(SettablePath::parse("agent.model"), None);
     }
 
     #[test]
