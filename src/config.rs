@@ -723,8 +723,9 @@ impl Config {
         if let Some(n) = &self.agent.name {
             c.name = n.clone();
         }
-        // Without an agent every turn is rejected: the card offers no conversation.
-        c.converses = self.agent.command.is_some();
+        // Every op the runtime serves; without an agent every turn is rejected, so the card
+        // offers no conversation.
+        c.host = crate::runtime::capabilities(self.agent.command.is_some());
         if let Some(d) = &self.agent.description {
             c.description = d.clone();
         }

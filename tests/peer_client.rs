@@ -195,7 +195,7 @@ fn run_host(instance: &Mutex<Instance>, clock: Clock, stop: &AtomicBool, seen: &
                         }
                     }
                     Effect::Cancel { task_id } => seen.lock().unwrap().cancels.push(task_id),
-                    Effect::Command { op, .. } => panic!("unexpected command effect {op}"),
+                    Effect::Command { op, .. } => panic!("unexpected command effect {op:?}"),
                     Effect::Deliver { url, .. } => panic!("unexpected webhook delivery to {url}"),
                     other => panic!("unexpected effect {other:?}"),
                 }

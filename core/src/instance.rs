@@ -7,9 +7,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::task::Waker;
 
-use crate::a2a::card::{
-    AgentCapabilities, AgentCard, AgentInterface, AgentSkill, UNIX_BINDING_URI,
-};
+use crate::a2a::card::{AgentCapabilities, AgentCard, AgentInterface, UNIX_BINDING_URI};
 use crate::a2a::types::{
     Artifact, Message, Part, StreamResponse, TaskArtifactUpdateEvent, TaskState,
     TaskStatusUpdateEvent,
@@ -127,10 +125,10 @@ pub struct InstanceConfig {
     pub tls: HashMap<usize, crate::tls::TlsListener>,
     /// `a2a.push`: push notifications and where webhooks may point.
     pub push: crate::push::PushPolicy,
-    /// The host answers conversation turns (a message that is not a command), so the card
-    /// lists the `conversation` skill. A host that would only reject them says `false`, and
-    /// the card promises nothing it does not do.
-    pub converses: bool,
+    /// What the host serves: the host-served command ops it answers (any other is refused
+    /// at once and is not on the card) and the card's skills. The default serves no op and
+    /// lists no skill.
+    pub host: crate::host::HostCapabilities,
 }
 
 impl InstanceConfig {
@@ -170,7 +168,7 @@ impl InstanceConfig {
             cors: crate::http::cors::CorsPolicy::default(),
             tls: HashMap::new(),
             push: crate::push::PushPolicy::default(),
-            converses: true,
+            host: crate::host::HostCapabilities::default(),
         }
     }
 }
@@ -220,14 +218,17 @@ pub enum Effect {
     /// A command that passed every check: run it and answer with
     /// [`Completion::CommandResult`] (a message op, or a refusal of any op) or
     /// [`Completion::CommandStarted`] (a task op whose task now exists as `task_id`).
+    ///
+    /// Only an op the host declared ([`InstanceConfig::host`]) or a workflow-declared
+    /// command it registered comes here; any other is refused before it is handed out.
     Command {
         call: CallId,
-        op: String,
-        /// The envelope without `op`, validated against the op's schema.
+        /// The op with its typed arguments.
+        op: crate::host::Op,
+        /// The envelope without `op`, validated against the op's schema, as sent: for the
+        /// audit trail (its target) and for logging.
         args: serde_json::Map<String, serde_json::Value>,
         reply: ReplyKind,
-        /// The workflow a workflow-declared command starts.
-        workflow: Option<String>,
         principal: Principal,
         /// The caller's session, if it called with a session token: the host's audit event
         /// of the command carries it.
@@ -890,6 +891,7 @@ impl Instance {
                 .listeners
                 .get(listener)
                 .is_some_and(|l| l.kind == ListenerKind::Tcp),
+            host_ops: self.config.host.ops,
         }
     }
 
@@ -1476,7 +1478,7 @@ pub(crate) fn build_card(config: &InstanceConfig, index: usize) -> AgentCard {
         .map(|e| AgentExtension {
             description: e.description().into(),
             params: Some(match e {
-                Ext::Command => crate::ext::command::public_params(),
+                Ext::Command => crate::ext::command::public_params(&config.host),
                 Ext::Events => serde_json::json!({
                     "method": crate::ext::registry::EVENTS_METHOD,
                     "schema": e.schema_url(),
@@ -1558,19 +1560,7 @@ pub(crate) fn build_card(config: &InstanceConfig, index: usize) -> AgentCard {
         name: config.name.clone(),
         security_requirements: security.as_ref().map(|(_, r)| r.clone()),
         security_schemes: security.map(|(s, _)| s),
-        skills: config
-            .converses
-            .then(|| AgentSkill {
-                description: "Converse with this agent: each message without a command is a \
-                              turn answered by the configured conversation agent."
-                    .into(),
-                examples: Vec::new(),
-                id: "conversation".into(),
-                name: "Conversation".into(),
-                tags: vec!["conversation".into()],
-            })
-            .into_iter()
-            .collect(),
+        skills: config.host.skills.clone(),
         supported_interfaces: vec![AgentInterface {
             protocol_binding: binding.into(),
             protocol_version: PROTOCOL_VERSION.into(),

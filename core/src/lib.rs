@@ -44,6 +44,7 @@ pub mod digest;
 pub mod errors;
 pub mod ext;
 pub mod feed;
+pub mod host;
 pub mod http;
 pub mod ids;
 pub mod instance;
@@ -60,6 +61,7 @@ pub mod tls;
 pub mod view;
 
 pub use conn::Connection;
+pub use host::{HostCapabilities, Op};
 pub use instance::{
     CallId, CommandAnswer, Completion, CompletionError, ConnLimits, Effect, Instance,
     InstanceConfig, ListenerInfo, ListenerKind, Record, Records, Reloadable,

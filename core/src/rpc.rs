@@ -955,6 +955,25 @@ fn run_command(
             serialize(&response)
         });
     }
+    // The host gets the op typed, its arguments as fields.
+    let op = match (checked.builtin, &checked.workflow) {
+        (Some(spec), _) => {
+            crate::host::Op::parse(spec.id, &checked.args, &command::envelope_path(&message))?
+        }
+        (None, Some(workflow)) => crate::host::Op::Declared {
+            op: checked.op.clone(),
+            workflow: workflow.clone(),
+            args: checked.args.clone(),
+        },
+        // `check` passes a built-in op or a declared command, nothing else.
+        (None, None) => {
+            return Err(RpcError::new(
+                ErrorKind::OpNotServed,
+                format!("command \"{}\" is not served by this instance", checked.op),
+            )
+            .with_meta("op", &checked.op))
+        }
+    };
     // Draining refuses new work only: starting a run or a subagent turn. Signals, cancels
     // and operator controls act on the work in flight, which a drain lets finish.
     let new_work = checked.builtin.is_none()
@@ -985,10 +1004,9 @@ fn run_command(
     let principal = ctx.principal.clone();
     let call = inst.start_call(call, |call| Effect::Command {
         call,
-        op: checked.op,
+        op,
         args: checked.args,
         reply: checked.reply,
-        workflow: checked.workflow,
         principal,
         sid: ctx.sid.map(str::to_owned),
         context_id: context.key,
@@ -1022,11 +1040,14 @@ fn extended_card(inst: &Instance, ctx: &CallContext<'_>) -> Result<Reply, RpcErr
     }
     let p = ctx.principal;
     let switches = inst.switches(ctx.listener);
-    let served = |spec: &ops::OpSpec| match spec.gate {
-        Gate::Always => true,
-        Gate::Introspection => switches.introspection,
-        Gate::DeviceGrant => switches.device_grant,
-        Gate::TcpListener => switches.tcp_listener,
+    let served = |spec: &ops::OpSpec| {
+        config.host.serves(spec.id)
+            && match spec.gate {
+                Gate::Always => true,
+                Gate::Introspection => switches.introspection,
+                Gate::DeviceGrant => switches.device_grant,
+                Gate::TcpListener => switches.tcp_listener,
+            }
     };
     let mut card = crate::instance::build_card(config, ctx.listener);
     let may = |spec: &ops::OpSpec| command::may_command(p, spec);
@@ -1058,7 +1079,7 @@ fn extended_card(inst: &Instance, ctx: &CallContext<'_>) -> Result<Reply, RpcErr
                 if !commands.is_empty() {
                     params.insert("commands".into(), serde_json::Value::Array(commands));
                 }
-                if ops::find("admin.set").is_some_and(&may) {
+                if ops::find("admin.set").is_some_and(|s| served(s) && may(s)) {
                     params.insert("settable".into(), serde_json::json!(ops::SETTABLE_PATHS));
                 }
             }

@@ -615,7 +615,7 @@ fn command_effect(h: &mut Harness) -> (u64, String, Option<String>, Value) {
             ..
         }] => (
             *call,
-            op.clone(),
+            op.name().to_owned(),
             task_id.clone(),
             Value::Object(args.clone()),
         ),
@@ -981,13 +981,12 @@ fn workflow_declared_commands() {
     .is_empty());
     match h.take_effects().as_slice() {
         [Effect::Command {
-            op,
-            workflow,
+            op: agentd_core::Op::Declared { op, workflow, .. },
             reply,
             ..
         }] => {
             assert_eq!(op, "review.change");
-            assert_eq!(workflow.as_deref(), Some("review"));
+            assert_eq!(workflow, "review");
             assert_eq!(*reply, agentd_core::ext::command::table::ReplyKind::Task);
         }
         other => panic!("{other:?}"),

@@ -36,10 +36,11 @@ use std::sync::OnceLock;
 use agentd_core::a2a::types::{Message, Part, Role as MsgRole, SendMessageConfiguration};
 use agentd_core::auth::{Principal, Role};
 use agentd_core::errors::ErrorKind;
-use agentd_core::ext::command::table::{self, Gate, OpSpec, REMOVED_OPS};
+use agentd_core::ext::command::table::{self, Gate, OpId, OpSpec, ServedBy, REMOVED_OPS};
 use agentd_core::ext::command::{check, may_command, Commands, DeclaredCommand, Switches};
 use agentd_core::ext::negotiate::ExtSet;
 use agentd_core::ext::{Ext, COMMAND_URI};
+use agentd_core::host::OpSet;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Map, Value};
 
@@ -328,6 +329,16 @@ fuzz_target!(|data: &[u8]| {
         introspection: data[0] & 0x08 != 0,
         device_grant: data[0] & 0x10 != 0,
         tcp_listener: data[0] & 0x20 != 0,
+        // A host that serves every op, or one that leaves some out (a listed op, an
+        // introspection op and a reserved report).
+        host_ops: if data[1] & 0x40 == 0 {
+            OpSet::host_ops()
+        } else {
+            OpSet::host_ops()
+                .without(OpId::WorkflowRun)
+                .without(OpId::RunGet)
+                .without(OpId::InstanceResult)
+        },
     };
     let activated = if data[0] & 0x40 != 0 {
         ExtSet::EMPTY.with(Ext::Command)
@@ -420,6 +431,7 @@ fuzz_target!(|data: &[u8]| {
                         | UnknownOp
                         | InvalidCommandArgs
                         | IntrospectionDisabled
+                        | OpNotServed
                         | PermissionDenied
                         | ContentTypeNotSupported
                 ),
@@ -481,6 +493,9 @@ fuzz_target!(|data: &[u8]| {
                     assert!(may_command(&who, spec), "{} may not run {op}", who.id);
                     if op.starts_with(table::RESERVED_PREFIX) {
                         assert!(who.is_operator());
+                    }
+                    if spec.served_by == ServedBy::Host {
+                        assert!(switches.host_ops.contains(spec.id), "{op} is not served");
                     }
                     match spec.gate {
                         Gate::Always => {}

@@ -241,6 +241,8 @@ fn identity(b: u8) -> (InstanceConfig, Peer) {
         }
     };
     let mut config = InstanceConfig::new(vec![listener]);
+    // The fuzzed host answers every op (a document, a started task or a refusal).
+    config.host.ops = agentd_core::host::OpSet::host_ops();
     config.auth = auth;
     config.introspection_enabled = b & 0x20 != 0;
     config.device_grant.enabled = b & 0x20 != 0;
@@ -332,7 +334,7 @@ impl Harness {
                     call,
                     reply,
                     task_id,
-                    op,
+                    op: op.name().to_owned(),
                 },
                 // A kind of work this host does not do: nothing to answer.
                 _ => continue,

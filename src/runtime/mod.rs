@@ -25,9 +25,58 @@ mod engine;
 
 pub use engine::{
     spawn, Approval, DrainHandle, Exit, Reload, ReloadHandle, RuntimeHandle, RuntimeLimits,
-    Settings, CONVERSATION_AGENT,
+    Settings, CONVERSATION_AGENT, SERVED_OPS,
 };
+
+/// What this runtime serves, as the core's instance configuration declares it: every op of
+/// [`SERVED_OPS`], and the `conversation` skill when a conversation agent answers turns
+/// (without one every turn is rejected, so the card offers no conversation).
+pub fn capabilities(converses: bool) -> agentd_core::HostCapabilities {
+    let conversation = agentd_core::a2a::card::AgentSkill {
+        description: "Converse with this agent: each message without a command is a turn \
+                      answered by the configured conversation agent."
+            .into(),
+        examples: Vec::new(),
+        id: "conversation".into(),
+        name: "Conversation".into(),
+        tags: vec!["conversation".into()],
+    };
+    agentd_core::HostCapabilities::new(
+        SERVED_OPS,
+        converses.then_some(conversation).into_iter().collect(),
+    )
+}
 
 /// The status message of a turn no agent can answer.
 pub const NO_AGENT: &str =
     "no conversation agent is configured on this agentd instance, so it cannot answer conversation turns";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentd_core::ext::command::table::{OpId, OPS};
+
+    #[test]
+    fn the_daemon_serves_every_listed_op_so_its_card_keeps_the_whole_vocabulary() {
+        let caps = capabilities(true);
+        let params = agentd_core::ext::command::public_params(&caps);
+        let ops: Vec<&str> = params["ops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["op"].as_str().unwrap())
+            .collect();
+        let listed: Vec<&str> = OPS.iter().filter(|s| s.listed).map(|s| s.op).collect();
+        assert_eq!(ops, listed);
+        // Every host op but the instance-tier reports, which this runtime does not serve.
+        let unserved: Vec<OpId> = agentd_core::host::OpSet::host_ops()
+            .iter()
+            .filter(|id| !caps.ops.contains(*id))
+            .collect();
+        assert_eq!(unserved, [OpId::InstanceResult, OpId::InstanceEmit]);
+        let skills: Vec<&str> = caps.skills.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(skills, ["conversation"]);
+        assert!(capabilities(false).skills.is_empty());
+        assert_eq!(capabilities(false).ops, caps.ops);
+    }
+}

@@ -7,9 +7,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Wake, Waker};
 
+use agentd_core::a2a::card::AgentSkill;
 use agentd_core::auth::{Peer, Principal};
+use agentd_core::host::OpSet;
 use agentd_core::ids::CounterEntropy;
-use agentd_core::{Connection, Effect, Instance, InstanceConfig, ListenerInfo, ListenerKind, Now};
+use agentd_core::{
+    Connection, Effect, HostCapabilities, Instance, InstanceConfig, ListenerInfo, ListenerKind, Now,
+};
 use serde_json::Value;
 
 pub const T0: u64 = 1_767_225_600_000;
@@ -21,6 +25,21 @@ pub struct WakeCount(pub AtomicUsize);
 impl Wake for WakeCount {
     fn wake(self: Arc<Self>) {
         self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// What the harness's host serves unless a test says otherwise: every host-served op of the
+/// table, and the conversation skill (the test host answers turns).
+pub fn every_op_and_conversation() -> HostCapabilities {
+    HostCapabilities {
+        ops: OpSet::host_ops(),
+        skills: vec![AgentSkill {
+            description: "Converse with this agent.".into(),
+            examples: Vec::new(),
+            id: "conversation".into(),
+            name: "Conversation".into(),
+            tags: vec!["conversation".into()],
+        }],
     }
 }
 
@@ -49,6 +68,7 @@ impl Harness {
                 loopback: false,
             },
         ]);
+        config.host = every_op_and_conversation();
         tweak(&mut config);
         let now = Now::new(1_000, T0);
         Harness {

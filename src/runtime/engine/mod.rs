@@ -31,6 +31,8 @@ mod agents;
 mod commands;
 mod runs;
 
+pub use commands::SERVED_OPS;
+
 /// Finished runs kept for `workflow.status` and `run.get`; older ones are forgotten (and
 /// their departure is a `run.removed` event).
 const FINISHED_RUNS_KEPT: usize = 1000;
@@ -774,7 +776,6 @@ impl Runtime {
                 call,
                 op,
                 args,
-                workflow,
                 principal,
                 sid,
                 context_id,
@@ -782,22 +783,22 @@ impl Runtime {
                 task_id,
                 ..
             } => {
+                let name = op.name().to_owned();
                 let answer = self.command(
                     inst,
                     Call {
                         id: call,
-                        op: &op,
-                        args: &args,
+                        op: &name,
                         principal: &principal,
                         context_id: &context_id,
                         context_name: &context_name,
                         task_id: task_id.as_deref(),
-                        workflow: workflow.as_deref(),
                     },
+                    op,
                     now,
                 );
                 let who = (&principal, sid.as_deref());
-                self.audit(inst, who, &op, &args, answer.as_ref().err(), now);
+                self.audit(inst, who, &name, &args, answer.as_ref().err(), now);
                 if let Err(err) = answer {
                     complete(
                         inst,
@@ -817,18 +818,17 @@ impl Runtime {
     }
 }
 
-/// One command call, as the runtime reads it.
+/// One command call, as the runtime reads it; its typed op comes beside it.
 struct Call<'a> {
     id: CallId,
+    /// The op's name, for refusals and the run it starts.
     op: &'a str,
-    args: &'a Map<String, Value>,
     principal: &'a Principal,
     /// The conversation's internal key.
     context_id: &'a str,
     /// The caller's own name for it.
     context_name: &'a str,
     task_id: Option<&'a str>,
-    workflow: Option<&'a str>,
 }
 
 fn complete(inst: &mut Inst<'_>, c: Completion, now: Now) {
@@ -926,10 +926,6 @@ fn push(inst: &mut Inst<'_>, kind: &'static str, data: Value, owner: Option<Stri
     if let Err(e) = inst.push_event(FeedEvent::Other { kind, data, owner }, now) {
         tracing::warn!(error = ?e, kind, "feed event refused");
     }
-}
-
-fn str_arg<'a>(args: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
-    args.get(key).and_then(Value::as_str)
 }
 
 fn parse_bool(v: &Value) -> Option<bool> {

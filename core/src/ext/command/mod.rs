@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use serde_json::{json, Map, Value};
 
-use self::table::{Floor, Gate, OpSpec, ReplyKind, REMOVED_OPS, RESERVED_PREFIX};
+use self::table::{Floor, Gate, OpSpec, ReplyKind, ServedBy, REMOVED_OPS, RESERVED_PREFIX};
 use super::negotiate::ExtSet;
 use super::registry::{Ext, COMMAND_URI};
 use crate::a2a::types::{Message, PartContent, SendMessageConfiguration};
@@ -106,6 +106,8 @@ pub struct Switches {
     pub introspection: bool,
     pub device_grant: bool,
     pub tcp_listener: bool,
+    /// The host-served ops the host declares ([`crate::host::HostCapabilities::ops`]).
+    pub host_ops: crate::host::OpSet,
 }
 
 /// A command that passed every check.
@@ -234,6 +236,11 @@ pub fn check(
         if !may_command(principal, spec) {
             return Err(permission_denied(&op, principal));
         }
+        // An op the host does not serve is refused now, as a closed switch is: it would
+        // otherwise wait for an answer that never comes.
+        if spec.served_by == ServedBy::Host && !switches.host_ops.contains(spec.id) {
+            return Err(not_served(spec, &at));
+        }
         match spec.gate {
             Gate::Always => {}
             Gate::Introspection if switches.introspection => {}
@@ -305,6 +312,25 @@ fn unknown_op(op: &str, at: &str) -> RpcError {
     refusal(
         ErrorKind::UnknownOp,
         format!("unknown command \"{op}\"{hint}"),
+        &format!("{at}.op"),
+    )
+    .with_meta("op", op)
+}
+
+/// A built-in op this instance's host does not serve: `UNKNOWN_OP` for an op the card would
+/// list (no op of that name is served here), `OP_NOT_SERVED` for a reserved report.
+fn not_served(spec: &OpSpec, at: &str) -> RpcError {
+    let op = spec.op;
+    if !spec.listed {
+        return RpcError::new(
+            ErrorKind::OpNotServed,
+            format!("command \"{op}\" is not served by this instance"),
+        )
+        .with_meta("op", op);
+    }
+    refusal(
+        ErrorKind::UnknownOp,
+        format!("unknown command \"{op}\": this instance does not serve it"),
         &format!("{at}.op"),
     )
     .with_meta("op", op)
@@ -426,11 +452,12 @@ fn is_json(media: &str) -> bool {
         .eq_ignore_ascii_case("application/json")
 }
 
-/// The public card's command params: the static vocabulary, identical on every instance.
-pub fn public_params() -> Value {
+/// The public card's command params: the vocabulary this instance serves (the ops the core
+/// answers and those its host declares), whatever its switches say.
+pub fn public_params(host: &crate::host::HostCapabilities) -> Value {
     let ops: Vec<Value> = table::OPS
         .iter()
-        .filter(|s| s.listed)
+        .filter(|s| s.listed && host.serves(s.id))
         .map(|s| json!({"op": s.op, "reply": s.reply.as_str()}))
         .collect();
     json!({

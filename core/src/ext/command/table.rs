@@ -48,10 +48,125 @@ pub enum Gate {
     TcpListener,
 }
 
+/// Who answers an op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServedBy {
+    /// The core itself, from what it holds (`status`, `config`, the sign-in ops): served on
+    /// every instance.
+    Core,
+    /// The host, as a typed [`crate::host::Op`] in an [`crate::Effect::Command`]: served only
+    /// when the host declares it ([`crate::host::HostCapabilities::ops`]).
+    Host,
+}
+
+/// An op of the table, by identity. [`OPS`] holds one row per variant, in this order (the
+/// card's order), so a row is found without searching and the typed op a host receives
+/// ([`crate::host::Op`]) names its row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OpId {
+    Status,
+    Config,
+    WorkflowRun,
+    WorkflowStatus,
+    WorkflowCancel,
+    WorkflowSignal,
+    SubagentSend,
+    SubagentKill,
+    SubagentStatus,
+    PlanGet,
+    ConversationGet,
+    RunGet,
+    SubagentGet,
+    DebugEvents,
+    AdminDrain,
+    AdminPause,
+    AdminResume,
+    AdminCancel,
+    AdminSet,
+    AuthDevicePending,
+    AuthDeviceApprove,
+    AuthDeviceDeny,
+    AuthSessions,
+    AuthSessionsRevoke,
+    InstanceResult,
+    InstanceEmit,
+}
+
+impl OpId {
+    /// How many ops the table has.
+    pub const COUNT: usize = 26;
+
+    /// Every op, in table order.
+    pub const ALL: [OpId; OpId::COUNT] = [
+        OpId::Status,
+        OpId::Config,
+        OpId::WorkflowRun,
+        OpId::WorkflowStatus,
+        OpId::WorkflowCancel,
+        OpId::WorkflowSignal,
+        OpId::SubagentSend,
+        OpId::SubagentKill,
+        OpId::SubagentStatus,
+        OpId::PlanGet,
+        OpId::ConversationGet,
+        OpId::RunGet,
+        OpId::SubagentGet,
+        OpId::DebugEvents,
+        OpId::AdminDrain,
+        OpId::AdminPause,
+        OpId::AdminResume,
+        OpId::AdminCancel,
+        OpId::AdminSet,
+        OpId::AuthDevicePending,
+        OpId::AuthDeviceApprove,
+        OpId::AuthDeviceDeny,
+        OpId::AuthSessions,
+        OpId::AuthSessionsRevoke,
+        OpId::InstanceResult,
+        OpId::InstanceEmit,
+    ];
+
+    /// The op's row of the table.
+    pub fn spec(self) -> &'static OpSpec {
+        // `OPS` has one row per variant in variant order (a compile-time check below).
+        &OPS[self as usize]
+    }
+
+    /// The op's name on the wire (`"workflow.run"`).
+    pub fn name(self) -> &'static str {
+        self.spec().op
+    }
+
+    /// The op of this name, if the table has it.
+    pub fn from_name(name: &str) -> Option<OpId> {
+        find(name).map(|s| s.id)
+    }
+
+    /// Whether the host answers it (else the core does).
+    pub fn host_served(self) -> bool {
+        self.spec().served_by == ServedBy::Host
+    }
+}
+
+// The table has a row per [`OpId`], each at the index of its variant.
+const _: () = {
+    assert!(OPS.len() == OpId::COUNT);
+    let mut i = 0;
+    while i < OpId::COUNT {
+        assert!(OPS[i].id as usize == i);
+        assert!(OpId::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
 /// One op.
 #[derive(Clone, Copy, Debug)]
 pub struct OpSpec {
+    /// Its identity; `OPS[id as usize]` is this row.
+    pub id: OpId,
     pub op: &'static str,
+    /// Whether the core or the host answers it.
+    pub served_by: ServedBy,
     pub reply: ReplyKind,
     pub floor: Floor,
     /// Roles that may call a `Granted` op without a grant.
@@ -325,7 +440,9 @@ fn scope() -> Value {
 /// The op table, in the order the card lists it.
 pub static OPS: &[OpSpec] = &[
     OpSpec {
+        id: OpId::Status,
         op: "status",
+        served_by: ServedBy::Core,
         reply: ReplyKind::Message,
         floor: Floor::AnyNamed,
         defaults: NONE,
@@ -363,7 +480,9 @@ pub static OPS: &[OpSpec] = &[
         },
     },
     OpSpec {
+        id: OpId::Config,
         op: "config",
+        served_by: ServedBy::Core,
         reply: ReplyKind::Message,
         floor: Floor::Operator,
         defaults: NONE,
@@ -374,7 +493,9 @@ pub static OPS: &[OpSpec] = &[
         result: || closed(json!({"config": object()}), &["config"]),
     },
     OpSpec {
+        id: OpId::WorkflowRun,
         op: "workflow.run",
+        served_by: ServedBy::Host,
         reply: ReplyKind::Task,
         floor: Floor::Granted,
         defaults: USER_AGENT,
@@ -390,7 +511,9 @@ pub static OPS: &[OpSpec] = &[
         result: any,
     },
     OpSpec {
+        id: OpId::WorkflowStatus,
         op: "workflow.status",
+        served_by: ServedBy::Host,
         reply: ReplyKind::Message,
         floor: Floor::Granted,
         defaults: USER_AGENT,
@@ -413,7 +536,9 @@ pub static OPS: &[OpSpec] = &[
         },
     },
     OpSpec {
+        id: OpId::WorkflowCancel,
         op: "workflow.cancel",
+        served_by: ServedBy::Host,
         reply: ReplyKind::Task,
         floor: Floor::Granted,
         defaults: USER,
@@ -424,7 +549,9 @@ pub static OPS: &[OpSpec] = &[
         result: || json!(false),
     },
     OpSpec {
+        id: OpId::WorkflowSignal,
         op: "workflow.signal",
+        served_by: ServedBy::Host,
         reply: ReplyKind::Task,
         floor: Floor::Granted,
         defaults: NONE,
@@ -445,7 +572,9 @@ pub static OPS: &[OpSpec] = &[
         },
     },
     OpSpec {
+        id: OpId::SubagentSend,
         op: "subagent.send",
+        served_by: ServedBy::Host,
         reply: ReplyKind::Task,
         floor: Floor::Granted,
         defaults: USER,
@@ -456,7 +585,9 @@ pub static OPS: &[OpSpec] = &[
         result: subagent_ack,
     },
     OpSpec {
+        id: OpId::SubagentKill,
         op: "subagent.kill",
+        served_by: ServedBy::Host,
         reply: ReplyKind::Task,
         floor: Floor::Granted,
         defaults: NONE,
@@ -467,7 +598,9 @@ pub static OPS: &[OpSpec] = &[
         result: subagent_ack,
     },
     OpSpec {
+        id: OpId::SubagentStatus,
         op: "subagent.status",
+        served_by: ServedBy::Host,
         reply: ReplyKind::Message,
         floor: Floor::Granted,
         defaults: USER,
@@ -491,7 +624,9 @@ pub static OPS: &[OpSpec] = &[
         },
     },
     OpSpec {
+        id: OpId::PlanGet,
         op: "plan.get",
+        served_by: ServedBy::Host,
         reply: ReplyKind::Message,
         floor: Floor::Granted,
         defaults: USER,
@@ -511,7 +646,9 @@ pub static OPS: &[OpSpec] = &[
         },
     },
     OpSpec {
+        id: OpId::ConversationGet,
         op: "conversation.get",
+        served_by: ServedBy::Host,
         reply: ReplyKind::Message,
         floor: Floor::Granted,
         defaults: USER,
@@ -543,7 +680,9 @@ pub static OPS: &[OpSpec] = &[
         },
     },
     OpSpec {
+        id: OpId::RunGet,
         op: "run.get",
+        served_by: ServedBy::Host,
         reply: ReplyKind::Message,
         floor: Floor::Granted,
         defaults: USER,
@@ -554,7 +693,9 @@ pub static OPS: &[OpSpec] = &[
         result: || closed(json!({"run": run_detail()}), &["run"]),
     },
     OpSpec {
+        id: OpId::SubagentGet,
         op: "subagent.get",
+        served_by: ServedBy::Host,
         reply: ReplyKind::Message,
         floor: Floor::Granted,
         defaults: USER,
@@ -585,7 +726,9 @@ pub static OPS: &[OpSpec] = &[
         },
     },
     OpSpec {
+        id: OpId::DebugEvents,
         op: "debug.events",
+        served_by: ServedBy::Host,
         reply: ReplyKind::Message,
         floor: Floor::Operator,
         defaults: NONE,
@@ -611,7 +754,9 @@ pub static OPS: &[OpSpec] = &[
         },
     },
     OpSpec {
+        id: OpId::AdminDrain,
         op: "admin.drain",
+        served_by: ServedBy::Host,
         reply: ReplyKind::Task,
         floor: Floor::Operator,
         defaults: NONE,
@@ -627,7 +772,9 @@ pub static OPS: &[OpSpec] = &[
         },
     },
     OpSpec {
+        id: OpId::AdminPause,
         op: "admin.pause",
+        served_by: ServedBy::Host,
         reply: ReplyKind::Task,
         floor: Floor::Operator,
         defaults: NONE,
@@ -646,7 +793,9 @@ pub static OPS: &[OpSpec] = &[
         },
     },
     OpSpec {
+        id: OpId::AdminResume,
         op: "admin.resume",
+        served_by: ServedBy::Host,
         reply: ReplyKind::Task,
         floor: Floor::Operator,
         defaults: NONE,
@@ -662,7 +811,9 @@ pub static OPS: &[OpSpec] = &[
         },
     },
     OpSpec {
+        id: OpId::AdminCancel,
         op: "admin.cancel",
+        served_by: ServedBy::Host,
         reply: ReplyKind::Task,
         floor: Floor::Operator,
         defaults: NONE,
@@ -675,7 +826,9 @@ pub static OPS: &[OpSpec] = &[
         },
     },
     OpSpec {
+        id: OpId::AdminSet,
         op: "admin.set",
+        served_by: ServedBy::Host,
         reply: ReplyKind::Task,
         floor: Floor::Operator,
         defaults: NONE,
@@ -696,7 +849,9 @@ pub static OPS: &[OpSpec] = &[
         },
     },
     OpSpec {
+        id: OpId::AuthDevicePending,
         op: "auth.device.pending",
+        served_by: ServedBy::Core,
         reply: ReplyKind::Message,
         floor: Floor::Operator,
         defaults: NONE,
@@ -720,7 +875,9 @@ pub static OPS: &[OpSpec] = &[
         },
     },
     OpSpec {
+        id: OpId::AuthDeviceApprove,
         op: "auth.device.approve",
+        served_by: ServedBy::Core,
         reply: ReplyKind::Task,
         floor: Floor::Operator,
         defaults: NONE,
@@ -758,7 +915,9 @@ pub static OPS: &[OpSpec] = &[
         },
     },
     OpSpec {
+        id: OpId::AuthDeviceDeny,
         op: "auth.device.deny",
+        served_by: ServedBy::Core,
         reply: ReplyKind::Task,
         floor: Floor::Operator,
         defaults: NONE,
@@ -776,7 +935,9 @@ pub static OPS: &[OpSpec] = &[
         result: || closed(json!({"denied": count()}), &["denied"]),
     },
     OpSpec {
+        id: OpId::AuthSessions,
         op: "auth.sessions",
+        served_by: ServedBy::Core,
         reply: ReplyKind::Message,
         floor: Floor::Operator,
         defaults: NONE,
@@ -806,7 +967,9 @@ pub static OPS: &[OpSpec] = &[
         },
     },
     OpSpec {
+        id: OpId::AuthSessionsRevoke,
         op: "auth.sessions.revoke",
+        served_by: ServedBy::Core,
         reply: ReplyKind::Task,
         floor: Floor::Operator,
         defaults: NONE,
@@ -823,7 +986,9 @@ pub static OPS: &[OpSpec] = &[
         result: || closed(json!({"revoked": count()}), &["revoked"]),
     },
     OpSpec {
+        id: OpId::InstanceResult,
         op: "_instance.result",
+        served_by: ServedBy::Host,
         reply: ReplyKind::Task,
         floor: Floor::Operator,
         defaults: NONE,
@@ -839,7 +1004,9 @@ pub static OPS: &[OpSpec] = &[
         result: || json!(false),
     },
     OpSpec {
+        id: OpId::InstanceEmit,
         op: "_instance.emit",
+        served_by: ServedBy::Host,
         reply: ReplyKind::Task,
         floor: Floor::Operator,
         defaults: NONE,
