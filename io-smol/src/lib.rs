@@ -20,7 +20,9 @@ use agentd_io_common::os::{
     answer_busy, out_of_descriptors, start_connection_bound, transient_accept_error,
     unix_peer_allowed, AcceptBackoff, BoundListener, Clock, LogThrottle, SpareFd, BUSY_RESPONSE,
 };
-use agentd_io_common::{log_accept_failed, log_refused, log_requests, request_log_keep};
+use agentd_io_common::{
+    log_accept_failed, log_refused, log_requests, request_log_keep, ConnLoop, Next,
+};
 use async_io::{Async, Timer};
 use futures_lite::{future, AsyncWrite, AsyncWriteExt};
 
@@ -165,6 +167,16 @@ impl Ctx {
     /// `AGENTD_LOCK_STATS` asks for it ([`agentd_io_common::lockstat`]).
     fn lock(&self) -> TimedGuard<'_, Instance> {
         lockstat::lock(&self.instance)
+    }
+
+    /// Sleeps until the monotonic millisecond `deadline`; without one, forever.
+    async fn sleep_until(&self, deadline: Option<u64>) {
+        match deadline.map(|d| self.clock.instant_at(d)) {
+            Some(at) => {
+                Timer::at(at).await;
+            }
+            None => future::pending::<()>().await,
+        }
     }
 
     /// Takes a connection slot, or answers 503 when none is free.
@@ -326,109 +338,91 @@ impl Ctx {
         }
         let read_buffer = self.options.read_buffer;
         let write_timeout = Duration::from_millis(limits.write_timeout_ms.max(1));
-        // Whether the loop's top polls the core (under the lock): always, but after input
-        // that needed none (a TLS handshake flight) or that was just answered.
-        let mut needs_poll = true;
+        let mut lp = ConnLoop::new();
         'conn: loop {
-            if std::mem::replace(&mut needs_poll, true) {
-                conn.poll(&mut self.lock(), self.clock.now());
-            }
-            log_requests(&mut conn);
-            let wrote = !conn.pending_output().is_empty();
-            while !conn.pending_output().is_empty() {
-                let written = future::or(
-                    async { Some(stream.write(conn.pending_output()).await) },
-                    async {
-                        Timer::after(write_timeout).await;
+            match lp.next(&conn) {
+                Next::Close => break,
+                Next::Poll => {
+                    conn.poll(&mut self.lock(), self.clock.now());
+                    log_requests(&mut conn);
+                }
+                Next::Write => {
+                    while !conn.pending_output().is_empty() {
+                        let written = future::or(
+                            async { Some(stream.write(conn.pending_output()).await) },
+                            async {
+                                Timer::after(write_timeout).await;
+                                None
+                            },
+                        )
+                        .await;
+                        match written {
+                            Some(Ok(n)) if n > 0 => conn.consume_output(n, self.clock.now()),
+                            // Gone, or not reading for the whole write timeout.
+                            _ => break 'conn,
+                        }
+                    }
+                    lp.written();
+                }
+                Next::Read { deadline } => {
+                    // Wait for bytes without holding a buffer: 10,000 idle connections cost
+                    // no read buffers. Once readable, read into this thread's buffer and hand
+                    // the bytes to the core before the next await, so the buffer is never
+                    // shared across a suspension.
+                    let ready = future::or(async { Some(stream.ready_to_read().await) }, async {
+                        self.sleep_until(deadline).await;
                         None
-                    },
-                )
-                .await;
-                match written {
-                    Some(Ok(n)) if n > 0 => conn.consume_output(n, self.clock.now()),
-                    // Gone, or not reading for the whole write timeout.
-                    _ => break 'conn,
-                }
-            }
-            if wrote && !conn.is_finished() {
-                // Writing may have made room for more (a long replay): poll again first.
-                continue;
-            }
-            if conn.is_finished() {
-                break;
-            }
-            let deadline = conn.poll_timeout().map(|d| self.clock.instant_at(d));
-            let timer = async {
-                match deadline {
-                    Some(at) => {
-                        Timer::at(at).await;
-                    }
-                    None => future::pending::<()>().await,
-                }
-            };
-            if conn.wants_read() {
-                // Wait for bytes without holding a buffer: 10,000 idle connections cost no
-                // read buffers. Once readable, read into this thread's buffer and hand the
-                // bytes to the core before the next await, so the buffer is never shared
-                // across a suspension.
-                let ready = future::or(async { Some(stream.ready_to_read().await) }, async {
-                    timer.await;
-                    None
-                })
-                .await;
-                let now = self.clock.now();
-                match ready {
-                    None => {
-                        conn.handle_timeout(&mut self.lock(), now);
-                        log_requests(&mut conn);
-                    }
-                    Some(Err(_)) => break,
-                    Some(Ok(())) => {
-                        let read = READ_BUFFER.with(|cell| {
-                            let mut buf = cell.borrow_mut();
-                            if buf.len() < read_buffer {
-                                buf.resize(read_buffer, 0);
-                            }
-                            match stream.try_read(&mut buf[..read_buffer]) {
-                                Ok(0) => Ok(false),
-                                Ok(n) => {
-                                    // TLS runs here, outside the lock; only what it
-                                    // decrypted is answered under it.
-                                    if conn.receive(&buf[..n], now) {
-                                        conn.poll(&mut self.lock(), now);
-                                    }
-                                    Ok(true)
+                    })
+                    .await;
+                    let now = self.clock.now();
+                    match ready {
+                        None => {
+                            conn.handle_timeout(&mut self.lock(), now);
+                            log_requests(&mut conn);
+                        }
+                        Some(Err(_)) => break,
+                        Some(Ok(())) => {
+                            let read = READ_BUFFER.with(|cell| {
+                                let mut buf = cell.borrow_mut();
+                                if buf.len() < read_buffer {
+                                    buf.resize(read_buffer, 0);
                                 }
-                                Err(e) => Err(e),
+                                match stream.try_read(&mut buf[..read_buffer]) {
+                                    Ok(0) => Ok(false),
+                                    Ok(n) => {
+                                        // TLS runs here, outside the lock.
+                                        lp.received(&mut conn, &buf[..n], now);
+                                        Ok(true)
+                                    }
+                                    Err(e) => Err(e),
+                                }
+                            });
+                            match read {
+                                Ok(true) => {}
+                                Ok(false) => {
+                                    conn.handle_eof(&mut self.lock(), now);
+                                    log_requests(&mut conn);
+                                }
+                                Err(e)
+                                    if matches!(
+                                        e.kind(),
+                                        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                                    ) => {}
+                                Err(_) => break,
                             }
-                        });
-                        match read {
-                            Ok(true) => {
-                                needs_poll = false;
-                                log_requests(&mut conn);
-                            }
-                            Ok(false) => {
-                                conn.handle_eof(&mut self.lock(), now);
-                                log_requests(&mut conn);
-                            }
-                            Err(e)
-                                if matches!(
-                                    e.kind(),
-                                    io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
-                                ) => {}
-                            Err(_) => break,
                         }
                     }
                 }
-            } else {
-                let woken = future::or(async { wake_rx.recv().await.is_ok() }, async {
-                    timer.await;
-                    false
-                })
-                .await;
-                if !woken {
-                    conn.handle_timeout(&mut self.lock(), self.clock.now());
-                    log_requests(&mut conn);
+                Next::Wait { deadline } => {
+                    let woken = future::or(async { wake_rx.recv().await.is_ok() }, async {
+                        self.sleep_until(deadline).await;
+                        false
+                    })
+                    .await;
+                    if !woken {
+                        conn.handle_timeout(&mut self.lock(), self.clock.now());
+                        log_requests(&mut conn);
+                    }
                 }
             }
         }

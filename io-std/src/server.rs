@@ -17,7 +17,9 @@ use agentd_io_common::os::{
     answer_busy, out_of_descriptors, start_connection_bound, transient_accept_error,
     unix_peer_allowed, AcceptBackoff, BoundListener, Clock, LogThrottle, SpareFd,
 };
-use agentd_io_common::{log_accept_failed, log_refused, log_requests, request_log_keep};
+use agentd_io_common::{
+    log_accept_failed, log_refused, log_requests, request_log_keep, ConnLoop, Next,
+};
 
 /// How the driver runs.
 #[derive(Clone, Copy, Debug)]
@@ -316,65 +318,56 @@ impl AcceptContext {
             conn.set_source(ip);
         }
         let mut buf = vec![0u8; self.options.read_buffer];
-        // Whether the loop's top polls the core (under the lock): always, but after input
-        // that needed none (a TLS handshake flight) or that was just answered.
-        let mut needs_poll = true;
+        let mut lp = ConnLoop::new();
         loop {
-            if std::mem::replace(&mut needs_poll, true) {
-                let now = self.clock.now();
-                conn.poll(&mut self.lock(), now);
-            }
-            log_requests(&mut conn);
-            if !conn.pending_output().is_empty() {
-                if !flush(&mut stream, &mut conn, &self.clock) {
-                    break;
-                }
-                // Writing may have made room for more (a long replay): poll again first.
-                continue;
-            }
-            if conn.is_finished() {
-                break;
-            }
-            let now = self.clock.now();
-            let deadline = conn.poll_timeout();
-            if conn.wants_read() {
-                let wait = deadline.map(|d| self.clock.until(now, d).max(Duration::from_millis(1)));
-                let _ = stream.set_read_timeout(wait);
-                match stream.read(&mut buf) {
-                    Ok(0) => conn.handle_eof(&mut self.lock(), self.clock.now()),
-                    Ok(n) => {
-                        // TLS runs here, outside the lock; only what it decrypted is
-                        // answered under it.
-                        let now = self.clock.now();
-                        if conn.receive(&buf[..n], now) {
-                            conn.poll(&mut self.lock(), now);
-                        }
-                        needs_poll = false;
-                    }
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                        ) =>
-                    {
-                        conn.handle_timeout(&mut self.lock(), self.clock.now())
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(_) => break,
-                }
-                log_requests(&mut conn);
-            } else {
-                if !notify.woken.swap(false, Ordering::SeqCst) {
-                    match deadline {
-                        Some(d) => thread::park_timeout(self.clock.until(now, d)),
-                        None => thread::park(),
-                    }
-                    notify.woken.store(false, Ordering::SeqCst);
-                }
-                let now = self.clock.now();
-                if deadline.is_some_and(|d| now.mono_ms >= d) {
-                    conn.handle_timeout(&mut self.lock(), now);
+            match lp.next(&conn) {
+                Next::Close => break,
+                Next::Poll => {
+                    conn.poll(&mut self.lock(), self.clock.now());
                     log_requests(&mut conn);
+                }
+                Next::Write => {
+                    if !flush(&mut stream, &mut conn, &self.clock) {
+                        break;
+                    }
+                    lp.written();
+                }
+                Next::Read { deadline } => {
+                    let now = self.clock.now();
+                    let wait =
+                        deadline.map(|d| self.clock.until(now, d).max(Duration::from_millis(1)));
+                    let _ = stream.set_read_timeout(wait);
+                    match stream.read(&mut buf) {
+                        Ok(0) => conn.handle_eof(&mut self.lock(), self.clock.now()),
+                        // TLS runs here, outside the lock.
+                        Ok(n) => lp.received(&mut conn, &buf[..n], self.clock.now()),
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                            ) =>
+                        {
+                            conn.handle_timeout(&mut self.lock(), self.clock.now())
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(_) => break,
+                    }
+                    log_requests(&mut conn);
+                }
+                Next::Wait { deadline } => {
+                    let now = self.clock.now();
+                    if !notify.woken.swap(false, Ordering::SeqCst) {
+                        match deadline {
+                            Some(d) => thread::park_timeout(self.clock.until(now, d)),
+                            None => thread::park(),
+                        }
+                        notify.woken.store(false, Ordering::SeqCst);
+                    }
+                    let now = self.clock.now();
+                    if deadline.is_some_and(|d| now.mono_ms >= d) {
+                        conn.handle_timeout(&mut self.lock(), now);
+                        log_requests(&mut conn);
+                    }
                 }
             }
         }
