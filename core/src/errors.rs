@@ -362,6 +362,56 @@ impl std::fmt::Display for RpcError {
 
 impl std::error::Error for RpcError {}
 
+/// Declares a public error type that carries why, in words a log line or a refusal can
+/// quote: what the core's parsers and checks return instead of a bare `String`.
+macro_rules! reason_error {
+    ($($(#[$m:meta])* $name:ident;)*) => {$(
+        $(#[$m])*
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub struct $name(pub String);
+
+        impl core::fmt::Display for $name {
+            fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl std::error::Error for $name {}
+
+        impl From<String> for $name {
+            fn from(why: String) -> Self {
+                $name(why)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(why: &str) -> Self {
+                $name(why.to_owned())
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(e: $name) -> String {
+                e.0
+            }
+        }
+    )*};
+}
+
+reason_error! {
+    /// A durable record the core cannot take back (a task, a push config, a session):
+    /// malformed, of an unknown version or kind.
+    RecordError;
+    /// A webhook URL or address refused: not https, a host delivery would not reach, an
+    /// address the push policy forbids.
+    WebhookError;
+    /// A configuration value refused when the instance is built: a CORS origin, a rate,
+    /// a TLS certificate or key.
+    ConfigError;
+    /// A `Last-Event-ID` that names no event of the task's stream.
+    EventIdError;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

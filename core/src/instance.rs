@@ -4,6 +4,7 @@
 //! ([`Instance::handle_completion`]). An integrator embeds agentd by implementing those two
 //! in their own event loop.
 
+use crate::errors::RecordError;
 use std::collections::{HashMap, VecDeque};
 use std::task::Waker;
 
@@ -719,12 +720,12 @@ impl Instance {
         key: &str,
         body: serde_json::Value,
         now: Now,
-    ) -> Result<(), String> {
+    ) -> Result<(), RecordError> {
         match kind {
             crate::tasks::TASK_KIND => {
                 let rec = crate::tasks::TaskRecord::from_doc(body)?;
                 if rec.id != key {
-                    return Err(format!("task record {key} holds task {}", rec.id));
+                    return Err(format!("task record {key} holds task {}", rec.id).into());
                 }
                 self.tasks.restore(rec);
                 Ok(())
@@ -733,7 +734,7 @@ impl Instance {
                 self.sessions.restore(kind, key, body, now.epoch_ms)
             }
             crate::push::PUSH_KIND => self.push_configs.restore(key, body),
-            other => Err(format!("unknown record kind {other:?}")),
+            other => Err(format!("unknown record kind {other:?}").into()),
         }
     }
 

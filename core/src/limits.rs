@@ -2,6 +2,7 @@
 //! Both are token buckets on the driver's monotonic clock (the core reads none), kept in maps
 //! bounded by least-recently-seen eviction, so no caller can grow them without bound.
 
+use crate::errors::ConfigError;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::net::IpAddr;
@@ -21,7 +22,7 @@ pub const MAX_PER_S: u32 = 86_400;
 impl Rate {
     /// Parses `"<burst>/<per>s"`, e.g. `"20/60s"`: both whole numbers greater than 0, the
     /// burst at most [`MAX_BURST`], the period at most [`MAX_PER_S`] seconds.
-    pub fn parse(text: &str) -> Result<Rate, String> {
+    pub fn parse(text: &str) -> Result<Rate, ConfigError> {
         let shape = || format!("{text:?} is not \"<burst>/<per>s\" (for example \"20/60s\")");
         let (burst, per) = text.split_once('/').ok_or_else(shape)?;
         let per = per.strip_suffix('s').ok_or_else(shape)?;
@@ -36,12 +37,10 @@ impl Rate {
             number(per).ok_or_else(shape)?,
         );
         if burst == 0 || burst > MAX_BURST {
-            return Err(format!("{text:?}: the burst must be 1 to {MAX_BURST}"));
+            return Err(format!("{text:?}: the burst must be 1 to {MAX_BURST}").into());
         }
         if per_s == 0 || per_s > MAX_PER_S {
-            return Err(format!(
-                "{text:?}: the period must be 1 to {MAX_PER_S} seconds"
-            ));
+            return Err(format!("{text:?}: the period must be 1 to {MAX_PER_S} seconds").into());
         }
         Ok(Rate { burst, per_s })
     }

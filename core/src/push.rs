@@ -6,6 +6,7 @@
 //! A host name is resolved by the host at delivery, which repeats the address check on
 //! what it resolved and connects only to an address that passed it.
 
+use crate::errors::{RecordError, WebhookError};
 use std::collections::HashMap;
 use std::net::IpAddr;
 
@@ -114,9 +115,9 @@ impl WebhookUrl {
 
 /// Takes a webhook URL apart and normalizes its host ([`parse_host`]), without the policy:
 /// `https://` or `http://`, no user info or fragment, a port of digits.
-pub fn parse_url(url: &str) -> Result<WebhookUrl, String> {
+pub fn parse_url(url: &str) -> Result<WebhookUrl, WebhookError> {
     if url.len() > MAX_FIELD_BYTES {
-        return Err(format!("longer than {MAX_FIELD_BYTES} bytes"));
+        return Err(format!("longer than {MAX_FIELD_BYTES} bytes").into());
     }
     if url.bytes().any(|b| b.is_ascii_control() || b == b' ') {
         return Err("control characters or spaces".into());
@@ -157,7 +158,7 @@ pub fn parse_url(url: &str) -> Result<WebhookUrl, String> {
 /// Checks a webhook URL: `https://`, or `http://` to a loopback address; no user info or
 /// fragment; a host that is (or normalizes to) a private, loopback or link-local address
 /// only when `policy` allows private targets.
-pub fn check_url(url: &str, policy: PushPolicy) -> Result<WebhookUrl, String> {
+pub fn check_url(url: &str, policy: PushPolicy) -> Result<WebhookUrl, WebhookError> {
     let u = parse_url(url)?;
     if !u.tls && !u.literal.is_some_and(|ip| ip.is_loopback()) {
         return Err("plain http:// is only for a loopback address; use https://".into());
@@ -216,21 +217,22 @@ fn split_host_port(authority: &str, default: u16) -> Result<(&str, u16), String>
 ///
 /// Stricter than the standard where delivery could not follow: a name must be ASCII (a
 /// Unicode name in its `xn--` form), of letters, digits, `-` and `_`, in labels of 1 to 63.
-pub fn parse_host(host: &str) -> Result<(String, Option<IpAddr>), String> {
+pub fn parse_host(host: &str) -> Result<(String, Option<IpAddr>), WebhookError> {
     if let Some(inner) = host.strip_prefix('[') {
         let inner = inner
             .strip_suffix(']')
             .ok_or("an unclosed [ in the host (an IPv6 address is written [addr])")?;
         return match inner.parse::<std::net::Ipv6Addr>() {
             Ok(v6) => Ok((v6.to_string(), Some(IpAddr::V6(v6)))),
-            Err(_) => Err(format!("[{inner}] is not an IPv6 address")),
+            Err(_) => Err(format!("[{inner}] is not an IPv6 address").into()),
         };
     }
     let decoded = percent_decode(host)?;
     if !decoded.is_ascii() {
         return Err(format!(
             "the host {decoded:?} is not ASCII: write an international name in its xn-- form"
-        ));
+        )
+        .into());
     }
     let lower = decoded.to_ascii_lowercase();
     if lower.is_empty() {
@@ -240,9 +242,7 @@ pub fn parse_host(host: &str) -> Result<(String, Option<IpAddr>), String> {
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')))
     {
-        return Err(format!(
-            "the host {lower:?} has {bad:?}, which no host name has"
-        ));
+        return Err(format!("the host {lower:?} has {bad:?}, which no host name has").into());
     }
     if ends_in_a_number(&lower) {
         let v4 = parse_ipv4(&lower).ok_or_else(|| {
@@ -254,7 +254,8 @@ pub fn parse_host(host: &str) -> Result<(String, Option<IpAddr>), String> {
     if name.len() > 253 || name.split('.').any(|l| l.is_empty() || l.len() > 63) {
         return Err(format!(
             "the host {lower:?} is not a host name (labels of 1 to 63 characters, 253 in all)"
-        ));
+        )
+        .into());
     }
     let literal = (name == "localhost" || name.ends_with(".localhost"))
         .then_some(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
@@ -354,13 +355,13 @@ fn parse_ipv4(host: &str) -> Option<std::net::Ipv4Addr> {
 
 /// Whether an address is one a webhook may reach: public addresses always; private,
 /// loopback, link-local, shared, unspecified and multicast ones only when allowed.
-pub fn check_address(ip: IpAddr, policy: PushPolicy) -> Result<(), String> {
+pub fn check_address(ip: IpAddr, policy: PushPolicy) -> Result<(), WebhookError> {
     if policy.allow_private || is_public(ip) {
         Ok(())
     } else {
         Err(format!(
             "{ip} is a private, loopback or link-local address (allowed only with a2a.push.allow_private)"
-        ))
+        ).into())
     }
 }
 
@@ -523,18 +524,18 @@ impl PushConfigs {
     }
 
     /// Puts back a task's configs read from the durable store.
-    pub fn restore(&mut self, task_id: &str, body: Value) -> Result<(), String> {
+    pub fn restore(&mut self, task_id: &str, body: Value) -> Result<(), RecordError> {
         let list: Vec<PushConfig> =
             serde_json::from_value(body).map_err(|e| format!("push record {task_id}: {e}"))?;
         if list.iter().any(|c| c.task_id != task_id) {
-            return Err(format!("push record {task_id} holds another task's config"));
+            return Err(format!("push record {task_id} holds another task's config").into());
         }
         self.by_task.insert(task_id.to_owned(), list);
         Ok(())
     }
 
     /// Stores a config (replacing one of the same id); refuses past the per-task bound.
-    pub fn put(&mut self, c: PushConfig) -> Result<(), String> {
+    pub fn put(&mut self, c: PushConfig) -> Result<(), WebhookError> {
         let task_id = c.task_id.clone();
         let list = self.by_task.entry(c.task_id.clone()).or_default();
         if let Some(old) = list.iter_mut().find(|o| o.id == c.id) {
@@ -543,9 +544,7 @@ impl PushConfigs {
             return Ok(());
         }
         if list.len() >= MAX_CONFIGS_PER_TASK {
-            return Err(format!(
-                "a task holds at most {MAX_CONFIGS_PER_TASK} push configs"
-            ));
+            return Err(format!("a task holds at most {MAX_CONFIGS_PER_TASK} push configs").into());
         }
         list.push(c);
         self.touch(&task_id);
@@ -641,9 +640,11 @@ mod tests {
         );
         assert!(check_url("http://hooks.example.com/", OPEN)
             .unwrap_err()
+            .0
             .contains("loopback"));
         assert!(check_url("http://127.0.0.1:9/", STRICT)
             .unwrap_err()
+            .0
             .contains("allow_private"));
         assert!(check_url("http://127.0.0.1:9/", OPEN).is_ok());
         assert!(check_url("http://[::1]:9/x", OPEN).is_ok());
@@ -661,6 +662,7 @@ mod tests {
             assert!(
                 check_url(bad, STRICT)
                     .unwrap_err()
+                    .0
                     .contains("allow_private"),
                 "{bad}"
             );
@@ -669,6 +671,7 @@ mod tests {
         assert!(check_url("ftp://x/", OPEN).is_err());
         assert!(check_url("https://user:pw@x.example/", OPEN)
             .unwrap_err()
+            .0
             .contains("user info"));
         assert!(check_url("https://x.example/\r\nHost: y", OPEN).is_err());
     }
@@ -699,7 +702,7 @@ mod tests {
             ("https://[64:ff9b::a00:1]/", "64:ff9b::a00:1"),
         ] {
             let err = check_url(url, STRICT).unwrap_err();
-            assert!(err.contains("allow_private"), "{url}: {err}");
+            assert!(err.0.contains("allow_private"), "{url}: {err}");
             let u = check_url(url, OPEN).unwrap_or_else(|e| panic!("{url}: {e}"));
             assert_eq!(u.host, host, "{url}");
             assert!(u.literal.is_some(), "{url}");
@@ -733,6 +736,7 @@ mod tests {
         assert!(check_url("http://0x7f000001:9/", OPEN).is_ok());
         assert!(check_url("http://0/", OPEN)
             .unwrap_err()
+            .0
             .contains("loopback"));
         // What no resolver reads as an address or a name is refused by what it is.
         for (url, says) in [
@@ -758,7 +762,7 @@ mod tests {
             ("https://:443/", "no host"),
         ] {
             let err = check_url(url, OPEN).unwrap_err();
-            assert!(err.contains(says), "{url}: {err}");
+            assert!(err.0.contains(says), "{url}: {err}");
         }
         // An empty port is the default one, as a browser reads it.
         assert_eq!(

@@ -6,6 +6,7 @@
 //! records, so with a file store a session survives a restart). Every session approved under one name is one principal, `user:<name>`, so what
 //! it owns survives a re-login.
 
+use crate::errors::RecordError;
 use std::collections::HashMap;
 
 use serde_json::{json, Value};
@@ -250,7 +251,7 @@ impl Sessions {
         key: &str,
         body: Value,
         now_ms: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), RecordError> {
         if kind == SESSION_NAME_KIND {
             self.known_names.insert(key.to_owned());
             return Ok(());

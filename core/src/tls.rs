@@ -4,6 +4,7 @@
 //! certificate the CA vouches for cannot complete the handshake, and a verified certificate
 //! names a principal through the `san`/`sub` rules.
 
+use crate::errors::ConfigError;
 use std::io::{Read, Write};
 use std::sync::Arc;
 
@@ -26,7 +27,7 @@ pub fn listener(
     cert_chain_pem: &[u8],
     key_pem: &[u8],
     client_ca_pem: Option<&[u8]>,
-) -> Result<TlsListener, String> {
+) -> Result<TlsListener, ConfigError> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_chain_pem)
         .collect::<Result<_, _>>()
         .map_err(|e| format!("certificate: {e}"))?;

@@ -67,7 +67,9 @@ pub enum Outcome {
 /// Delivers one notification, retrying as the options say. Blocks: run it on a worker.
 pub fn deliver(d: &Delivery, opts: &DeliveryOptions) -> Outcome {
     let policy = opts.policy;
-    let filter = AddressFilter(Arc::new(move |ip| check_address(ip, policy)));
+    let filter = AddressFilter(Arc::new(move |ip| {
+        check_address(ip, policy).map_err(String::from)
+    }));
     let client = PeerClient::new(PeerConfig {
         name: format!("webhook {}", d.config_id),
         endpoint: d.url.clone(),

@@ -2,6 +2,8 @@
 //! origin lets the page read the echo and the challenge; a request from any other origin is
 //! refused (403, empty body) before its body is read. The card stays public to every origin.
 
+use crate::errors::ConfigError;
+
 /// Response headers a page may read.
 pub const EXPOSE_HEADERS: &str = "a2a-extensions, retry-after, www-authenticate";
 /// Request headers a page may send, named in the preflight.
@@ -63,7 +65,7 @@ pub struct CorsPolicy {
 
 impl CorsPolicy {
     /// Parses `a2a.cors.origins`; `*`, paths and anything not an origin are refused.
-    pub fn from_list<S: AsRef<str>>(list: &[S]) -> Result<CorsPolicy, String> {
+    pub fn from_list<S: AsRef<str>>(list: &[S]) -> Result<CorsPolicy, ConfigError> {
         let origins = list
             .iter()
             .map(|s| {

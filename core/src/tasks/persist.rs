@@ -3,6 +3,7 @@
 //! place in the listing order). Its own shape, versioned, rather than the wire `Task`: the
 //! wire form omits the owner, the link and the counters.
 
+use crate::errors::RecordError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::sync::Arc;
@@ -68,13 +69,13 @@ impl PrincipalDoc {
         }
     }
 
-    pub(crate) fn into_principal(self) -> Result<Principal, String> {
+    pub(crate) fn into_principal(self) -> Result<Principal, RecordError> {
         let role = match self.role.as_str() {
             "operator" => Role::Operator,
             "user" => Role::User,
             "agent" => Role::Agent,
             "anonymous" => Role::Anonymous,
-            other => return Err(format!("unknown role {other:?}")),
+            other => return Err(format!("unknown role {other:?}").into()),
         };
         Ok(Principal::new(self.id, role, self.grants))
     }
@@ -109,16 +110,16 @@ impl TaskRecord {
     }
 
     /// A record from its durable form.
-    pub fn from_doc(body: Value) -> Result<TaskRecord, String> {
+    pub fn from_doc(body: Value) -> Result<TaskRecord, RecordError> {
         let d: TaskDoc = serde_json::from_value(body).map_err(|e| e.to_string())?;
         if d.v != 1 {
-            return Err(format!("task record version {} is not known", d.v));
+            return Err(format!("task record version {} is not known", d.v).into());
         }
         let kind = match d.link_kind.as_str() {
             "run" => LinkKind::Run,
             "subagent" => LinkKind::Subagent,
             "turn" => LinkKind::Turn,
-            other => return Err(format!("unknown link kind {other:?}")),
+            other => return Err(format!("unknown link kind {other:?}").into()),
         };
         let history: std::collections::VecDeque<(Arc<Message>, usize)> = d
             .history

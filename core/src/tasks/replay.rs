@@ -19,6 +19,7 @@
 //! Events are shared (`Arc`) between this store and the streams' queues, so neither a
 //! replay nor many readers copy them.
 
+use crate::errors::EventIdError;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -178,32 +179,32 @@ impl Replay {
 
     /// Reads a `Last-Event-ID` sent to resume `task_id`. The refusal says why it is not one
     /// of this task's ids.
-    pub fn parse(&self, task_id: &str, header: &str) -> Result<Resume, String> {
+    pub fn parse(&self, task_id: &str, header: &str) -> Result<Resume, EventIdError> {
         let shape = || {
             format!("{header:?} is not an event id of this daemon (expected <taskId>:<run>:<n>)")
         };
         let (rest, n) = header.rsplit_once(':').ok_or_else(shape)?;
         let (task, run) = rest.rsplit_once(':').ok_or_else(shape)?;
         if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(shape());
+            return Err(shape().into());
         }
         let n: u64 = n.parse().map_err(|_| shape())?;
         if run.is_empty() || !run.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(shape());
+            return Err(shape().into());
         }
         if task != task_id {
-            return Err(format!(
-                "{header:?} is an event id of another task, not of {task_id}"
-            ));
+            return Err(
+                format!("{header:?} is an event id of another task, not of {task_id}").into(),
+            );
         }
         if run != self.run {
             return Ok(Resume::EarlierRun);
         }
         let last = self.last(task_id);
         if n > last {
-            return Err(format!(
-                "{header:?} is past the newest event of task {task_id} ({last})"
-            ));
+            return Err(
+                format!("{header:?} is past the newest event of task {task_id} ({last})").into(),
+            );
         }
         Ok(Resume::After(n))
     }
@@ -322,10 +323,11 @@ mod tests {
         assert_eq!(id, "t:1:abc:1");
         assert_eq!(r.parse("t:1", &id), Ok(Resume::After(1)));
         assert_eq!(r.parse("t:1", "t:1:abd:9"), Ok(Resume::EarlierRun));
-        assert!(r.parse("t:1", "t:1:abc:3").unwrap_err().contains("past"));
+        assert!(r.parse("t:1", "t:1:abc:3").unwrap_err().0.contains("past"));
         assert!(r
             .parse("t:1", "u:abc:1")
             .unwrap_err()
+            .0
             .contains("another task"));
         for bad in [
             "",
