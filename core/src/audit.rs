@@ -2,7 +2,7 @@
 //! command ops served in place (`status`, `config`, `auth.*`), and every refusal made before
 //! a command reaches the host.
 //!
-//! A command handed to the host (`Reply::Call`) is audited by the host when it answers,
+//! A command handed to the host is audited by the host when it answers,
 //! because only it knows the outcome; [`crate::instance::Effect::Command`] carries the `sid`
 //! it needs for that.
 //!
@@ -12,10 +12,11 @@
 
 use serde_json::{json, Value};
 
+use crate::auth::Principal;
 use crate::ext::command::table::{self, ReplyKind};
 use crate::feed::FeedEvent;
 use crate::instance::Instance;
-use crate::rpc::{CallContext, Reply};
+use crate::time::Now;
 
 /// The longest `action` recorded: a method name comes from the caller, and a refused
 /// unknown method must not fill the feed with its bytes.
@@ -35,23 +36,42 @@ const READ_METHODS: &[&str] = &[
 /// host's audit of the ops it serves uses the same list).
 pub const TARGET_ARGS: &[&str] = &["run", "handle", "workflow", "path", "id"];
 
+/// Who made a request, as its audit event names them.
+pub(crate) struct Caller<'a> {
+    pub(crate) principal: &'a Principal,
+    /// The device session it came through, if any.
+    pub(crate) sid: Option<&'a str>,
+    pub(crate) now: Now,
+}
+
+/// How a request ended, as far as the audit is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Answered by the core.
+    Answered,
+    /// Refused with this JSON-RPC code.
+    Refused(i32),
+    /// A command handed to the host, which audits it when it answers.
+    HandedToHost,
+}
+
 /// Records the audit event of one answered request, if the rules call for one.
 pub(crate) fn record(
     inst: &mut Instance,
-    ctx: &CallContext<'_>,
+    caller: &Caller<'_>,
     method: &str,
     params: Option<&serde_json::value::RawValue>,
-    reply: &Reply,
+    outcome: Outcome,
 ) {
-    if !inst.config.introspection_enabled || matches!(reply, Reply::Call { .. }) {
+    if !inst.config.introspection_enabled || outcome == Outcome::HandedToHost {
         return;
     }
     let params: Value = params
         .and_then(|p| serde_json::from_str(p.get()).ok())
         .unwrap_or(Value::Null);
     let (action, target, read) = describe(method, &params);
-    let refused = match reply {
-        Reply::Error(e) => Some(e.code()),
+    let refused = match outcome {
+        Outcome::Refused(code) => Some(code),
         _ => None,
     };
     if read && refused.is_none() {
@@ -62,14 +82,14 @@ pub(crate) fn record(
         Some(code) => format!("refused {code}"),
     };
     let mut data = json!({
-        "ts": ctx.now.epoch_ms,
-        "principal": ctx.principal.id,
-        "role": ctx.principal.role.as_str(),
+        "ts": caller.now.epoch_ms,
+        "principal": caller.principal.id,
+        "role": caller.principal.role.as_str(),
         "action": action,
         "target": target,
         "outcome": outcome,
     });
-    if let (Some(sid), Some(obj)) = (ctx.sid, data.as_object_mut()) {
+    if let (Some(sid), Some(obj)) = (caller.sid, data.as_object_mut()) {
         obj.insert("sid".into(), Value::String(sid.to_owned()));
     }
     let event = FeedEvent::Other {
@@ -78,7 +98,7 @@ pub(crate) fn record(
         owner: None,
     };
     // The feed's own checks are the only way this fails; the answer goes out regardless.
-    let _ = inst.push_event(event, ctx.now);
+    let _ = inst.push_event(event, caller.now);
 }
 
 /// What a request did: its action (the op for a command, else the method), its target, and

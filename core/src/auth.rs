@@ -98,6 +98,36 @@ pub fn grant_matches(grant: &str, op: &str) -> bool {
     false
 }
 
+/// A principal as the store keeps it (owners of tasks, sessions' principals).
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct PrincipalDoc {
+    id: String,
+    role: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    grants: Vec<String>,
+}
+
+impl PrincipalDoc {
+    pub(crate) fn from(p: &Principal) -> Self {
+        PrincipalDoc {
+            id: p.id.clone(),
+            role: p.role.as_str().to_owned(),
+            grants: p.grants.clone(),
+        }
+    }
+
+    pub(crate) fn into_principal(self) -> Result<Principal, crate::errors::RecordError> {
+        let role = match self.role.as_str() {
+            "operator" => Role::Operator,
+            "user" => Role::User,
+            "agent" => Role::Agent,
+            "anonymous" => Role::Anonymous,
+            other => return Err(format!("unknown role {other:?}").into()),
+        };
+        Ok(Principal::new(self.id, role, self.grants))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@ use crate::errors::RecordError;
 use std::collections::{HashMap, VecDeque};
 use std::task::Waker;
 
-use crate::a2a::card::{AgentCapabilities, AgentCard, AgentInterface, UNIX_BINDING_URI};
+use crate::a2a::card::{AgentCapabilities, AgentCard, AgentInterface};
 use crate::a2a::types::{
     Artifact, Message, Part, StreamResponse, TaskArtifactUpdateEvent, TaskState,
     TaskStatusUpdateEvent,
@@ -19,6 +19,7 @@ use crate::errors::RpcError;
 use crate::ext::annotations::Link;
 use crate::ext::command::table::ReplyKind;
 use crate::ext::command::{Commands, DeclaredCommand, RegisterError, Switches};
+use crate::ext::registry::UNIX_BINDING_URI;
 use crate::http::HttpLimits;
 use crate::ids::Entropy;
 use crate::tasks::{ContextIds, StoreError, TaskLimits, TaskStore};

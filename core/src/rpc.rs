@@ -10,6 +10,7 @@ use crate::a2a::types::{
     StreamResponse, TaskIdRequest, TaskState,
 };
 use crate::a2a::{version_supported, CoreMethod, PROTOCOL_VERSION};
+use crate::audit;
 use crate::auth::Principal;
 use crate::errors::{ErrorKind, RpcError};
 use crate::ext::command::table::ReplyKind;
@@ -117,7 +118,17 @@ pub fn call(inst: &mut Instance, ctx: &CallContext<'_>, body: &[u8]) -> Answer {
         Ok(r) => r,
         Err(e) => Reply::Error(e),
     };
-    crate::audit::record(inst, ctx, &req.method, req.params, &reply);
+    let outcome = match &reply {
+        Reply::Call { .. } => audit::Outcome::HandedToHost,
+        Reply::Error(e) => audit::Outcome::Refused(e.code()),
+        _ => audit::Outcome::Answered,
+    };
+    let caller = audit::Caller {
+        principal: ctx.principal,
+        sid: ctx.sid,
+        now: ctx.now,
+    };
+    audit::record(inst, &caller, &req.method, req.params, outcome);
     Answer {
         id,
         activated,

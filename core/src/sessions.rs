@@ -229,7 +229,7 @@ impl Sessions {
             let body = found.map(|(digest, s)| {
                 json!({
                     "tokenSha256": hex(digest), "sid": s.sid, "name": s.name,
-                    "principal": crate::tasks::PrincipalDoc::from(&s.principal),
+                    "principal": crate::auth::PrincipalDoc::from(&s.principal),
                     "clientId": s.client_id, "scope": s.scope.as_str(),
                     "createdAt": s.created_at, "expiresAt": s.expires_at,
                     "approvedBy": s.approved_by,
@@ -276,7 +276,7 @@ impl Sessions {
             *d =
                 u8::from_str_radix(&digest_hex[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
         }
-        let principal: crate::tasks::PrincipalDoc =
+        let principal: crate::auth::PrincipalDoc =
             serde_json::from_value(body.get("principal").cloned().unwrap_or_default())
                 .map_err(|e| e.to_string())?;
         let session = Session {

@@ -3,9 +3,6 @@
 use serde::Serialize;
 use serde_json::Value;
 
-/// The binding URI a unix-socket listener names on its card instead of `JSONRPC`.
-pub use crate::ext::registry::UNIX_BINDING_URI;
-
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentCard {

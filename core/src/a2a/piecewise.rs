@@ -128,9 +128,7 @@ impl TaskJson {
                 Some(Fragment::Text { unit, part }) => {
                     escaped_len(content_str(&parts(&copy.task, unit)[part]).as_bytes())
                 }
-                Some(Fragment::Data { unit, part }) => {
-                    crate::tasks::serialized_len(&parts(&copy.task, unit)[part])
-                }
+                Some(Fragment::Data { unit, part }) => counted_len(&parts(&copy.task, unit)[part]),
                 None => 0,
             };
         }
@@ -505,6 +503,23 @@ fn escape_into(out: &mut Vec<u8>, s: &[u8], from: usize, room: usize) -> usize {
         i += 1;
     }
     i
+}
+
+/// The length of `value`'s JSON, counted as it is serialized (nothing is kept).
+fn counted_len(value: &impl Serialize) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
 }
 
 /// How many bytes [`escape_into`] writes for `s`.

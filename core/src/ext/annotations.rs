@@ -8,32 +8,7 @@ use crate::a2a::types::Task;
 use crate::tasks::TaskRecord;
 use crate::time::rfc3339_ms;
 
-/// What a task tracks.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Link {
-    pub kind: LinkKind,
-    pub id: String,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LinkKind {
-    /// A workflow run.
-    Run,
-    /// A subagent handle.
-    Subagent,
-    /// A conversation turn.
-    Turn,
-}
-
-impl LinkKind {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            LinkKind::Run => "run",
-            LinkKind::Subagent => "subagent",
-            LinkKind::Turn => "turn",
-        }
-    }
-}
+pub use crate::tasks::{Link, LinkKind};
 
 /// The annotations object of a task.
 pub fn object(rec: &TaskRecord) -> Value {
@@ -116,4 +91,22 @@ pub fn schema() -> Value {
             "command": {"description": "the command op that started the task", "type": "string"}
         }
     })
+}
+
+/// A task's wire view lives here, beside its annotations, so the task store does not
+/// depend on the extensions.
+impl TaskRecord {
+    /// The task as the wire shows it, with its annotations when the request activated them.
+    pub fn view(
+        &self,
+        history_length: Option<usize>,
+        include_artifacts: bool,
+        annotate: bool,
+    ) -> Task {
+        let mut task = self.to_task(history_length, include_artifacts);
+        if annotate {
+            self::annotate(&mut task, self);
+        }
+        task
+    }
 }

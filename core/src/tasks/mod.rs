@@ -5,12 +5,10 @@ use std::sync::Arc;
 
 use crate::a2a::types::{Artifact, Message, Role, Task, TaskState, TaskStatus};
 use crate::auth::Principal;
-use crate::ext::annotations::{Link, LinkKind};
 use crate::time::rfc3339_ms;
 
 pub mod persist;
 pub mod replay;
-pub(crate) use persist::PrincipalDoc;
 pub use persist::TASK_KIND;
 
 /// Bounds on what one task keeps.
@@ -140,20 +138,6 @@ pub fn message_digest(message: &Message) -> String {
 }
 
 impl TaskRecord {
-    /// The task as the wire shows it, with its annotations when the request activated them.
-    pub fn view(
-        &self,
-        history_length: Option<usize>,
-        include_artifacts: bool,
-        annotate: bool,
-    ) -> Task {
-        let mut task = self.to_task(history_length, include_artifacts);
-        if annotate {
-            crate::ext::annotations::annotate(&mut task, self);
-        }
-        task
-    }
-
     /// The task as the wire shows it. `history_length`: `None` all, `Some(n)` the newest n.
     pub fn to_task(&self, history_length: Option<usize>, include_artifacts: bool) -> Task {
         let keep = history_length.unwrap_or(usize::MAX).min(self.history.len());
@@ -938,6 +922,33 @@ pub fn decode_page_token(token: &str) -> Option<(u64, u64)> {
         s.parse().ok()
     };
     Some((number(ms)?, number(seq)?))
+}
+
+/// What a task tracks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    pub kind: LinkKind,
+    pub id: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkKind {
+    /// A workflow run.
+    Run,
+    /// A subagent handle.
+    Subagent,
+    /// A conversation turn.
+    Turn,
+}
+
+impl LinkKind {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            LinkKind::Run => "run",
+            LinkKind::Subagent => "subagent",
+            LinkKind::Turn => "turn",
+        }
+    }
 }
 
 #[cfg(test)]

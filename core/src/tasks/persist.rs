@@ -9,9 +9,9 @@ use serde_json::Value;
 use std::sync::Arc;
 
 use super::{Accepted, TaskRecord};
+use super::{Link, LinkKind};
 use crate::a2a::types::{Artifact, Message, TaskState};
-use crate::auth::{Principal, Role};
-use crate::ext::annotations::{Link, LinkKind};
+use crate::auth::PrincipalDoc;
 
 /// The record kind of tasks in the durable store.
 pub const TASK_KIND: &str = "task";
@@ -49,36 +49,6 @@ struct TaskDoc {
     /// restart; absent in records written before idempotent sends.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     accepted: Vec<Accepted>,
-}
-
-/// A principal as the store keeps it (owners of tasks, sessions' principals).
-#[derive(Serialize, Deserialize)]
-pub(crate) struct PrincipalDoc {
-    id: String,
-    role: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    grants: Vec<String>,
-}
-
-impl PrincipalDoc {
-    pub(crate) fn from(p: &Principal) -> Self {
-        PrincipalDoc {
-            id: p.id.clone(),
-            role: p.role.as_str().to_owned(),
-            grants: p.grants.clone(),
-        }
-    }
-
-    pub(crate) fn into_principal(self) -> Result<Principal, RecordError> {
-        let role = match self.role.as_str() {
-            "operator" => Role::Operator,
-            "user" => Role::User,
-            "agent" => Role::Agent,
-            "anonymous" => Role::Anonymous,
-            other => return Err(format!("unknown role {other:?}").into()),
-        };
-        Ok(Principal::new(self.id, role, self.grants))
-    }
 }
 
 impl TaskRecord {
