@@ -682,7 +682,8 @@ impl Connection {
             self.out_pos = 0;
             // Only empty holds can remain (held bytes are never sent).
             self.holds.iter_mut().for_each(|h| h.start = 0);
-            if self.closing {
+            // Not before the last slice of a large answer still being written.
+            if self.closing && self.tail.is_none() {
                 tls.close_notify();
             }
         }

@@ -358,3 +358,78 @@ fn the_handshake_runs_without_the_instance() {
     let plain = pump(&mut h, &mut c, &mut t).expect("the session works");
     assert_eq!(one(&plain).status, 200);
 }
+
+/// A large answer to a `Connection: close` request over TLS: the session's close_notify
+/// comes after the answer's last slice, not when the output first runs dry.
+#[test]
+fn close_notify_waits_for_the_whole_large_answer() {
+    let p = pki();
+    let mut h = harness(&p, vec![]);
+    let cert = leaf(&p.ca, "laptop", &["laptop.example"]);
+    let mut t = client(&p, Some(&cert));
+    t.set_buffer_limit(None);
+    let mut c = h.conn_peer(0, Peer::Tcp);
+    let big = "c\"".repeat(400_000);
+    let sent = request(
+        &mut h,
+        &mut c,
+        &mut t,
+        &call(
+            "SendMessage",
+            1,
+            json!({"message": text_message(&big, "big-close"), "configuration": {"returnImmediately": true}}),
+        ),
+    );
+    let id = sent.json()["result"]["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let get = String::from_utf8(call("GetTask", 2, json!({"id": id}))).unwrap();
+    let get = get.replacen("\r\n\r\n", "\r\nConnection: close\r\n\r\n", 1);
+    t.writer().write_all(get.as_bytes()).unwrap();
+    let mut to_server = Vec::new();
+    while t.wants_write() {
+        t.write_tls(&mut to_server).unwrap();
+    }
+    c.conn.handle_input(&mut h.inst, &to_server, h.now);
+    // A slow peer: 5,000 bytes per write, so the session often takes all the plaintext
+    // there is while more of the answer is still to come.
+    let mut plain = Vec::new();
+    let mut writes = 0;
+    while !c.conn.is_finished() {
+        writes += 1;
+        assert!(
+            writes < 10_000,
+            "the answer never ends ({} bytes read)",
+            plain.len()
+        );
+        let pending = c.conn.pending_output();
+        assert!(
+            !pending.is_empty(),
+            "the connection stalled before finishing"
+        );
+        let n = pending.len().min(5_000);
+        let mut rd = &pending[..n].to_vec()[..];
+        c.conn.consume_output(n, h.now);
+        while !rd.is_empty() {
+            // Nothing is taken after the peer's close_notify.
+            assert!(
+                t.read_tls(&mut rd).unwrap() > 0,
+                "bytes after close_notify, {} bytes into the answer",
+                plain.len()
+            );
+            t.process_new_packets()
+                .unwrap_or_else(|e| panic!("after {} bytes of the answer: {e}", plain.len()));
+            let mut buf = [0u8; 65536];
+            while let Ok(n) = t.reader().read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                plain.extend_from_slice(&buf[..n]);
+            }
+        }
+    }
+    let r = one(&plain);
+    assert_eq!(r.header("connection"), Some("close"));
+    assert_eq!(r.json()["result"]["history"][0]["parts"][0]["text"], big);
+}
