@@ -367,6 +367,8 @@ impl Connection {
                 let then = std::mem::take(&mut tail.then);
                 self.out.extend_from_slice(&then);
                 self.tail = None;
+                // A head buffered behind the answer starts its clock now.
+                self.head_started = None;
                 // What waited behind it (pipelined requests, a stream's next events) goes
                 // on at the next poll.
                 self.waker.wake_by_ref();
@@ -639,8 +641,14 @@ impl Connection {
             return true;
         };
         let mut plain = Vec::new();
+        let was_handshaking = tls.handshaking();
         match tls.receive(bytes, &mut plain) {
             Ok(peer_closed) => {
+                if was_handshaking && !tls.handshaking() {
+                    // The handshake's clock stops here, though no poll may follow: the
+                    // request head's starts with its first bytes.
+                    self.head_started = None;
+                }
                 if !tls.handshaking() && matches!(self.peer, Peer::Tcp) {
                     if let Some(id) = tls.client_identity() {
                         self.peer = Peer::Cert(id);
@@ -850,6 +858,8 @@ impl Connection {
         let write = self.write_stalled_since.map(|t| t + l.write_timeout_ms);
         let state = match &self.state {
             _ if self.closing => None,
+            // Nothing is read while a large answer is being written.
+            State::Reading { .. } if self.tail.is_some() => None,
             State::Reading { .. } if self.parser.in_body() => {
                 self.body_started.map(|t| t + l.body_timeout_ms)
             }
@@ -897,6 +907,8 @@ impl Connection {
             return;
         }
         match &mut self.state {
+            // Nothing is read while a large answer is being written: no request's clock runs.
+            State::Reading { .. } if self.tail.is_some() => {}
             State::Reading { .. } => {
                 if self.parser.in_body()
                     && self
@@ -973,11 +985,14 @@ impl Connection {
                 chunked,
                 ..
             } => {
-                // Not in the middle of a task frame still being written.
-                if t >= *last_write + l.sse_keepalive_ms && self.tail.is_none() {
-                    response::write_sse_comment(&mut self.out, "keep-alive", *chunked);
+                if t >= *last_write + l.sse_keepalive_ms {
                     *last_write = t;
-                    self.note_output(now);
+                    // Not in the middle of a task frame still being written (which is
+                    // output enough).
+                    if self.tail.is_none() {
+                        response::write_sse_comment(&mut self.out, "keep-alive", *chunked);
+                        self.note_output(now);
+                    }
                 }
             }
         }
@@ -1829,7 +1844,12 @@ impl Connection {
         let task_id = task_id.clone();
         let json = inst.tasks.get(&task_id).map(|t| {
             let task = t.view(history, true, annotate);
-            TaskJson::new(task, b"{\"task\":".to_vec(), b"}".to_vec(), t.weight())
+            TaskJson::new(
+                task,
+                b"{\"task\":".to_vec(),
+                b"}".to_vec(),
+                t.answer_weight(),
+            )
         });
         self.state = State::Reading { pending: None };
         let start = self.out.len();

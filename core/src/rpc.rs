@@ -289,7 +289,12 @@ fn task_reply(t: &TaskRecord, history: Option<usize>, annotate: bool, wrapped: b
         (Vec::new(), Vec::new())
     };
     let task = t.view(history, true, annotate);
-    Reply::Task(Box::new(TaskJson::new(task, prefix, suffix, t.weight())))
+    Reply::Task(Box::new(TaskJson::new(
+        task,
+        prefix,
+        suffix,
+        t.answer_weight(),
+    )))
 }
 
 fn serialize<T: Serialize>(value: &T) -> Reply {
@@ -757,12 +762,12 @@ fn list_tasks(
         let Some(t) = page.peek() else { break };
         let shown = t.view(Some(history), include_artifacts, annotate);
         if views.is_empty()
-            && t.weight() > page_bytes
+            && t.answer_weight() > page_bytes
             && crate::tasks::serialized_len(&shown) > page_bytes
         {
             // One task larger than a page is the page alone, written as the peer reads it
             // (so the answer is never built whole).
-            let weight = t.weight();
+            let weight = t.answer_weight();
             let Some(t) = page.next() else { break };
             let more = page.peek().is_some();
             let mut prefix = b"{\"nextPageToken\":".to_vec();

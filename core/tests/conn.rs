@@ -1551,3 +1551,71 @@ fn a_large_task_frame_streams_in_chunks_before_the_next_event() {
         "TASK_STATE_COMPLETED"
     );
 }
+
+/// A large GetTask with a request pipelined behind it, read slowly: while the answer is
+/// still being written, the pipelined request's header timeout must not run (it sits
+/// unparsed behind the answer), and no 408 lands inside the body.
+#[test]
+fn a_request_clock_does_not_run_while_a_large_answer_is_written() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let big = "x".repeat(1_500_000);
+    let id = new_task(&mut h, &mut c, &big);
+    let get = call("GetTask", 2, json!({"id": id}));
+    let mut r = h.conn();
+    let pipelined = [get.as_slice(), CARD_GET].concat();
+    r.conn.handle_input(&mut h.inst, &pipelined, h.now);
+    let mut out = Vec::new();
+    let first = r.conn.pending_output().to_vec();
+    out.extend_from_slice(&first);
+    r.conn.consume_output(first.len(), h.now);
+    // The peer reads slowly; 11 s later the connection's timer fires.
+    h.advance(11_000);
+    out.extend(r.timeout(&mut h));
+    out.extend(r.poll(&mut h));
+    let resp = first_head(&out);
+    let head_end = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    let cl: usize = resp.header("content-length").unwrap().parse().unwrap();
+    let body = &out[head_end..(head_end + cl).min(out.len())];
+    let parsed: Result<serde_json::Value, _> = serde_json::from_slice(body);
+    assert!(
+        parsed.is_ok(),
+        "the task's body is corrupt: {:?} ... (408 inside it: {})",
+        parsed.err(),
+        body.windows(12).any(|w| w == b"HTTP/1.1 408")
+    );
+}
+
+/// A task whose status message is large (which the store's weight does not count) is
+/// written in slices like any large task, and counted in the large-answers pool.
+#[test]
+fn a_large_status_message_is_written_in_slices_and_counted_in_the_pool() {
+    let mut h = Harness::with(|c| c.conn.large_answers_bytes = 1 << 20);
+    let bound = h.config.conn.max_output_bytes;
+    let mut c = h.conn();
+    let id = new_task(&mut h, &mut c, "small");
+    complete(
+        &mut h,
+        &id,
+        TaskState::InputRequired,
+        Some(&"y".repeat(3_000_000)),
+    );
+    let get = call("GetTask", 2, json!({"id": id}));
+    let mut slow = h.conn();
+    slow.conn.handle_input(&mut h.inst, &get, h.now);
+    let held = slow.conn.pending_output().len();
+    assert!(
+        held <= bound + 64,
+        "the connection holds {held} bytes (bound {bound})"
+    );
+    let mut other = h.conn();
+    let second = one(&other.feed(&mut h, &get));
+    assert_rpc_error(&second, -32603, Some("LIMIT_REACHED"));
+    let whole = one(&slow.drain(&h));
+    assert_eq!(
+        whole.json()["result"]["status"]["message"]["parts"][0]["text"]
+            .as_str()
+            .map(str::len),
+        Some(3_000_000)
+    );
+}

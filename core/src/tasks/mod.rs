@@ -172,6 +172,16 @@ impl TaskRecord {
         self.history.len()
     }
 
+    /// About the bytes of the task's JSON: its weight and its status message, which the
+    /// weight does not count. What decides whether an answer is written in slices.
+    pub(crate) fn answer_weight(&self) -> usize {
+        self.weight()
+            + self
+                .status_message
+                .as_ref()
+                .map_or(0, |m| serialized_len(&**m))
+    }
+
     /// What the task counts against [`TaskLimits::total_bytes`].
     pub(crate) fn weight(&self) -> usize {
         self.history_bytes + self.artifact_bytes + self.accepted_bytes
