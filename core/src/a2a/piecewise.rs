@@ -128,7 +128,7 @@ impl TaskJson {
                 Some(Fragment::Text { unit, part }) => {
                     escaped_len(content_str(&parts(&copy.task, unit)[part]).as_bytes())
                 }
-                Some(Fragment::Data { unit, part }) => counted_len(&parts(&copy.task, unit)[part]),
+                Some(Fragment::Data { unit, part }) => json_len(&parts(&copy.task, unit)[part]),
                 None => 0,
             };
         }
@@ -506,7 +506,7 @@ fn escape_into(out: &mut Vec<u8>, s: &[u8], from: usize, room: usize) -> usize {
 }
 
 /// The length of `value`'s JSON, counted as it is serialized (nothing is kept).
-fn counted_len(value: &impl Serialize) -> usize {
+pub(crate) fn json_len(value: &impl Serialize) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

@@ -233,23 +233,8 @@ pub enum StoreError {
     OverBudget,
 }
 
-/// The length of a value's JSON, counted without building it.
-pub(crate) fn serialized_len(value: &impl serde::Serialize) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    // Writing to a counter cannot fail; a value that cannot serialize counts what it wrote.
-    let _ = serde_json::to_writer(&mut count, value);
-    count.0
-}
+/// The length of a value's JSON, counted as it is serialized.
+pub(crate) use crate::a2a::piecewise::json_len as serialized_len;
 
 /// Entries a task's `statusHistory` keeps: the first (its submission) and the newest.
 pub const STATUS_HISTORY_KEPT: usize = 256;
