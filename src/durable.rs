@@ -528,7 +528,18 @@ mod tests {
             )
             .unwrap();
         pump.finish();
-        let (_, recovered) = open(&dir).unwrap();
+        // The store is closed, but a child another test of this process is starting may
+        // hold a copy of its lock's descriptor between its fork and its exec (the fd is
+        // CLOEXEC): on a loaded machine that can take milliseconds, so the reopen retries.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let (_, recovered) = loop {
+            match open(&dir) {
+                Err(e) if e.contains("in use") && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                other => break other.unwrap(),
+            }
+        };
         let record = recovered
             .records
             .iter()
