@@ -271,18 +271,16 @@ fn a_missing_or_foreign_certificate_cannot_complete_the_handshake() {
     assert_eq!(h.inst.task_count(), 0);
 }
 
-/// A large answer over TLS: written in slices as the TLS session takes them, and the
-/// client decrypts the whole task.
-#[test]
-fn a_large_task_goes_out_whole_over_tls() {
+/// A TLS session (a verified client certificate: the operator) whose first request created a
+/// task holding `big` as its message; returns the session, the task's id and `big`.
+fn large_task_over_tls(big: String) -> (Harness, Client, rustls::ClientConnection, String, String) {
     let p = pki();
     let mut h = harness(&p, vec![]);
     let cert = leaf(&p.ca, "laptop", &["laptop.example"]);
     let mut t = client(&p, Some(&cert));
-    // The request itself is 1 MB: past rustls's default plaintext buffer.
+    // The request itself is past rustls's default plaintext buffer.
     t.set_buffer_limit(None);
     let mut c = h.conn_peer(0, Peer::Tcp);
-    let big = "q\"".repeat(500_000);
     let sent = request(
         &mut h,
         &mut c,
@@ -290,13 +288,21 @@ fn a_large_task_goes_out_whole_over_tls() {
         &call(
             "SendMessage",
             1,
-            json!({"message": text_message(&big, "big"), "configuration": {"returnImmediately": true}}),
+            json!({"message": text_message(&big, &fresh_id()), "configuration": {"returnImmediately": true}}),
         ),
     );
     let id = sent.json()["result"]["task"]["id"]
         .as_str()
         .unwrap()
         .to_owned();
+    (h, c, t, id, big)
+}
+
+/// A large answer over TLS: written in slices as the TLS session takes them, and the
+/// client decrypts the whole task.
+#[test]
+fn a_large_task_goes_out_whole_over_tls() {
+    let (mut h, mut c, mut t, id, big) = large_task_over_tls("q\"".repeat(500_000));
     let bound = h.config.conn.max_output_bytes;
     let got = request(
         &mut h,
@@ -363,27 +369,7 @@ fn the_handshake_runs_without_the_instance() {
 /// comes after the answer's last slice, not when the output first runs dry.
 #[test]
 fn close_notify_waits_for_the_whole_large_answer() {
-    let p = pki();
-    let mut h = harness(&p, vec![]);
-    let cert = leaf(&p.ca, "laptop", &["laptop.example"]);
-    let mut t = client(&p, Some(&cert));
-    t.set_buffer_limit(None);
-    let mut c = h.conn_peer(0, Peer::Tcp);
-    let big = "c\"".repeat(400_000);
-    let sent = request(
-        &mut h,
-        &mut c,
-        &mut t,
-        &call(
-            "SendMessage",
-            1,
-            json!({"message": text_message(&big, "big-close"), "configuration": {"returnImmediately": true}}),
-        ),
-    );
-    let id = sent.json()["result"]["task"]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (mut h, mut c, mut t, id, big) = large_task_over_tls("c\"".repeat(400_000));
     let get = String::from_utf8(call("GetTask", 2, json!({"id": id}))).unwrap();
     let get = get.replacen("\r\n\r\n", "\r\nConnection: close\r\n\r\n", 1);
     t.writer().write_all(get.as_bytes()).unwrap();
