@@ -29,8 +29,8 @@ use crate::errors::{ErrorKind, RpcError};
 use crate::ext::negotiate::ExtSet;
 use crate::http::response::{self, Head};
 use crate::http::{Event, Method, RequestHead, RequestParser};
+use crate::instance::{CachedCard, ConnLimits, Instance, SubId};
 use crate::instance::{CallId, CallOutcome, CommandAnswer};
-use crate::instance::{ConnLimits, Instance, SubId};
 use crate::jsonrpc::{self, RequestId};
 use crate::reqlog::{self, Dropped, Keep, Label, Limiter, Phase, Refusal, RequestRecord};
 use crate::rpc::{self, CallContext, Reply};
@@ -181,12 +181,45 @@ pub struct Connection {
     /// An answer larger than the output bound, written as room frees. Nothing else is
     /// written (no further request is answered, no stream event) until it is complete.
     tail: Option<Tail>,
+    /// An answer [`Connection::serve`] decided and [`Connection::produce`] frames: the
+    /// costly part of answering (serializing a task, copying a card or a result) runs
+    /// outside the instance. No further request is served until it is framed.
+    deferred: Option<Deferred>,
+}
+
+/// An answer decided under the instance and not yet framed. It owns (or shares) everything
+/// it needs, so framing it takes no instance.
+#[derive(Debug)]
+enum Deferred {
+    /// A JSON-RPC result whose `result` member is already JSON (a list page, a push
+    /// config, a message).
+    Result {
+        id: RequestId,
+        result: Vec<u8>,
+        keep_alive: bool,
+        minor: u8,
+        echo: Option<String>,
+        /// It acknowledges a change: never refused for room in the large-answers pool.
+        acknowledges: bool,
+    },
+    /// A JSON-RPC result holding one task, serialized from a snapshot that shares the
+    /// store's content.
+    Task(TaskAnswer),
+    /// The agent card (shared with the instance), or `304` when the peer's copy is fresh.
+    Card {
+        card: Arc<CachedCard>,
+        fresh: bool,
+        head_only: bool,
+        keep_alive: bool,
+        minor: u8,
+    },
 }
 
 /// A result holding one task, and how to answer it.
-struct TaskAnswer<'a> {
+#[derive(Debug)]
+struct TaskAnswer {
     json: Box<TaskJson>,
-    id: &'a RequestId,
+    id: RequestId,
     keep_alive: bool,
     minor: u8,
     echo: Option<String>,
@@ -300,6 +333,7 @@ impl Connection {
             large_held: 0,
             large_pool: None,
             tail: None,
+            deferred: None,
         }
     }
 
@@ -308,14 +342,15 @@ impl Connection {
     /// pool until the peer reads them, and is refused while the pool is spent (but one is
     /// always admitted into an empty pool). A small request cannot otherwise make the
     /// daemon hold megabytes for a reader that does not read.
-    fn admit_large(&mut self, inst: &Instance, len: usize) -> bool {
+    fn admit_large(&mut self, len: usize) -> bool {
         use std::sync::atomic::Ordering;
         if len <= self.limits.max_output_bytes {
             return true;
         }
-        let pool = self
-            .large_pool
-            .get_or_insert_with(|| inst.large_answers.clone());
+        let Some(pool) = self.large_pool.as_ref() else {
+            // Never prepared, so never served: nothing to answer.
+            return false;
+        };
         let cap = self.limits.large_answers_bytes;
         let admitted = pool
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
@@ -549,6 +584,7 @@ impl Connection {
         inst.set_holding(false);
         self.out.truncate(first.start);
         self.tail = None;
+        self.deferred = None;
         self.release_large(usize::MAX);
         self.end_state(inst);
         let why = inst.store_unavailable().unwrap_or_default().to_owned();
@@ -607,6 +643,7 @@ impl Connection {
             return;
         }
         self.tls_checked = true;
+        self.large_pool = Some(inst.large_answers.clone());
         if let Some(t) = inst.config().tls.get(&self.listener) {
             match crate::tls::TlsLayer::new(t.config.clone()) {
                 Some(layer) => self.tls = Some(layer),
@@ -631,6 +668,18 @@ impl Connection {
             return true;
         }
         self.take_input(bytes)
+    }
+
+    /// Prepares a connection its driver did not prepare, and takes the bytes it received
+    /// before.
+    fn prepare_late(&mut self, inst: &Instance) {
+        if !self.tls_checked {
+            self.prepare(inst);
+            let bytes = std::mem::take(&mut self.unprepared);
+            if !self.aborted && !bytes.is_empty() {
+                self.take_input(&bytes);
+            }
+        }
     }
 
     /// Decrypts (with TLS) and buffers `bytes`; true when there is plaintext or an end of
@@ -701,7 +750,12 @@ impl Connection {
     /// The peer will send nothing more. What was asked is still answered; then it closes.
     pub fn handle_eof(&mut self, inst: &mut Instance, now: Now) {
         self.last_mono = now.mono_ms;
+        self.prepare_late(inst);
+        // Every request read before the end is answered, not only the first.
         self.drive(inst, now);
+        while self.produce(now) {
+            self.drive(inst, now);
+        }
         if self.tls.as_ref().is_some_and(|t| t.handshaking()) {
             self.aborted = true;
             return;
@@ -724,22 +778,44 @@ impl Connection {
         }
     }
 
-    /// Produce what became ready without new input (the waker fired: a task it watches
-    /// changed, or a change its held answer waits for became durable).
+    /// Answers what arrived and what became ready without new input (the waker fired: a
+    /// task it watches changed, or a change its held answer waits for became durable):
+    /// [`Connection::serve`] and [`Connection::produce`] in turn until neither has more to
+    /// do, for a driver that holds the instance anyway.
     pub fn poll(&mut self, inst: &mut Instance, now: Now) {
-        self.last_mono = now.mono_ms;
-        if !self.tls_checked {
-            self.prepare(inst);
-            let bytes = std::mem::take(&mut self.unprepared);
-            if !self.aborted && !bytes.is_empty() {
-                self.take_input(&bytes);
-            }
+        self.serve(inst, now);
+        while self.produce(now) {
+            self.serve(inst, now);
         }
+    }
+
+    /// The half of [`Connection::poll`] that needs the instance: decides the answers to
+    /// the requests read (who asks, which method, what result) and takes what the instance
+    /// has for this connection (a settled task, stream events, feed events, a host's
+    /// answer). A driver that shares the instance behind a lock calls this under the lock,
+    /// then [`Connection::produce`] outside it: a task, a card or a result is framed there,
+    /// and TLS encrypts there.
+    pub fn serve(&mut self, inst: &mut Instance, now: Now) {
+        self.last_mono = now.mono_ms;
+        self.prepare_late(inst);
         if std::mem::take(&mut self.peer_closed) {
             self.handle_eof(inst, now);
             return;
         }
         self.drive(inst, now);
+    }
+
+    /// The half of [`Connection::poll`] that needs no instance: frames the answer
+    /// [`Connection::serve`] decided (a task serialized, a card or a result copied), writes
+    /// more of a large answer, and encrypts. True when `serve` has more to do (a request
+    /// read behind the answer just framed): call it again.
+    pub fn produce(&mut self, now: Now) -> bool {
+        self.last_mono = now.mono_ms;
+        let framed = self.frame_deferred(now);
+        self.pump_tail();
+        self.encrypt();
+        self.note_output(now);
+        framed && !self.closing && self.tail.is_none() && self.parser.buffered() > 0
     }
 
     /// Bytes to write to the peer.
@@ -802,7 +878,7 @@ impl Connection {
         !self.closing
             && !self.aborted
             && self.holds.is_empty()
-            && self.tail.is_none()
+            && !self.answering()
             && matches!(self.state, State::Reading { .. })
             && self.backlog() < self.limits.max_output_bytes
             && self.parser.buffered() + self.unprepared.len() < self.limits.http.input_capacity()
@@ -810,7 +886,13 @@ impl Connection {
 
     /// The connection is done: close the socket, then call [`Connection::close`].
     pub fn is_finished(&self) -> bool {
-        self.aborted || (self.closing && self.backlog() == 0 && self.tail.is_none())
+        self.aborted || (self.closing && self.backlog() == 0 && !self.answering())
+    }
+
+    /// An answer is still being written: a large one's tail, or one not yet framed.
+    /// Nothing else is read or answered meanwhile, and no request's clock runs.
+    fn answering(&self) -> bool {
+        self.tail.is_some() || self.deferred.is_some()
     }
 
     /// Releases what the connection holds in the instance. Call once, when dropping it.
@@ -827,6 +909,7 @@ impl Connection {
         }
         self.end_state(inst);
         self.tail = None;
+        self.deferred = None;
         self.release_large(usize::MAX);
         self.closing = true;
         self.aborted = true;
@@ -858,8 +941,8 @@ impl Connection {
         let write = self.write_stalled_since.map(|t| t + l.write_timeout_ms);
         let state = match &self.state {
             _ if self.closing => None,
-            // Nothing is read while a large answer is being written.
-            State::Reading { .. } if self.tail.is_some() => None,
+            // Nothing is read while an answer is being written.
+            State::Reading { .. } if self.answering() => None,
             State::Reading { .. } if self.parser.in_body() => {
                 self.body_started.map(|t| t + l.body_timeout_ms)
             }
@@ -889,7 +972,9 @@ impl Connection {
         self.last_mono = now.mono_ms;
         self.on_timeout(inst, now);
         self.release(inst, now);
-        self.encrypt();
+        while self.produce(now) {
+            self.drive(inst, now);
+        }
     }
 
     fn on_timeout(&mut self, inst: &mut Instance, now: Now) {
@@ -906,9 +991,10 @@ impl Connection {
         if self.closing {
             return;
         }
+        let answering = self.answering();
         match &mut self.state {
-            // Nothing is read while a large answer is being written: no request's clock runs.
-            State::Reading { .. } if self.tail.is_some() => {}
+            // Nothing is read while an answer is being written: no request's clock runs.
+            State::Reading { .. } if answering => {}
             State::Reading { .. } => {
                 if self.parser.in_body()
                     && self
@@ -925,7 +1011,7 @@ impl Connection {
                 } else if !self.reading_head()
                     && !self.parser.in_body()
                     && self.backlog() == 0
-                    && self.tail.is_none()
+                    && !self.answering()
                     && t >= self.idle_since + l.idle_timeout_ms
                 {
                     self.closing = true;
@@ -1023,13 +1109,13 @@ impl Connection {
         self.date.1.clone()
     }
 
-    /// Runs the state machine as far as it can go without new input.
+    /// Runs the state machine as far as it can go without new input. What it decides to
+    /// answer is framed by [`Connection::produce`], and encrypted there.
     fn drive(&mut self, inst: &mut Instance, now: Now) {
         self.release(inst, now);
-        self.pump_tail();
         loop {
-            if self.tail.is_some() {
-                // The large answer goes out first; what comes after it waits.
+            if self.answering() {
+                // The answer being written goes out first; what comes after it waits.
                 break;
             }
             let progressed = match self.state {
@@ -1051,13 +1137,12 @@ impl Connection {
             (State::Reading { .. }, false) => self.head_started = None,
             _ => {}
         }
-        self.encrypt();
         self.note_output(now);
     }
 
     /// Reads and answers buffered requests. True when it moved to another state.
     fn read_requests(&mut self, inst: &mut Instance, now: Now) -> bool {
-        while !self.closing && self.backlog() < self.limits.max_output_bytes {
+        while !self.closing && !self.answering() && self.backlog() < self.limits.max_output_bytes {
             let event = match self.parser.next_event() {
                 Ok(Some(e)) => e,
                 Ok(None) => return false,
@@ -1153,7 +1238,7 @@ impl Connection {
                 false
             }
             Route::Card { head_only } => {
-                self.write_card(inst, &head, head_only, now);
+                self.answer_card(inst, &head, head_only, now);
                 false
             }
             Route::Rpc => self.answer_rpc(inst, head, body, now),
@@ -1316,18 +1401,26 @@ impl Connection {
                     let task = json.task().id.clone();
                     self.note_task(&task);
                 }
-                let answer = TaskAnswer {
+                // Held (below) when it acknowledges a change, so never refused for room.
+                let instead = changed.map(|seq| {
+                    (
+                        seq,
+                        Instead::Rpc {
+                            id: id.clone(),
+                            minor,
+                        },
+                    )
+                });
+                self.deferred = Some(Deferred::Task(TaskAnswer {
                     json,
-                    id: &id,
+                    id,
                     keep_alive,
                     minor,
                     echo: activated.echo(),
                     acknowledges: changed.is_some(),
-                };
-                if self.write_task_result(inst, answer, now) {
-                    if let Some(seq) = changed {
-                        self.hold_from(inst, start, seq, Instead::Rpc { id, minor });
-                    }
+                }));
+                if let Some((seq, instead)) = instead {
+                    self.hold_from(inst, start, seq, instead);
                 }
                 false
             }
@@ -1341,18 +1434,25 @@ impl Connection {
                     let task = reqlog::peek_result_task(&result);
                     self.note_task(task.as_str());
                 }
-                // A read's large answer waits for room in the pool; an answer that
-                // acknowledges a change is always given (its request carried the bytes).
-                if changed.is_none() && !self.admit_large(inst, result.len()) {
-                    let err = self.large_refusal(result.len());
-                    self.write_error_reply(&err, &id, keep_alive, minor, now);
-                    return false;
-                }
-                let mut doc = Vec::with_capacity(result.len() + 48);
-                jsonrpc::write_result_raw(&mut doc, &id, &result);
-                self.write_json_keep(200, &doc, keep_alive, minor, activated.echo(), now);
-                if let Some(seq) = changed {
-                    self.hold_from(inst, start, seq, Instead::Rpc { id, minor });
+                let instead = changed.map(|seq| {
+                    (
+                        seq,
+                        Instead::Rpc {
+                            id: id.clone(),
+                            minor,
+                        },
+                    )
+                });
+                self.deferred = Some(Deferred::Result {
+                    id,
+                    result,
+                    keep_alive,
+                    minor,
+                    echo: activated.echo(),
+                    acknowledges: changed.is_some(),
+                });
+                if let Some((seq, instead)) = instead {
+                    self.hold_from(inst, start, seq, instead);
                 }
                 false
             }
@@ -1855,15 +1955,14 @@ impl Connection {
         let start = self.out.len();
         match json {
             Some(json) => {
-                let answer = TaskAnswer {
+                self.deferred = Some(Deferred::Task(TaskAnswer {
                     json: Box::new(json),
-                    id: &id,
+                    id: id.clone(),
                     keep_alive,
                     minor: minor_version,
                     echo: activated.echo(),
                     acknowledges: true,
-                };
-                self.write_task_result(inst, answer, now);
+                }));
             }
             None => {
                 let mut doc = Vec::with_capacity(256);
@@ -2027,7 +2126,8 @@ impl Connection {
         self.stream_ended(now);
     }
 
-    fn write_card(&mut self, inst: &Instance, head: &RequestHead, head_only: bool, now: Now) {
+    /// The card: taken (shared) under the instance, copied out by `produce`.
+    fn answer_card(&mut self, inst: &Instance, head: &RequestHead, head_only: bool, now: Now) {
         let Some(card) = inst.card(self.listener) else {
             self.write_simple(404, None, now, head, !head.keep_alive);
             return;
@@ -2035,14 +2135,60 @@ impl Connection {
         let fresh = head
             .header_all("if-none-match")
             .any(|v| etag_matches(v, &card.etag));
-        let date = self.date(now);
-        let mut h = Head::new(if fresh { 304 } else { 200 }, &date)
-            .header("content-type", "application/json")
-            .header("etag", Cow::Owned(card.etag.clone()))
-            .header("cache-control", "public, max-age=60")
-            .header("access-control-allow-origin", "*");
-        self.finish_head(&mut h, head.minor_version, head.keep_alive, now);
-        h.write_full(&mut self.out, &card.body, head_only);
+        self.deferred = Some(Deferred::Card {
+            card: card.clone(),
+            fresh,
+            head_only,
+            keep_alive: head.keep_alive,
+            minor: head.minor_version,
+        });
+    }
+
+    /// Frames the answer `serve` decided, if one waits. True when one did.
+    fn frame_deferred(&mut self, now: Now) -> bool {
+        let Some(deferred) = self.deferred.take() else {
+            return false;
+        };
+        match deferred {
+            Deferred::Card {
+                card,
+                fresh,
+                head_only,
+                keep_alive,
+                minor,
+            } => {
+                let date = self.date(now);
+                let mut h = Head::new(if fresh { 304 } else { 200 }, &date)
+                    .header("content-type", "application/json")
+                    .header("etag", Cow::Borrowed(card.etag.as_str()))
+                    .header("cache-control", "public, max-age=60")
+                    .header("access-control-allow-origin", "*");
+                self.finish_head(&mut h, minor, keep_alive, now);
+                h.write_full(&mut self.out, &card.body, head_only);
+            }
+            Deferred::Result {
+                id,
+                result,
+                keep_alive,
+                minor,
+                echo,
+                acknowledges,
+            } => {
+                // A read's large answer waits for room in the pool; an answer that
+                // acknowledges a change is always given (its request carried the bytes).
+                if !acknowledges && !self.admit_large(result.len()) {
+                    let err = self.large_refusal(result.len());
+                    self.write_error_reply(&err, &id, keep_alive, minor, now);
+                    return true;
+                }
+                let mut doc = Vec::with_capacity(result.len() + 48);
+                jsonrpc::write_result_raw(&mut doc, &id, &result);
+                drop(result);
+                self.write_json_keep(200, &doc, keep_alive, minor, echo, now);
+            }
+            Deferred::Task(answer) => self.write_task_result(answer, now),
+        }
+        true
     }
 
     /// 401: who the caller is could not be established. The challenge says which scheme.
@@ -2104,9 +2250,9 @@ impl Connection {
     }
 
     /// A JSON-RPC result holding one task: written whole when it fits the output bound;
-    /// otherwise its head now and the task as the peer reads it. False when a read's large
-    /// answer found the pool spent (a refusal was written instead).
-    fn write_task_result(&mut self, inst: &Instance, answer: TaskAnswer<'_>, now: Now) -> bool {
+    /// otherwise its head now and the task as the peer reads it. A read's large answer that
+    /// finds the pool spent is refused instead.
+    fn write_task_result(&mut self, answer: TaskAnswer, now: Now) {
         let TaskAnswer {
             mut json,
             id,
@@ -2128,14 +2274,14 @@ impl Connection {
         };
         if len <= bound {
             self.write_json_keep(200, &json.to_vec(), keep_alive, minor, echo, now);
-            return true;
+            return;
         }
         // The bytes are shared with the store while the task is unchanged, but a reader
         // that does not read keeps what the store has since replaced: the pool bounds that.
-        if !acknowledges && !self.admit_large(inst, len) {
+        if !acknowledges && !self.admit_large(len) {
             let err = self.large_refusal(len);
-            self.write_error_reply(&err, id, keep_alive, minor, now);
-            return false;
+            self.write_error_reply(&err, &id, keep_alive, minor, now);
+            return;
         }
         let date = self.date(now);
         let mut h = Head::new(200, &date).header("content-type", "application/json");
@@ -2150,7 +2296,6 @@ impl Connection {
             then: Vec::new(),
         });
         self.pump_tail();
-        true
     }
 
     /// A JSON answer; `echo` is the `A2A-Extensions` value of a successful one.

@@ -347,10 +347,13 @@ impl std::fmt::Display for CompletionError {
 
 impl std::error::Error for CompletionError {}
 
-/// A pre-serialized card and its entity tag.
+/// A pre-serialized card and its entity tag. Shared (`Arc`) so that an answer can take it
+/// under the lock and copy its bytes into the connection's output outside it.
 #[derive(Clone, Debug)]
 pub struct CachedCard {
+    /// The card's JSON, as served.
     pub body: Vec<u8>,
+    /// Its strong entity tag, quoted, for `ETag` and `If-None-Match`.
     pub etag: String,
 }
 
@@ -417,7 +420,7 @@ pub(crate) struct PendingCall {
 /// The shared state of one daemon.
 pub struct Instance {
     pub(crate) config: InstanceConfig,
-    pub(crate) cards: Vec<CachedCard>,
+    pub(crate) cards: Vec<std::sync::Arc<CachedCard>>,
     pub(crate) tasks: TaskStore,
     /// Recent stream events per task, for reconnecting streams.
     pub(crate) replay: crate::tasks::replay::Replay,
@@ -1104,7 +1107,7 @@ impl Instance {
     }
 
     /// The public card of a listener.
-    pub fn card(&self, listener: usize) -> Option<&CachedCard> {
+    pub fn card(&self, listener: usize) -> Option<&std::sync::Arc<CachedCard>> {
         self.cards.get(listener)
     }
 
@@ -1456,15 +1459,15 @@ pub(crate) fn result_artifact(task_id: &str, result: serde_json::Value) -> Optio
 }
 
 /// The pre-serialized card of every listener.
-fn build_cards(config: &InstanceConfig) -> Vec<CachedCard> {
+fn build_cards(config: &InstanceConfig) -> Vec<std::sync::Arc<CachedCard>> {
     (0..config.listeners.len())
         .map(|i| {
             let body = serde_json::to_vec(&build_card(config, i)).unwrap_or_default();
             let digest = crate::digest::sha256(&body);
-            CachedCard {
+            std::sync::Arc::new(CachedCard {
                 etag: format!("\"{}\"", &crate::ids::hex(&digest)[..32]),
                 body,
-            }
+            })
         })
         .collect()
 }

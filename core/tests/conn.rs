@@ -1066,6 +1066,67 @@ fn pipelined_requests_answer_in_order_behind_a_pending_one() {
     assert_eq!(ids, [json!(2), json!(3)]);
 }
 
+/// A driver that shares the instance behind a lock calls `serve` under it and `produce`
+/// outside it: `serve` decides the answer and frames nothing costly (no card bytes, no task
+/// serialized); `produce` frames it and says when a request read behind it waits.
+#[test]
+fn serve_decides_an_answer_and_produce_frames_it() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let task = new_task(&mut h, &mut c, "hello");
+    let card_len = h.inst.card(0).expect("a card").body.len();
+    let mut bytes = CARD_GET.to_vec();
+    bytes.extend(call("GetTask", 7, json!({"id": task})));
+    assert!(c.conn.receive(&bytes, h.now), "plaintext to serve");
+
+    c.conn.serve(&mut h.inst, h.now);
+    assert!(
+        c.conn.pending_output().is_empty(),
+        "nothing is framed under the instance"
+    );
+    assert!(
+        !c.conn.wants_read(),
+        "no read while an answer waits to be framed"
+    );
+    assert!(c.conn.produce(h.now), "a request waits behind the card");
+    let card = one(&c.drain(&h));
+    assert_eq!(card.status, 200);
+    assert_eq!(card.body.len(), card_len);
+    assert_eq!(
+        card.header("etag"),
+        Some(h.inst.card(0).unwrap().etag.as_str())
+    );
+
+    c.conn.serve(&mut h.inst, h.now);
+    assert!(
+        c.conn.pending_output().is_empty(),
+        "the task is not serialized here"
+    );
+    assert!(!c.conn.produce(h.now), "nothing more to serve");
+    let got = one(&c.drain(&h)).json();
+    assert_eq!(got["id"], 7);
+    assert_eq!(got["result"]["id"], task.as_str());
+    assert!(c.conn.wants_read());
+}
+
+/// Requests and the end of input read in one go: every request is answered before the
+/// connection closes, though each answer is framed after the one before it.
+#[test]
+fn every_request_read_before_the_end_is_answered() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let mut bytes = CARD_GET.to_vec();
+    bytes.extend(call("GetTask", 2, json!({"id": "nope"})));
+    bytes.extend_from_slice(CARD_GET);
+    assert!(c.conn.receive(&bytes, h.now));
+    c.conn.handle_eof(&mut h.inst, h.now);
+    let out = parse_all(&c.drain(&h));
+    let statuses: Vec<u16> = out.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [200, 200, 200]);
+    assert_eq!(out[1].json()["error"]["code"], -32001);
+    assert!(c.conn.is_finished());
+}
+
 #[test]
 fn output_backlog_stops_reading() {
     let mut h = Harness::new();

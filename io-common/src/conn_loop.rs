@@ -7,7 +7,8 @@
 //! ```text
 //! loop {
 //!     match lp.next(&conn) {
-//!         Next::Poll => conn.poll(&mut instance.lock(), now),          // then take records
+//!         Next::Poll => { conn.serve(&mut instance.lock(), now);     // under the lock
+//!                         lp.served(&mut conn, now) }                 // framing, TLS: not
 //!         Next::Write => { write pending_output, consume_output; lp.written() }
 //!         Next::Read { deadline } => bytes: lp.received(&mut conn, bytes, now);
 //!                                    end of input: conn.handle_eof(..);
@@ -24,7 +25,8 @@ use agentd_core::{Connection, Now};
 /// What the driver does next for a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Next {
-    /// Call `Connection::poll` under the lock (and take its request records).
+    /// Call `Connection::serve` under the lock, then [`ConnLoop::served`] outside it (and
+    /// take the request records).
     Poll,
     /// Write `pending_output`, reporting each write with `consume_output`, until none is
     /// left; then call [`ConnLoop::written`]. Close if the peer is gone or does not read for
@@ -87,6 +89,13 @@ impl ConnLoop {
     /// have made room for more (a long replay, the next frames of a stream).
     pub fn written(&mut self) {
         self.poll = true;
+    }
+
+    /// `Connection::serve` ran (under the lock): what it decided is framed and encrypted
+    /// here, outside the lock. The core is served again first if a request waits behind
+    /// the answer just framed.
+    pub fn served(&mut self, conn: &mut Connection, now: Now) {
+        self.poll = conn.produce(now);
     }
 
     /// Bytes read from the peer, given to the connection without the instance (a TLS

@@ -343,7 +343,8 @@ impl Ctx {
             match lp.next(&conn) {
                 Next::Close => break,
                 Next::Poll => {
-                    conn.poll(&mut self.lock(), self.clock.now());
+                    conn.serve(&mut self.lock(), self.clock.now());
+                    lp.served(&mut conn, self.clock.now());
                     log_requests(&mut conn);
                 }
                 Next::Write => {
