@@ -28,7 +28,7 @@ use crate::auth::{Peer, Principal, Unauthenticated};
 use crate::errors::{ErrorKind, RpcError};
 use crate::ext::negotiate::ExtSet;
 use crate::http::response::{self, Head};
-use crate::http::{Event, Method, RequestHead, RequestParser};
+use crate::http::{Event, HttpError, Method, RequestHead, RequestParser};
 use crate::instance::{CachedCard, ConnLimits, Instance, SubId};
 use crate::instance::{CallId, CallOutcome, CommandAnswer};
 use crate::jsonrpc::{self, RequestId};
@@ -185,6 +185,10 @@ pub struct Connection {
     /// costly part of answering (serializing a task, copying a card or a result) runs
     /// outside the instance. No further request is served until it is framed.
     deferred: Option<Deferred>,
+    /// What the parser gave ahead of [`Connection::serve`], outside the instance: the next
+    /// request's head, then its body (or the error that ends the connection). At most one
+    /// request.
+    ahead: VecDeque<Result<Event, HttpError>>,
 }
 
 /// An answer decided under the instance and not yet framed. It owns (or shares) everything
@@ -334,6 +338,7 @@ impl Connection {
             large_pool: None,
             tail: None,
             deferred: None,
+            ahead: VecDeque::new(),
         }
     }
 
@@ -667,7 +672,33 @@ impl Connection {
             self.unprepared.extend_from_slice(bytes);
             return true;
         }
-        self.take_input(bytes)
+        let serve = self.take_input(bytes);
+        self.read_ahead();
+        serve
+    }
+
+    /// Parses the next request out of the input, outside the instance, unless one is
+    /// parsed already: its head (so its route can be decided before its body arrives), and
+    /// its body once whole.
+    fn read_ahead(&mut self) {
+        while !self.closing && !matches!(self.ahead.back(), Some(Ok(Event::Body(_)) | Err(_))) {
+            match self.parser.next_event() {
+                Ok(Some(event)) => self.ahead.push_back(Ok(event)),
+                Ok(None) => return,
+                Err(e) => self.ahead.push_back(Err(e)),
+            }
+        }
+    }
+
+    /// Bytes of the request parsed ahead.
+    fn ahead_bytes(&self) -> usize {
+        self.ahead
+            .iter()
+            .map(|e| match e {
+                Ok(Event::Body(b)) => b.len(),
+                _ => 0,
+            })
+            .sum()
     }
 
     /// Prepares a connection its driver did not prepare, and takes the bytes it received
@@ -815,7 +846,11 @@ impl Connection {
         self.pump_tail();
         self.encrypt();
         self.note_output(now);
-        framed && !self.closing && self.tail.is_none() && self.parser.buffered() > 0
+        if !framed || self.closing || self.tail.is_some() {
+            return false;
+        }
+        self.read_ahead();
+        !self.ahead.is_empty() || self.parser.buffered() > 0
     }
 
     /// Bytes to write to the peer.
@@ -881,7 +916,8 @@ impl Connection {
             && !self.answering()
             && matches!(self.state, State::Reading { .. })
             && self.backlog() < self.limits.max_output_bytes
-            && self.parser.buffered() + self.unprepared.len() < self.limits.http.input_capacity()
+            && self.parser.buffered() + self.unprepared.len() + self.ahead_bytes()
+                < self.limits.http.input_capacity()
     }
 
     /// The connection is done: close the socket, then call [`Connection::close`].
@@ -949,7 +985,7 @@ impl Connection {
             State::Reading { .. } if self.reading_head() => {
                 self.head_started.map(|t| t + l.header_timeout_ms)
             }
-            State::Reading { .. } if self.backlog() == 0 => {
+            State::Reading { .. } if self.backlog() == 0 && self.ahead.is_empty() => {
                 Some(self.idle_since + l.idle_timeout_ms)
             }
             State::Reading { .. } => None,
@@ -1012,6 +1048,7 @@ impl Connection {
                     && !self.parser.in_body()
                     && self.backlog() == 0
                     && !self.answering()
+                    && self.ahead.is_empty()
                     && t >= self.idle_since + l.idle_timeout_ms
                 {
                     self.closing = true;
@@ -1143,10 +1180,13 @@ impl Connection {
     /// Reads and answers buffered requests. True when it moved to another state.
     fn read_requests(&mut self, inst: &mut Instance, now: Now) -> bool {
         while !self.closing && !self.answering() && self.backlog() < self.limits.max_output_bytes {
-            let event = match self.parser.next_event() {
-                Ok(Some(e)) => e,
-                Ok(None) => return false,
-                Err(e) => {
+            if self.ahead.is_empty() {
+                self.read_ahead();
+            }
+            let event = match self.ahead.pop_front() {
+                Some(Ok(e)) => e,
+                None => return false,
+                Some(Err(e)) => {
                     self.refuse_and_close(e.status, e.reason, now);
                     return false;
                 }
@@ -2516,4 +2556,81 @@ fn etag_matches(header: &[u8], etag: &str) -> bool {
     text.split(',')
         .map(str::trim)
         .any(|t| t == "*" || t.strip_prefix("W/").unwrap_or(t) == etag)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::CounterEntropy;
+    use crate::instance::{InstanceConfig, ListenerInfo, ListenerKind};
+
+    fn setup() -> (Instance, Connection, Now) {
+        let now = Now::new(0, 1_767_225_600_000);
+        let config = InstanceConfig::new(vec![ListenerInfo {
+            kind: ListenerKind::Tcp,
+            url: "http://127.0.0.1:8420/".into(),
+            loopback: true,
+        }]);
+        let inst = Instance::new(config.clone(), Box::new(CounterEntropy(1)), now);
+        let waker = std::task::Waker::noop().clone();
+        let mut conn = Connection::new(0, Peer::Tcp, config.conn, waker, now);
+        conn.prepare(&inst);
+        (inst, conn, now)
+    }
+
+    /// `receive` (outside the instance) parses the next request, head and body, so `serve`
+    /// (under it) only answers; one request at most is parsed ahead.
+    #[test]
+    fn receive_parses_one_request_ahead_of_serve() {
+        let (mut inst, mut conn, now) = setup();
+        let body = br#"{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"id":"x"}}"#;
+        let one = format!(
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             A2A-Version: 1.0\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let mut two = [one.as_bytes(), body].concat();
+        two.extend_from_within(..);
+        assert!(conn.receive(&two, now));
+        assert!(
+            matches!(
+                conn.ahead.iter().collect::<Vec<_>>().as_slice(),
+                [Ok(Event::Head(_)), Ok(Event::Body(b))] if b.as_slice() == body
+            ),
+            "the first request is parsed: {:?}",
+            conn.ahead
+        );
+        assert_eq!(
+            conn.parser.buffered(),
+            one.len() + body.len(),
+            "the second is not"
+        );
+        conn.serve(&mut inst, now);
+        assert!(
+            conn.ahead.is_empty() && conn.parser.buffered() == 0,
+            "both served"
+        );
+        assert!(!conn.produce(now));
+        let out = String::from_utf8_lossy(conn.pending_output()).into_owned();
+        assert_eq!(out.matches("-32001").count(), 2, "{out}");
+
+        // Behind an answer framed by `produce`, the next request is parsed there too.
+        let card = b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: x\r\n\r\n";
+        let n = conn.pending_output().len();
+        conn.consume_output(n, now);
+        assert!(conn.receive(&[&card[..], &card[..]].concat(), now));
+        conn.serve(&mut inst, now);
+        assert_eq!(
+            conn.parser.buffered(),
+            card.len(),
+            "one card served, one buffered"
+        );
+        assert!(conn.produce(now), "the second card waits");
+        assert_eq!(conn.parser.buffered(), 0, "parsed outside the instance");
+        assert_eq!(conn.ahead.len(), 2);
+        conn.serve(&mut inst, now);
+        assert!(!conn.produce(now));
+        let out = String::from_utf8_lossy(conn.pending_output()).into_owned();
+        assert_eq!(out.matches("HTTP/1.1 200").count(), 2, "{out}");
+    }
 }
