@@ -8,6 +8,13 @@
 //! 4. at [`Connection::poll_timeout`], [`Connection::handle_timeout`];
 //! 5. once [`Connection::is_finished`], close the socket and call [`Connection::close`].
 //!
+//! What needs the instance and what does not are separate calls, for a driver that shares
+//! the instance behind a lock: [`Connection::receive`] (TLS, and the HTTP parser reading the
+//! next request ahead), [`Connection::produce`] (framing the answer decided, a large
+//! answer's slices, TLS) and the output calls take no instance; only
+//! [`Connection::serve`], which decides the answers, does. `handle_input` and `poll` are
+//! `receive`, `serve` and `produce` together.
+//!
 //! Responses leave in request order. While one is pending (a blocking send waiting for its
 //! task, or an open stream) later pipelined requests wait in the parser's buffer.
 //!
@@ -32,6 +39,7 @@ use crate::http::{Event, HttpError, Method, RequestHead, RequestParser};
 use crate::instance::{CachedCard, ConnLimits, Instance, SubId};
 use crate::instance::{CallId, CallOutcome, CommandAnswer};
 use crate::jsonrpc::{self, RequestId};
+use crate::ready::ConnKey;
 use crate::reqlog::{self, Dropped, Keep, Label, Limiter, Phase, Refusal, RequestRecord};
 use crate::rpc::{self, CallContext, Reply};
 use crate::time::{http_date, Now};
@@ -137,6 +145,9 @@ pub struct Connection {
     source: Option<crate::limits::Source>,
     limits: ConnLimits,
     waker: Waker,
+    /// This connection in the instance's registry of wakers, once it waits on anything
+    /// there (a task, a host's answer, the feed, durability).
+    key: Option<ConnKey>,
     parser: RequestParser,
     out: Vec<u8>,
     out_pos: usize,
@@ -311,6 +322,7 @@ impl Connection {
             source: None,
             limits,
             waker,
+            key: None,
             parser: RequestParser::new(limits.http),
             out: Vec::new(),
             out_pos: 0,
@@ -560,7 +572,8 @@ impl Connection {
             seq,
             instead,
         });
-        inst.wait_durable(seq, &self.waker);
+        let key = self.key(inst);
+        inst.wait_durable(seq, key);
     }
 
     /// Releases the holds whose changes are durable now; gives them up if the store cannot
@@ -944,6 +957,9 @@ impl Connection {
             inst.set_holding(false);
         }
         self.end_state(inst);
+        if let Some(key) = self.key.take() {
+            inst.forget_conn(key);
+        }
         self.tail = None;
         self.deferred = None;
         self.release_large(usize::MAX);
@@ -1574,8 +1590,9 @@ impl Connection {
                 streaming,
                 history_length,
             } => {
+                let key = self.key(inst);
                 if let Some(c) = inst.call(call) {
-                    c.waker = Some(self.waker.clone());
+                    c.conn = Some(key);
                 }
                 self.state = State::Calling {
                     call,
@@ -1594,10 +1611,19 @@ impl Connection {
     }
 
     /// Points a subscription's wake-ups at this connection.
-    fn watch(&self, inst: &mut Instance, sub: SubId) {
+    fn watch(&mut self, inst: &mut Instance, sub: SubId) {
+        let key = self.key(inst);
         if let Some(s) = inst.subscription(sub) {
-            s.waker = Some(self.waker.clone());
+            s.conn = Some(key);
         }
+    }
+
+    /// This connection's key in the instance's registry of wakers, registered the first
+    /// time it waits on anything there.
+    fn key(&mut self, inst: &mut Instance) -> ConnKey {
+        *self
+            .key
+            .get_or_insert_with(|| inst.register_conn(&self.waker))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1680,7 +1706,8 @@ impl Connection {
             }
             None => (0, from_seq > 0, 0),
         };
-        let watcher = inst.watch_feed(self.waker.clone());
+        let watcher = self.key(inst);
+        inst.watch_feed(watcher);
         let chunked = self.write_stream_head(minor, keep_alive, activated, now);
         let hello = crate::feed::hello(
             newest,

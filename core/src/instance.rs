@@ -8,6 +8,8 @@ use crate::errors::RecordError;
 use std::collections::{HashMap, VecDeque};
 use std::task::Waker;
 
+use crate::ready::{ConnKey, Ready};
+
 use crate::a2a::card::{AgentCapabilities, AgentCard, AgentInterface};
 use crate::a2a::types::{
     Artifact, Message, Part, StreamResponse, TaskArtifactUpdateEvent, TaskState,
@@ -372,7 +374,8 @@ pub(crate) struct Subscription {
     pub(crate) settled: bool,
     /// Only `settled` matters (a blocking send), not the events.
     pub(crate) wait_only: bool,
-    pub(crate) waker: Option<Waker>,
+    /// The connection to wake when an event comes.
+    pub(crate) conn: Option<ConnKey>,
 }
 
 /// How a command call's client waits for its task.
@@ -410,7 +413,8 @@ pub(crate) struct PendingCall {
     /// The request activated task annotations.
     pub(crate) annotate: bool,
     pub(crate) history: Option<usize>,
-    pub(crate) waker: Option<Waker>,
+    /// The connection to wake when the host answers.
+    pub(crate) conn: Option<ConnKey>,
     pub(crate) outcome: Option<CallOutcome>,
     /// The message's digest, for a task op: its task records the message as accepted, so
     /// a retry finds the task.
@@ -438,9 +442,11 @@ pub struct Instance {
     pub(crate) feed: Option<crate::feed::Ring>,
     /// Pending device codes and open sessions.
     pub(crate) sessions: crate::sessions::Sessions,
-    /// Wakers of the connections streaming the feed.
-    feed_watchers: HashMap<u64, Waker>,
-    next_feed_watcher: u64,
+    /// The connections streaming the feed.
+    feed_watchers: std::collections::HashSet<ConnKey>,
+    /// The connections' wakers: the one registry every wake-up of a connection goes
+    /// through.
+    pub(crate) ready: Ready,
     /// Stops accepting new work (the runtime's drain sets it).
     pub draining: bool,
     /// Holds new work (the runtime's pause sets it).
@@ -476,7 +482,7 @@ struct WriteAhead {
     drained: u64,
     waker: Option<Waker>,
     /// Connections holding an answer until the sequence is durable.
-    waiters: Vec<(u64, Waker)>,
+    waiters: Vec<(u64, ConnKey)>,
     /// Connections with held output: a drain waits for them as for any other answer.
     holding: usize,
 }
@@ -518,8 +524,8 @@ impl Instance {
             effect_waker: None,
             started: now,
             sessions: crate::sessions::Sessions::default(),
-            feed_watchers: HashMap::new(),
-            next_feed_watcher: 1,
+            feed_watchers: Default::default(),
+            ready: Ready::default(),
             commands: Commands::new(),
             calls: HashMap::new(),
             next_call: 1,
@@ -575,8 +581,8 @@ impl Instance {
         let failing = why.is_some() && self.store_unavailable.is_none();
         self.store_unavailable = why;
         if failing {
-            for (_, w) in std::mem::take(&mut self.wal.waiters) {
-                w.wake();
+            for (_, conn) in std::mem::take(&mut self.wal.waiters) {
+                self.ready.wake(conn);
             }
         }
     }
@@ -617,10 +623,10 @@ impl Instance {
         }
     }
 
-    /// A connection holds output until `seq` is durable: `waker` hears when it is.
-    pub(crate) fn wait_durable(&mut self, seq: u64, waker: &Waker) {
+    /// A connection holds output until `seq` is durable: it is woken when it is.
+    pub(crate) fn wait_durable(&mut self, seq: u64, conn: ConnKey) {
         self.announce_records();
-        self.wal.waiters.push((seq, waker.clone()));
+        self.wal.waiters.push((seq, conn));
     }
 
     /// Drains what changed since the last call: one record per changed key, as it stands
@@ -711,8 +717,8 @@ impl Instance {
             .into_iter()
             .partition(|(s, _)| *s <= seq);
         self.wal.waiters = waiting;
-        for (_, w) in ready {
-            w.wake();
+        for (_, conn) in ready {
+            self.ready.wake(conn);
         }
     }
 
@@ -798,8 +804,8 @@ impl Instance {
             return Ok(0);
         };
         let seq = crate::feed::push(ring, event, now.epoch_ms, introspection)?;
-        for w in self.feed_watchers.values() {
-            w.wake_by_ref();
+        for conn in &self.feed_watchers {
+            self.ready.wake(*conn);
         }
         Ok(seq)
     }
@@ -845,8 +851,8 @@ impl Instance {
                 now,
             );
         }
-        for w in self.feed_watchers.values() {
-            w.wake_by_ref();
+        for conn in &self.feed_watchers {
+            self.ready.wake(*conn);
         }
     }
 
@@ -865,15 +871,30 @@ impl Instance {
         self.feed.as_ref()
     }
 
-    pub(crate) fn watch_feed(&mut self, waker: Waker) -> u64 {
-        let id = self.next_feed_watcher;
-        self.next_feed_watcher += 1;
-        self.feed_watchers.insert(id, waker);
-        id
+    /// Connection `conn` streams the feed: it is woken by every event.
+    pub(crate) fn watch_feed(&mut self, conn: ConnKey) {
+        self.feed_watchers.insert(conn);
     }
 
-    pub(crate) fn unwatch_feed(&mut self, id: u64) {
-        self.feed_watchers.remove(&id);
+    pub(crate) fn unwatch_feed(&mut self, conn: ConnKey) {
+        self.feed_watchers.remove(&conn);
+    }
+
+    /// Registers a connection's waker in the one registry ([`crate::ready`]).
+    pub(crate) fn register_conn(&mut self, waker: &Waker) -> ConnKey {
+        self.ready.register(waker)
+    }
+
+    /// A connection closed: it is woken no more.
+    pub(crate) fn forget_conn(&mut self, conn: ConnKey) {
+        self.feed_watchers.remove(&conn);
+        self.ready.forget(conn);
+    }
+
+    /// Connections registered to be woken: each waits, or has waited, on something here (a
+    /// task, a host's answer, the feed, durability) and is forgotten when it closes.
+    pub fn registered_connections(&self) -> usize {
+        self.ready.len()
     }
 
     /// Connections streaming the feed.
@@ -947,8 +968,8 @@ impl Instance {
             }
         }
         call.outcome = Some(CallOutcome::Answered(answer));
-        if let Some(w) = &call.waker {
-            w.wake_by_ref();
+        if let Some(conn) = call.conn {
+            self.ready.wake(conn);
         }
         Ok(())
     }
@@ -998,9 +1019,9 @@ impl Instance {
             CallMode::Immediate => None,
         };
         let call = self.calls.get_mut(&id).expect("checked above");
-        if let (Some(sub), Some(w)) = (sub, &call.waker) {
+        if let (Some(sub), Some(conn)) = (sub, call.conn) {
             if let Some(s) = self.subs.get_mut(&sub) {
-                s.waker = Some(w.clone());
+                s.conn = Some(conn);
             }
         }
         call.outcome = Some(CallOutcome::Started {
@@ -1009,8 +1030,8 @@ impl Instance {
             first,
             first_seq,
         });
-        if let Some(w) = &call.waker {
-            w.wake_by_ref();
+        if let Some(conn) = call.conn {
+            self.ready.wake(conn);
         }
         Ok(())
     }
@@ -1344,8 +1365,8 @@ impl Instance {
                     sub.queue.push_back((seq, event.clone()));
                 }
             }
-            if let Some(w) = &sub.waker {
-                w.wake_by_ref();
+            if let Some(conn) = sub.conn {
+                self.ready.wake(conn);
             }
         }
     }
@@ -1361,7 +1382,7 @@ impl Instance {
                 overflowed: false,
                 settled: false,
                 wait_only,
-                waker: None,
+                conn: None,
             },
         );
         self.watchers

@@ -52,6 +52,7 @@ pub mod jsonrpc;
 pub mod limits;
 pub mod oauth;
 pub mod push;
+mod ready;
 pub mod reqlog;
 pub mod rpc;
 pub mod sessions;

@@ -1013,7 +1013,7 @@ fn run_command(
         message,
         annotate: checked_annotate,
         history,
-        waker: None,
+        conn: None,
         outcome: None,
         digest,
     };

@@ -780,6 +780,46 @@ fn streaming_send_frames_and_keep_alive() {
     assert_eq!(next.status, 200);
 }
 
+/// Every wake-up of a connection goes through one registry: a connection that waits on a
+/// task wakes once per event through its one registration, one that only reads never
+/// registers, and a closed one is forgotten.
+#[test]
+fn a_connection_registers_its_waker_once_and_is_forgotten_at_close() {
+    let mut h = Harness::new();
+    let mut reader = h.conn();
+    assert_eq!(one(&reader.feed(&mut h, CARD_GET)).status, 200);
+    assert_eq!(
+        h.inst.registered_connections(),
+        0,
+        "a read waits on nothing"
+    );
+
+    let mut c = h.conn();
+    c.feed(
+        &mut h,
+        &call(
+            "SendStreamingMessage",
+            5,
+            json!({"message": text_message("hi", &fresh_id())}),
+        ),
+    );
+    assert_eq!(h.inst.registered_connections(), 1);
+    let task_id = h.turn();
+    let before = c.wakes();
+    complete(&mut h, &task_id, TaskState::Working, None);
+    assert!(c.wakes() > before, "an event wakes the stream's connection");
+    assert_eq!(reader.wakes(), 0, "and no other");
+    c.poll(&mut h);
+    // A second stream on another connection: two registrations, one per connection.
+    let mut other = h.conn();
+    other.feed(&mut h, &call("SubscribeToTask", 6, json!({"id": task_id})));
+    assert_eq!(h.inst.registered_connections(), 2);
+    c.conn.close(&mut h.inst);
+    other.conn.close(&mut h.inst);
+    assert_eq!(h.inst.registered_connections(), 0, "closed: forgotten");
+    assert_eq!(h.inst.subscription_count(), 0);
+}
+
 #[test]
 fn streams_end_at_input_required_and_http10_streams_close() {
     let mut h = Harness::new();
