@@ -316,3 +316,40 @@ fn workflows_model_and_lifecycle_go_through_the_instance() {
     assert!(h.inst.is_draining());
     assert_eq!(status(&mut h, ann())["draining"], true);
 }
+
+#[test]
+fn a_hundred_thousand_conversations_make_no_longer_answer() {
+    let mut h = Harness::new();
+    // 100,000 conversations over 1,000 owners; ann holds every 1,000th.
+    for n in 0..100_000usize {
+        let owner = if n % 1_000 == 0 {
+            ANN.to_owned()
+        } else {
+            format!("user:u{}", n % 1_000)
+        };
+        // A small document: the test is about the count, not the shape.
+        let id = format!("c-{n}");
+        let doc = json!({ "id": id });
+        h.inst
+            .publish_object(ObjectKind::Conversation, &id, Some(&owner), doc);
+    }
+    let op = status(&mut h, Principal::operator());
+    assert_eq!(op["counts"]["conversations"], 100_000);
+    assert_eq!(
+        ids(&op, "conversations"),
+        newest_first("c", 99_900..100_000)
+    );
+    let a = status(&mut h, ann());
+    assert_eq!(a["counts"]["conversations"], 100);
+    let expected: Vec<String> = (0..100).rev().map(|k| format!("c-{}", k * 1_000)).collect();
+    assert_eq!(ids(&a, "conversations"), expected);
+    // The answer is sized by the bound, not the store: about 100 documents and the facts.
+    let one = conversation_doc("c-99999", Some("user:u999"))
+        .to_string()
+        .len();
+    let answer = op.to_string().len();
+    assert!(
+        answer < STATUS_LIST_MAX * (one + 8) + 4096,
+        "{answer} bytes for 100 conversations of {one}"
+    );
+}
