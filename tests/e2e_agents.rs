@@ -179,9 +179,16 @@ fn conversations_are_bounded_by_the_task_bound() {
         .map(|c| c["contextId"].as_str().unwrap())
         .collect();
     assert_eq!(listed.len(), 3, "{listed:?}");
+    // Newest first: the last turn's conversation leads.
+    assert_eq!(listed[0], contexts[5], "{listed:?}");
     for kept in &contexts[3..] {
         assert!(listed.contains(&kept.as_str()), "{kept} in {listed:?}");
     }
+    // The dropped ones were withdrawn from status: the count is the kept ones.
+    assert_eq!(
+        s["result"]["message"]["parts"][0]["data"]["counts"]["conversations"], 3,
+        "{s}"
+    );
     let gone = command(
         &d,
         json!({"op": "conversation.get", "id": contexts[0]}),
@@ -687,6 +694,7 @@ fn two_principals_root_conversations_stay_separate() {
             (s("id"), s("contextId"), s("principal"))
         })
         .collect();
+    assert_eq!(status["counts"]["conversations"], 2, "{status}");
     listed.sort_by(|a, b| a.2.cmp(&b.2));
     assert_eq!(
         listed,

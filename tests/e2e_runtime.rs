@@ -216,6 +216,11 @@ fn workflow_with_a_gate(driver: &str) {
     assert_eq!(runs[0]["output"]["shipped"], "v1.2");
     let off = command(&d, json!({"op": "run.get", "run": runs[0]["run"]}));
     assert_eq!(off["error"]["code"], -32004, "{off}");
+    // So does status: the run the runtime published, and how many there are.
+    let status = read(&d, json!({"op": "status"}));
+    assert_eq!(status["runs"][0]["id"], runs[0]["run"], "{status}");
+    assert_eq!(status["runs"][0]["status"], "completed", "{status}");
+    assert_eq!(status["counts"]["runs"], 1, "{status}");
 
     // The feed saw each step start and end, and the run's states, in order.
     let events = feed(&d);

@@ -447,14 +447,14 @@ pub struct Instance {
     /// The connections' wakers: the one registry every wake-up of a connection goes
     /// through.
     pub(crate) ready: Ready,
-    /// Stops accepting new work (the runtime's drain sets it).
-    pub draining: bool,
-    /// Holds new work (the runtime's pause sets it).
-    pub paused: bool,
+    /// Stops accepting new work ([`Instance::set_draining`]).
+    pub(crate) draining: bool,
+    /// Holds new work ([`Instance::set_paused`]).
+    pub(crate) paused: bool,
     /// Why the instance drains or is paused, for `status` and the feed.
-    pub lifecycle_reason: String,
-    /// The host's objects as `status` shows them.
-    pub view: crate::view::RuntimeView,
+    pub(crate) lifecycle_reason: String,
+    /// The host's objects as `status` shows them ([`Instance::publish_object`]).
+    pub(crate) view: crate::view::RuntimeView,
     /// Webhooks registered per task.
     pub(crate) push_configs: crate::push::PushConfigs,
     /// Write-ahead durability (see [`Instance::set_write_ahead`]).
@@ -1034,6 +1034,59 @@ impl Instance {
             self.ready.wake(conn);
         }
         Ok(())
+    }
+
+    /// Whether the instance drains: new work is refused ([`Instance::set_draining`]).
+    pub fn is_draining(&self) -> bool {
+        self.draining
+    }
+
+    /// Whether the instance is paused: the host holds its work ([`Instance::set_paused`]).
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// Why the instance last began to drain, paused or resumed (empty: never).
+    pub fn lifecycle_reason(&self) -> &str {
+        &self.lifecycle_reason
+    }
+
+    /// Publishes the latest document of one of the host's objects (a run, a conversation, an
+    /// activity) for `status`, held by `owner` (`None`: the operator's alone); it replaces
+    /// the object's earlier document and becomes the newest of its kind. `doc` is the kind's
+    /// feed `data` (§4.4). The host withdraws what it forgets, so the view stays as bounded
+    /// as the host's own tables. O(log n).
+    ///
+    /// This does not tell the feed: the host pushes the same document as a `kind` event with
+    /// [`Instance::push_event`] (and a `kind.removed` event when it withdraws it).
+    pub fn publish_object(
+        &mut self,
+        kind: crate::view::ObjectKind,
+        id: &str,
+        owner: Option<&str>,
+        doc: serde_json::Value,
+    ) {
+        self.view.publish(kind, id, owner, doc);
+    }
+
+    /// Forgets one of the host's objects; whether it was published. O(log n).
+    pub fn withdraw_object(&mut self, kind: crate::view::ObjectKind, id: &str) -> bool {
+        self.view.withdraw(kind, id)
+    }
+
+    /// The host's workflows, as `status` and the extended card list them.
+    pub fn set_workflows(&mut self, workflows: Vec<crate::view::WorkflowEntry>) {
+        self.view.set_workflows(workflows);
+    }
+
+    /// The conversation agent `status.model` names (empty: none).
+    pub fn set_model(&mut self, model: impl Into<String>) {
+        self.view.set_model(model.into());
+    }
+
+    /// What the host has published, to read.
+    pub fn view(&self) -> &crate::view::RuntimeView {
+        &self.view
     }
 
     /// Starts draining: new work is refused with DRAINING from now on, and every feed

@@ -26,7 +26,7 @@ use crate::a2a::piecewise::TaskJson;
 use crate::tasks::replay::Resume;
 use crate::tasks::{decode_page_token, encode_page_token, StoreError, TaskRecord};
 use crate::time::{parse_rfc3339, Now};
-use crate::view::RuntimeView;
+use crate::view::{ObjectKind, STATUS_LIST_MAX};
 
 pub use crate::ext::registry::EVENTS_METHOD;
 
@@ -1120,7 +1120,7 @@ fn extended_card(inst: &Instance, ctx: &CallContext<'_>) -> Result<Reply, RpcErr
         .map(|d| d.workflow.as_str())
         .chain(
             inst.view
-                .workflows
+                .workflows()
                 .iter()
                 .filter(|w| runs_any && w.may_run(p))
                 .map(|w| w.name.as_str()),
@@ -1332,16 +1332,18 @@ fn status_document(inst: &Instance, ctx: &CallContext<'_>) -> serde_json::Value 
     }
     let p = ctx.principal;
     let view = &inst.view;
+    // The host's workflows come from its configuration: as many as it declares.
     let workflows: Vec<&serde_json::Value> = view
-        .workflows
+        .workflows()
         .iter()
         .filter(|w| w.may_run(p))
         .map(|w| &w.doc)
         .collect();
-    let runs: Vec<&serde_json::Value> = RuntimeView::visible(&view.runs, p).collect();
-    let conversations: Vec<&serde_json::Value> =
-        RuntimeView::visible(&view.conversations, p).collect();
-    let activity: Vec<&serde_json::Value> = RuntimeView::visible(&view.activity, p).collect();
+    // The rest grows with use: the newest STATUS_LIST_MAX of each the caller may see, read
+    // off an ordered index (never a walk), and how many it may see in `counts`.
+    let runs = view.page(ObjectKind::Run, p, STATUS_LIST_MAX);
+    let conversations = view.page(ObjectKind::Conversation, p, STATUS_LIST_MAX);
+    let activity = view.page(ObjectKind::Activity, p, STATUS_LIST_MAX);
     serde_json::json!({
         "instance": inst.config.name,
         "uptime_ms": ctx.now.mono_ms.saturating_sub(inst.started().mono_ms),
@@ -1351,20 +1353,23 @@ fn status_document(inst: &Instance, ctx: &CallContext<'_>) -> serde_json::Value 
             None => serde_json::json!({"state": "ok"}),
             Some(why) => serde_json::json!({"state": "degraded", "reason": why}),
         },
-        "model": view.model,
+        "model": view.model(),
         "version": inst.config.version,
         "skills": [],
         "skill_prefix": "",
         "values": {},
         "workflows": workflows,
-        "runs": runs,
-        "conversations": conversations,
-        "activity": activity,
+        "runs": runs.items,
+        "conversations": conversations.items,
+        "activity": activity.items,
         "counts": {
             "tasks": visible,
             "tasksByState": by_state,
             "streams": inst.subscription_count(),
             "pendingCommands": inst.pending_calls(),
+            "runs": runs.total,
+            "conversations": conversations.total,
+            "activity": activity.total,
         },
     })
 }

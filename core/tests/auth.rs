@@ -198,7 +198,10 @@ fn the_extended_card_narrows_to_the_caller() {
         doc: json!({ "name": name }),
         roles: vec![role],
     };
-    h.inst.view.workflows = vec![entry("review", Role::Agent), entry("deploy", Role::User)];
+    h.inst.set_workflows(vec![
+        entry("review", Role::Agent),
+        entry("deploy", Role::User),
+    ]);
     // The overview's example: role agent with a grant for one declared command.
     let card = extended(&mut h, "peer-token");
     let command = &card["capabilities"]["extensions"][0];

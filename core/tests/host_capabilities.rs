@@ -337,11 +337,11 @@ fn the_extended_card_lists_only_served_ops() {
             .without(OpId::WorkflowRun);
         c.host.skills = vec![skill("triage")];
     });
-    h.inst.view.workflows = vec![agentd_core::view::WorkflowEntry {
+    h.inst.set_workflows(vec![agentd_core::view::WorkflowEntry {
         name: "deploy".into(),
         doc: json!({"name": "deploy"}),
         roles: vec![agentd_core::auth::Role::User],
-    }];
+    }]);
     let mut c = h.conn_peer(0, Peer::Tcp);
     let mut req = call("GetExtendedAgentCard", 1, json!({}));
     let at = req.windows(2).position(|w| w == b"\r\n").unwrap() + 2;

@@ -57,13 +57,7 @@ impl Runtime {
         let id = conversation_key(c);
         self.conversation_lru.remove(&(was, key.clone()));
         self.conversation_lru.insert((now.epoch_ms, key));
-        inst.view.conversations.insert(
-            id,
-            ViewItem {
-                owner: Some(owner.id.clone()),
-                doc: doc.clone(),
-            },
-        );
+        inst.publish_object(ObjectKind::Conversation, &id, Some(&owner.id), doc.clone());
         let _ = inst.push_event(
             FeedEvent::Other {
                 kind: "conversation",
@@ -83,7 +77,7 @@ impl Runtime {
             };
             if let Some(c) = self.conversations.remove(&key) {
                 let id = conversation_key(&c);
-                inst.view.conversations.remove(&id);
+                inst.withdraw_object(ObjectKind::Conversation, &id);
                 push(
                     inst,
                     "conversation.removed",
@@ -382,13 +376,7 @@ impl Runtime {
         let doc = conversation_doc(c);
         let owner = c.owner.id.clone();
         let id = conversation_key(c);
-        inst.view.conversations.insert(
-            id,
-            ViewItem {
-                owner: Some(owner.clone()),
-                doc: doc.clone(),
-            },
-        );
+        inst.publish_object(ObjectKind::Conversation, &id, Some(&owner), doc.clone());
         push(inst, "conversation", doc, Some(owner), now);
     }
 }

@@ -15,7 +15,7 @@ use agentd_core::auth::Principal;
 use agentd_core::errors::{ErrorKind, RpcError};
 use agentd_core::ext::annotations::{Link, LinkKind};
 use agentd_core::feed::FeedEvent;
-use agentd_core::view::{ViewItem, WorkflowEntry};
+use agentd_core::view::{ObjectKind, WorkflowEntry};
 use agentd_core::{CallId, CommandAnswer, Completion, CompletionError, Effect, Instance, Now};
 use agentd_io_common::Clock;
 use serde_json::{json, Map, Value};
@@ -201,15 +201,17 @@ pub fn spawn(
     let (exit_tx, exit_rx) = channel();
     {
         let mut inst = instance.lock().unwrap_or_else(|p| p.into_inner());
-        inst.view.workflows = settings
-            .workflows
-            .iter()
-            .map(|w| WorkflowEntry {
-                name: w.name.clone(),
-                doc: w.status_doc(),
-                roles: w.roles(),
-            })
-            .collect();
+        inst.set_workflows(
+            settings
+                .workflows
+                .iter()
+                .map(|w| WorkflowEntry {
+                    name: w.name.clone(),
+                    doc: w.status_doc(),
+                    roles: w.roles(),
+                })
+                .collect(),
+        );
         logring::set_recording(inst.config().introspection_enabled);
     }
     let (agent_tx, agent_rx) = channel::<AgentEvent>();
@@ -235,7 +237,7 @@ pub fn spawn(
     };
     if let Some(a) = &conversation {
         let mut inst = instance.lock().unwrap_or_else(|p| p.into_inner());
-        inst.view.model = a.spec().command.first().cloned().unwrap_or_default();
+        inst.set_model(a.spec().command.first().cloned().unwrap_or_default());
     }
     let mut rt = Runtime {
         inst: instance,
@@ -704,7 +706,7 @@ impl Runtime {
                     );
                     return;
                 }
-                if inst.paused {
+                if inst.is_paused() {
                     self.held_turns.push(Effect::Turn {
                         task_id,
                         context_id,

@@ -60,7 +60,7 @@ impl Runtime {
     /// going through steps that finish at once.
     pub(super) fn advance(&mut self, inst: &mut Inst<'_>, id: &str, now: Now) {
         loop {
-            let paused = inst.paused;
+            let paused = inst.is_paused();
             let Some(r) = self.runs.get_mut(id) else {
                 return;
             };
@@ -585,13 +585,7 @@ impl Runtime {
     pub(super) fn run_changed(&self, inst: &mut Inst<'_>, id: &str, now: Now) {
         let Some(r) = self.runs.get(id) else { return };
         let doc = r.doc();
-        inst.view.runs.insert(
-            id.to_owned(),
-            ViewItem {
-                owner: Some(r.owner.id.clone()),
-                doc: doc.clone(),
-            },
-        );
+        inst.publish_object(ObjectKind::Run, id, Some(&r.owner.id), doc.clone());
         push(inst, "run", doc, Some(r.owner.id.clone()), now);
     }
 
@@ -604,7 +598,7 @@ impl Runtime {
             };
             if let Some(r) = self.runs.remove(&old) {
                 self.task_runs.remove(&r.task_id);
-                inst.view.runs.remove(&old);
+                inst.withdraw_object(ObjectKind::Run, &old);
                 push(
                     inst,
                     "run.removed",
