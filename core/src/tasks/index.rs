@@ -248,6 +248,11 @@ impl TaskIndex {
             .unwrap_or_default()
     }
 
+    /// How many tasks are in `state`.
+    pub(crate) fn in_state(&self, state: TaskState) -> usize {
+        self.states.by_state[slot(state)]
+    }
+
     /// The narrowest walk for what `principal` may see of the tasks in `context` (a name, or
     /// for an operator also an internal key; empty: any) in `state` (any if `None`), with
     /// [`Principal::may_see`]'s visibility: an operator sees all, an anonymous caller
@@ -397,6 +402,10 @@ mod tests {
         let states: Vec<Option<TaskState>> = std::iter::once(None)
             .chain(ALL_STATES.iter().copied().map(Some))
             .collect();
+        for st in ALL_STATES {
+            let n = all.iter().filter(|t| t.state == st).count();
+            assert_eq!(s.in_state(st), n, "step {step}: {st:?}");
+        }
         let mut times: Vec<Option<u64>> = vec![None];
         if let Some(t) = all.get(all.len() / 2) {
             times.push(Some(t.status_ms));

@@ -1008,6 +1008,11 @@ impl TaskStore {
         self.index.counts(principal)
     }
 
+    /// How many held tasks are in `state`, from the counters.
+    pub fn in_state(&self, state: TaskState) -> usize {
+        self.index.in_state(state)
+    }
+
     /// Every task's position at or after `since_ms`, newest first, strictly before `after`.
     fn all_after(
         &self,
