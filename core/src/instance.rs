@@ -1164,10 +1164,7 @@ impl Instance {
 
     /// Tasks still being worked on (submitted or working): what a drain waits for.
     pub fn tasks_in_flight(&self) -> usize {
-        self.tasks
-            .newest_first(None)
-            .filter(|t| matches!(t.state, TaskState::Submitted | TaskState::Working))
-            .count()
+        self.tasks.in_state(TaskState::Submitted) + self.tasks.in_state(TaskState::Working)
     }
 
     /// Connections still waiting on the instance: blocking sends, streams, command calls,

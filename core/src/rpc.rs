@@ -741,17 +741,17 @@ fn list_tasks(
     };
     let status = req.status.filter(|s| *s != TaskState::Unspecified);
     let include_artifacts = req.include_artifacts == Some(true);
-    let matches = |t: &&crate::tasks::TaskRecord| {
-        ctx.principal.may_see(&t.owner)
-            && (req.context_id.is_empty()
-                || t.context_id == req.context_id
-                || (ctx.principal.is_operator() && t.context_key == req.context_id))
-            && status.is_none_or(|s| t.state == s)
-            && since.is_none_or(|ms| t.status_ms >= ms)
+    let filter = crate::tasks::ListFilter {
+        principal: ctx.principal,
+        context_id: &req.context_id,
+        state: status,
+        since_ms: since,
     };
-    let total = inst.tasks.newest_first(None).filter(matches).count();
+    // The store's indexes: the narrowest bucket for the caller and the filters, from the
+    // page token's position on, and the count from its counters where they answer exactly.
+    let total = inst.tasks.count(&filter);
     let page_bytes = inst.config.conn.max_output_bytes.min(LIST_PAGE_BYTES);
-    let mut page = inst.tasks.newest_first(after).filter(matches).peekable();
+    let mut page = inst.tasks.list(&filter, after).peekable();
     // A page is bounded in bytes as well as in tasks: a small request must not build an
     // answer of any size. Past the page's bytes the page ends early (at least one task, so
     // the listing always moves on) and `nextPageToken` says where to go on.
@@ -1317,19 +1317,14 @@ fn complete_locally(
 
 /// The `status` op: this instance as the caller may see it.
 fn status_document(inst: &Instance, ctx: &CallContext<'_>) -> serde_json::Value {
-    let mut by_state = serde_json::Map::new();
-    let mut visible = 0usize;
-    for t in inst
-        .tasks
-        .newest_first(None)
-        .filter(|t| ctx.principal.may_see(&t.owner))
-    {
-        visible += 1;
-        let n = by_state
-            .entry(t.state.as_str())
-            .or_insert(serde_json::json!(0));
-        *n = serde_json::json!(n.as_u64().unwrap_or(0) + 1);
-    }
+    // From the store's counters (the whole store for an operator, the caller's own tasks
+    // for anyone else), never a walk of the tasks.
+    let counts = inst.tasks.counts(ctx.principal);
+    let visible = counts.tasks;
+    let by_state: serde_json::Map<String, serde_json::Value> = counts
+        .nonzero()
+        .map(|(s, n)| (s.as_str().to_owned(), serde_json::json!(n)))
+        .collect();
     let p = ctx.principal;
     let view = &inst.view;
     // The host's workflows come from its configuration: as many as it declares.

@@ -7,8 +7,10 @@ use crate::a2a::types::{Artifact, Message, Role, Task, TaskState, TaskStatus};
 use crate::auth::Principal;
 use crate::time::rfc3339_ms;
 
+pub mod index;
 pub mod persist;
 pub mod replay;
+pub use index::{TaskCounts, ALL_STATES};
 pub use persist::TASK_KIND;
 
 /// Bounds on what one task keeps.
@@ -168,6 +170,17 @@ impl TaskRecord {
         }
     }
 
+    /// What the store's indexes file the task under.
+    fn entry(&self) -> index::Entry<'_> {
+        index::Entry {
+            owner: &self.owner.id,
+            name: &self.context_id,
+            key: &self.context_key,
+            state: self.state,
+            at: (self.status_ms, self.status_seq),
+        }
+    }
+
     pub fn history_len(&self) -> usize {
         self.history.len()
     }
@@ -295,6 +308,8 @@ pub struct TaskStore {
     /// (sender's principal id, messageId) of every message a held task still lists as
     /// accepted, to that task: bounded by the tasks held times the history bound.
     by_message: HashMap<(String, String), String>,
+    /// The listing's indexes: by owner, state, owner and state, and context, with counts.
+    index: index::TaskIndex,
 }
 
 impl TaskStore {
@@ -314,6 +329,7 @@ impl TaskStore {
             unused_seq: 0,
             bytes: 0,
             by_message: HashMap::new(),
+            index: index::TaskIndex::default(),
         }
     }
 
@@ -558,9 +574,15 @@ impl TaskStore {
             }
         }
         self.bytes += rec.weight();
+        // Two records at one listing position happen only in a store written by hand: the
+        // later one moves after everything held, so every held task has its own position.
+        if self.order.contains_key(&(rec.status_ms, rec.status_seq)) {
+            rec.status_seq = self.seq.max(rec.status_seq) + 1;
+        }
         self.seq = self.seq.max(rec.status_seq);
         self.order
             .insert((rec.status_ms, rec.status_seq), rec.id.clone());
+        self.index.insert(rec.entry());
         if rec.state.is_terminal() {
             self.terminal.insert((rec.created_ms, rec.id.clone()));
         }
@@ -676,6 +698,7 @@ impl TaskStore {
         self.bytes += rec.weight();
         self.context_used(&rec);
         self.order.insert((now_ms, rec.status_seq), id.clone());
+        self.index.insert(rec.entry());
         self.touch(&id);
         Ok(self.tasks.entry(id).or_insert(rec))
     }
@@ -689,6 +712,7 @@ impl TaskStore {
         let t = self.tasks.remove(id)?;
         self.bytes -= t.weight();
         self.order.remove(&(t.status_ms, t.status_seq));
+        self.index.remove(t.entry());
         self.terminal.remove(&(t.created_ms, t.id.clone()));
         self.context_released(&t);
         for a in t.accepted() {
@@ -771,8 +795,9 @@ impl TaskStore {
     ) -> Result<&TaskRecord, StoreError> {
         let limits = self.limits;
         let seq = self.seq + 1;
-        let (old_key, new_key, terminal_key) = self.reweigh(id, |t| {
+        let (old_key, old_state, new_key, terminal_key) = self.reweigh(id, |t| {
             let old_key = (t.status_ms, t.status_seq);
+            let old_state = t.state;
             if let Some(prev) = t.status_message.take() {
                 t.push_history(prev, &limits);
             }
@@ -784,11 +809,19 @@ impl TaskStore {
             record_transition(&mut t.status_history, state, t.status_ms);
             let new_key = (t.status_ms, t.status_seq);
             let terminal_key = state.is_terminal().then(|| (t.created_ms, t.id.clone()));
-            Ok((old_key, new_key, terminal_key))
+            Ok((old_key, old_state, new_key, terminal_key))
         })?;
         self.seq = seq;
         self.order.remove(&old_key);
         self.order.insert(new_key, id.to_owned());
+        if let Some(t) = self.tasks.get(id) {
+            self.index.remove(index::Entry {
+                state: old_state,
+                at: old_key,
+                ..t.entry()
+            });
+            self.index.insert(t.entry());
+        }
         if let Some(k) = terminal_key {
             self.terminal.insert(k);
         }
@@ -891,6 +924,113 @@ impl TaskStore {
             .range((std::ops::Bound::Unbounded, upper))
             .rev()
             .filter_map(|(_, id)| self.tasks.get(id))
+    }
+}
+
+/// What a ListTasks call asks for, as the store answers it: the tasks `principal` may see
+/// ([`Principal::may_see`]), in `context_id` if it is not empty (the owner's name for the
+/// context; for an operator also an internal key), in `state` if given, whose status is no
+/// older than `since_ms` if given.
+#[derive(Clone, Copy, Debug)]
+pub struct ListFilter<'a> {
+    /// Who asks.
+    pub principal: &'a Principal,
+    /// A context name (or, for an operator, key); empty: any.
+    pub context_id: &'a str,
+    /// Only tasks in this state.
+    pub state: Option<TaskState>,
+    /// Only tasks whose status time is at or after this (epoch milliseconds).
+    pub since_ms: Option<u64>,
+}
+
+impl ListFilter<'_> {
+    /// Whether a task passes the filter: what [`TaskStore::list`] answers, task by task.
+    pub fn matches(&self, t: &TaskRecord) -> bool {
+        self.principal.may_see(&t.owner)
+            && (self.context_id.is_empty()
+                || t.context_id == self.context_id
+                || (self.principal.is_operator() && t.context_key == self.context_id))
+            && self.state.is_none_or(|s| t.state == s)
+            && self.since_ms.is_none_or(|ms| t.status_ms >= ms)
+    }
+}
+
+impl TaskStore {
+    /// The tasks `filter` selects, newest first, starting strictly after `after` (a page
+    /// token's position). Walks the narrowest index bucket from `after`, never past
+    /// `since_ms`: a page of n tasks costs O(n + log N), each task looked up once.
+    pub fn list<'s>(
+        &'s self,
+        filter: &ListFilter<'_>,
+        after: Option<index::At>,
+    ) -> impl Iterator<Item = &'s TaskRecord> + 's {
+        let plan = self
+            .index
+            .plan(filter.principal, filter.context_id, filter.state);
+        let since = filter.since_ms.unwrap_or(0);
+        let keys: Box<dyn Iterator<Item = index::At> + 's> = match plan.source {
+            index::Source::Nothing => Box::new(std::iter::empty()),
+            index::Source::Everything => Box::new(self.all_after(after, since)),
+            index::Source::Bucket { id, .. } => Box::new(
+                self.index
+                    .walk(id, after, since)
+                    .filter(move |(_, s)| plan.state.is_none_or(|want| *s == want))
+                    .map(|(at, _)| at),
+            ),
+        };
+        keys.filter_map(|at| self.order.get(&at))
+            .filter_map(|id| self.tasks.get(id))
+    }
+
+    /// How many tasks `filter` selects (ListTasks' `totalSize`): a bucket's count when the
+    /// bucket is exactly the answer, else a walk of the bucket's entries alone (no task is
+    /// looked up).
+    pub fn count(&self, filter: &ListFilter<'_>) -> usize {
+        let plan = self
+            .index
+            .plan(filter.principal, filter.context_id, filter.state);
+        let since = filter.since_ms.unwrap_or(0);
+        match plan.source {
+            index::Source::Nothing => 0,
+            index::Source::Everything if since == 0 => self.order.len(),
+            index::Source::Everything => self.all_after(None, since).count(),
+            index::Source::Bucket { n, .. } if since == 0 && plan.state.is_none() => n,
+            index::Source::Bucket { id, .. } => self
+                .index
+                .walk(id, None, since)
+                .filter(|(_, s)| plan.state.is_none_or(|want| *s == want))
+                .count(),
+        }
+    }
+
+    /// How many tasks `principal` may see, in all and in each state, from the counters.
+    pub fn counts(&self, principal: &Principal) -> TaskCounts {
+        self.index.counts(principal)
+    }
+
+    /// How many held tasks are in `state`, from the counters.
+    pub fn in_state(&self, state: TaskState) -> usize {
+        self.index.in_state(state)
+    }
+
+    /// Every task's position at or after `since_ms`, newest first, strictly before `after`.
+    fn all_after(
+        &self,
+        after: Option<index::At>,
+        since_ms: u64,
+    ) -> impl Iterator<Item = index::At> + '_ {
+        let lo = (since_ms, 0);
+        let hi = match after {
+            Some(at) => std::ops::Bound::Excluded(at),
+            None => std::ops::Bound::Unbounded,
+        };
+        let range = match hi {
+            std::ops::Bound::Excluded(h) if h < lo => self
+                .order
+                .range((std::ops::Bound::Excluded(lo), std::ops::Bound::Included(lo))),
+            _ => self.order.range((std::ops::Bound::Included(lo), hi)),
+        };
+        range.rev().map(|(at, _)| *at)
     }
 }
 

@@ -1,0 +1,171 @@
+//! A figure, not a test: what ListTasks' first page and the `status` command cost (CPU time
+//! of the whole request, in process: parse, handler, answer) at 1k, 10k and 100k held
+//! tasks, and how many heap bytes the store holds per task. Ignored by default; run it in
+//! release:
+//!
+//! `cargo test --release -p agentd-core --test listing_cost -- --ignored --nocapture`
+//!
+//! The heap is counted by a global allocator that wraps the system's and adds up what is
+//! live; it is this measurement's own binary, so no other test runs under it.
+
+mod support;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use agentd_core::a2a::types::{Message, Part, Role as MessageRole, TaskState};
+use agentd_core::auth::{Principal, Role};
+use agentd_core::ext::COMMAND_URI;
+use agentd_core::tasks::{ContextIds, TaskLimits, TaskStore};
+use serde_json::{json, Value};
+use support::*;
+
+/// The system allocator, counting the bytes live.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is passed to the system allocator unchanged; only a counter is kept.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract is the system allocator's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(new_size, Ordering::Relaxed);
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// A stored task of `owner`, as the durable store holds it.
+fn template(owner: Principal, key: &str) -> Value {
+    let mut s = TaskStore::new(TaskLimits::DEFAULT);
+    let first = Message {
+        message_id: "m".into(),
+        role: MessageRole::User,
+        parts: vec![Part::text("hello")],
+        ..Message::default()
+    };
+    let context = ContextIds {
+        name: "c".into(),
+        key: key.into(),
+    };
+    s.create("t".into(), context, owner, first, T0).unwrap();
+    s.get("t").unwrap().to_doc()
+}
+
+/// Fills the instance with `n` tasks: one in ten the operator's, the rest spread over 100
+/// users; four tasks to a conversation; most finished. Returns the heap bytes per task.
+fn fill(h: &mut Harness, n: usize) -> usize {
+    let op = template(Principal::operator(), "c");
+    let user = template(Principal::new("user:u0", Role::User, vec![]), "ctx-0");
+    let states = [
+        TaskState::Completed,
+        TaskState::Completed,
+        TaskState::Completed,
+        TaskState::Working,
+        TaskState::InputRequired,
+        TaskState::Failed,
+    ];
+    let before = LIVE.load(Ordering::Relaxed);
+    for i in 0..n {
+        let mut doc = if i % 10 == 0 {
+            op.clone()
+        } else {
+            user.clone()
+        };
+        let id = format!("task-{i:08}");
+        let name = format!("conversation-{}", i / 4);
+        doc["id"] = json!(id);
+        doc["contextId"] = json!(name);
+        if i % 10 == 0 {
+            doc["contextKey"] = json!(name);
+        } else {
+            doc["owner"]["id"] = json!(format!("user:u{}", i % 100));
+            doc["contextKey"] = json!(format!("ctx-{:032x}", i / 4));
+        }
+        doc["state"] = json!(states[i % states.len()]);
+        // Two tasks to a millisecond: the listing's order has ties to break.
+        let ms = T0 + (i / 2) as u64;
+        doc["statusMs"] = json!(ms);
+        doc["createdMs"] = json!(ms);
+        doc["statusSeq"] = json!(i + 1);
+        h.inst.restore_record("task", &id, doc, h.now).unwrap();
+    }
+    (LIVE.load(Ordering::Relaxed) - before) / n.max(1)
+}
+
+/// Microseconds one request takes, the median of `runs`.
+fn cost(h: &mut Harness, p: &Principal, request: &[u8], runs: usize) -> f64 {
+    let mut c = h.conn_as(0, p.clone());
+    let mut times: Vec<f64> = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            let out = c.feed(h, request);
+            let spent = t.elapsed().as_secs_f64() * 1e6;
+            assert!(one(&out).json().get("error").is_none());
+            h.take_effects();
+            spent
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+fn status_request() -> Vec<u8> {
+    let body = json!({"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{
+        "role":"ROLE_USER","messageId":fresh_id(),"extensions":[COMMAND_URI],
+        "parts":[{"data":{"agentd":{"op":"status"}}}]}}});
+    rpc_ext(&body.to_string(), &[COMMAND_URI])
+}
+
+#[test]
+#[ignore = "a measurement: run it in release with --ignored --nocapture"]
+fn listing_and_status_cost() {
+    println!(
+        "{:>7} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
+        "tasks",
+        "B/task",
+        "list op µs",
+        "list user",
+        "op+state",
+        "op+ctx",
+        "status op",
+        "status usr"
+    );
+    for n in [1_000usize, 10_000, 100_000] {
+        let mut h = Harness::with(|c| {
+            c.tasks.max_tasks = 1_000_000;
+            c.tasks.total_bytes = usize::MAX / 2;
+        });
+        let per_task = fill(&mut h, n);
+        let op = Principal::operator();
+        let user = Principal::new("user:u7", Role::User, vec![]);
+        let runs = 21;
+        let list = |params: Value| call("ListTasks", 1, params);
+        let list_op = cost(&mut h, &op, &list(json!({})), runs);
+        let list_user = cost(&mut h, &user, &list(json!({})), runs);
+        let working = json!({"status": "TASK_STATE_WORKING"});
+        let list_state = cost(&mut h, &op, &list(working), runs);
+        let ctx = json!({"contextId": format!("ctx-{:032x}", 1)});
+        let list_ctx = cost(&mut h, &op, &list(ctx), runs);
+        let status_op = cost(&mut h, &op, &status_request(), runs);
+        let status_user = cost(&mut h, &user, &status_request(), runs);
+        println!(
+            "{n:>7} {per_task:>9} {list_op:>11.1} {list_user:>11.1} {list_state:>11.1} \
+             {list_ctx:>11.1} {status_op:>11.1} {status_user:>11.1}"
+        );
+    }
+}
