@@ -1,0 +1,173 @@
+//! Where a request goes: its route from the method and path, and its standing with CORS.
+
+use super::*;
+
+/// The JSON-RPC endpoint.
+pub const RPC_PATH: &str = "/";
+/// The public agent card.
+pub const CARD_PATH: &str = "/.well-known/agent-card.json";
+
+pub(super) const RPC_ALLOW: &str = "POST, OPTIONS";
+pub(super) const CARD_ALLOW: &str = "GET, HEAD, OPTIONS";
+/// `OPTIONS *`: what the server as a whole answers.
+pub(super) const SERVER_ALLOW: &str = "GET, HEAD, POST, OPTIONS";
+
+/// Where a request head sent it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Route {
+    Card {
+        head_only: bool,
+    },
+    /// A device-grant endpoint (only while the grant is enabled).
+    OAuth(crate::oauth::Endpoint),
+    Rpc,
+    Options {
+        allow: &'static str,
+    },
+    Refuse {
+        status: u16,
+        allow: Option<&'static str>,
+    },
+}
+
+/// A request's standing with CORS.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Cors {
+    /// No `Origin`: not a browser's cross-origin request.
+    None,
+    /// A listed origin: its responses name it, and expose the headers a page reads.
+    Allowed {
+        origin: String,
+        preflight: bool,
+        private_network: bool,
+    },
+    /// An unlisted origin: refused, and the answer varies with `Origin`.
+    Refused,
+}
+
+impl Connection {
+    /// The CORS headers of the request being answered.
+    pub(super) fn cors_headers(&self, h: &mut Head<'_>) {
+        match &self.cors {
+            Cors::None => {}
+            Cors::Refused => h.headers.push(("vary", Cow::Borrowed("Origin"))),
+            Cors::Allowed {
+                origin,
+                preflight,
+                private_network,
+            } => {
+                h.headers
+                    .push(("access-control-allow-origin", Cow::Owned(origin.clone())));
+                h.headers.push(("vary", Cow::Borrowed("Origin")));
+                if *preflight {
+                    h.headers.push((
+                        "access-control-allow-methods",
+                        Cow::Borrowed(crate::http::cors::ALLOW_METHODS),
+                    ));
+                    h.headers.push((
+                        "access-control-allow-headers",
+                        Cow::Borrowed(crate::http::cors::ALLOW_HEADERS),
+                    ));
+                    h.headers.push((
+                        "access-control-max-age",
+                        Cow::Borrowed(crate::http::cors::MAX_AGE),
+                    ));
+                    if *private_network {
+                        h.headers.push((
+                            "access-control-allow-private-network",
+                            Cow::Borrowed("true"),
+                        ));
+                    }
+                } else {
+                    h.headers.push((
+                        "access-control-expose-headers",
+                        Cow::Borrowed(crate::http::cors::EXPOSE_HEADERS),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+pub(super) fn route(head: &RequestHead) -> Route {
+    match head.path.as_str() {
+        RPC_PATH => match head.method {
+            Method::Post => {
+                if is_json(head.header("content-type")) {
+                    Route::Rpc
+                } else {
+                    Route::Refuse {
+                        status: 415,
+                        allow: None,
+                    }
+                }
+            }
+            Method::Options => Route::Options { allow: RPC_ALLOW },
+            _ => Route::Refuse {
+                status: 405,
+                allow: Some(RPC_ALLOW),
+            },
+        },
+        CARD_PATH => match head.method {
+            Method::Get => Route::Card { head_only: false },
+            Method::Head => Route::Card { head_only: true },
+            Method::Options => Route::Options { allow: CARD_ALLOW },
+            _ => Route::Refuse {
+                status: 405,
+                allow: Some(CARD_ALLOW),
+            },
+        },
+        "*" => match head.method {
+            Method::Options => Route::Options {
+                allow: SERVER_ALLOW,
+            },
+            _ => Route::Refuse {
+                status: 400,
+                allow: None,
+            },
+        },
+        _ => Route::Refuse {
+            status: 404,
+            allow: None,
+        },
+    }
+}
+
+/// Where a request stands with CORS: the JSON-RPC route and its preflight are gated by the
+/// listed origins; the card is public (its own `access-control-allow-origin: *`).
+pub(super) fn cors_standing(inst: &Instance, head: &RequestHead, route: &Route) -> Cors {
+    let Some(origin) = head.header("origin") else {
+        return Cors::None;
+    };
+    if head.path != RPC_PATH && !matches!(route, Route::OAuth(_)) {
+        return Cors::None;
+    }
+    if !inst.config().cors.admits(origin) {
+        return Cors::Refused;
+    }
+    Cors::Allowed {
+        origin: String::from_utf8_lossy(origin).trim().to_owned(),
+        preflight: matches!(route, Route::Options { .. }),
+        private_network: head
+            .header("access-control-request-private-network")
+            .is_some_and(|v| v.trim_ascii().eq_ignore_ascii_case(b"true")),
+    }
+}
+
+/// `application/json`, any case, with or without parameters.
+pub(super) fn is_json(content_type: Option<&[u8]>) -> bool {
+    let Some(ct) = content_type else { return false };
+    let media = ct.split(|b| *b == b';').next().unwrap_or_default();
+    let media = media.trim_ascii();
+    media.eq_ignore_ascii_case(b"application/json")
+}
+
+/// `If-None-Match`: `*`, or a list of entity tags compared weakly.
+pub(super) fn etag_matches(header: &[u8], etag: &str) -> bool {
+    let Ok(text) = std::str::from_utf8(header) else {
+        return false;
+    };
+    text.split(',')
+        .map(str::trim)
+        .any(|t| t == "*" || t.strip_prefix("W/").unwrap_or(t) == etag)
+}
