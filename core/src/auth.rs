@@ -83,7 +83,7 @@ impl Principal {
 /// `*` matches every op; `family.*` every op under `family.`; a scoped
 /// `workflow.run:<pattern>` grant counts as a grant of `workflow.run`; anything else only
 /// itself.
-pub fn grant_matches(grant: &str, op: &str) -> bool {
+pub(crate) fn grant_matches(grant: &str, op: &str) -> bool {
     if grant == "*" || grant == op {
         return true;
     }
@@ -182,7 +182,7 @@ pub struct AuthConfig {
 
 impl AuthConfig {
     /// A bearer mechanism is configured.
-    pub fn has_bearer(&self) -> bool {
+    pub(crate) fn has_bearer(&self) -> bool {
         self.operator_bearer.is_some() || !self.bearers.is_empty()
     }
 
@@ -229,7 +229,7 @@ pub fn resolve(
 
 /// [`resolve`], with the session store: a session token (`agentd_at_…`) is decided by the
 /// store alone. Also returns the session id a session caller acts under.
-pub fn resolve_with_sessions(
+pub(crate) fn resolve_with_sessions(
     config: &AuthConfig,
     sessions: Option<(&crate::sessions::Sessions, u64)>,
     peer: &Peer,
@@ -328,14 +328,14 @@ pub enum Via {
 
 impl Via {
     /// Named through a scheme the card declares: what the extended card requires.
-    pub fn declared_scheme(self) -> bool {
+    pub(crate) fn declared_scheme(self) -> bool {
         matches!(self, Via::Bearer | Via::Session | Via::Cert | Via::Fixed)
     }
 }
 
 /// Whether an `Authorization` value is a session token (`Bearer agentd_at_…`), which only
 /// the session store decides.
-pub fn is_session_bearer(value: &[u8]) -> bool {
+pub(crate) fn is_session_bearer(value: &[u8]) -> bool {
     bearer_token(value).is_some_and(|t| t.starts_with(crate::sessions::TOKEN_PREFIX.as_bytes()))
 }
 
@@ -350,7 +350,7 @@ fn bearer_token(value: &[u8]) -> Option<&[u8]> {
 }
 
 /// Compares two digests without an early exit, so timing says nothing about where they differ.
-pub fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     let mut diff = 0u8;
     for (x, y) in a.iter().zip(b.iter()) {
         diff |= x ^ y;

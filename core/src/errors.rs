@@ -5,9 +5,9 @@
 use serde_json::{json, Value};
 
 /// Domain of the A2A specification's own reasons.
-pub const A2A_DOMAIN: &str = "a2a-protocol.org";
+pub(crate) const A2A_DOMAIN: &str = "a2a-protocol.org";
 /// Domain of agentd's own reasons.
-pub const AGENTD_DOMAIN: &str = "agentd.dev";
+pub(crate) const AGENTD_DOMAIN: &str = "agentd.dev";
 
 /// One row of the error table. Rows may be added.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,7 +67,7 @@ pub enum ErrorKind {
 
 /// What the table says about a kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ErrorRow {
+pub(crate) struct ErrorRow {
     pub code: i32,
     /// The spec's suggested message, used when a handler gives none.
     pub message: &'static str,
@@ -75,11 +75,11 @@ pub struct ErrorRow {
     pub reason: Option<&'static str>,
     pub domain: &'static str,
     /// HTTP status of the response that carries it.
-    pub http_status: u16,
+    pub(crate) http_status: u16,
 }
 
 impl ErrorKind {
-    pub const fn row(self) -> ErrorRow {
+    pub(crate) const fn row(self) -> ErrorRow {
         use ErrorKind::*;
         let (code, message, reason, domain) = match self {
             ParseError => (-32700, "Invalid JSON payload", None, A2A_DOMAIN),
@@ -266,7 +266,7 @@ impl RpcError {
     }
 
     /// An invalid-params refusal naming one field.
-    pub fn invalid_field(field: impl Into<String>, description: impl Into<String>) -> Self {
+    pub(crate) fn invalid_field(field: impl Into<String>, description: impl Into<String>) -> Self {
         let field = field.into();
         let description = description.into();
         RpcError {
@@ -277,18 +277,18 @@ impl RpcError {
         }
     }
 
-    pub fn task_not_found(id: &str) -> Self {
+    pub(crate) fn task_not_found(id: &str) -> Self {
         Self::new(ErrorKind::TaskNotFound, format!("task not found: {id}")).with_meta("taskId", id)
     }
 
     /// A rate or failure limit: try again in `secs` seconds (at least 1).
-    pub fn rate_limited(message: impl Into<String>, secs: u32) -> Self {
+    pub(crate) fn rate_limited(message: impl Into<String>, secs: u32) -> Self {
         Self::new(ErrorKind::RateLimited, message)
             .with_meta("retryAfterSeconds", secs.max(1).to_string())
     }
 
     /// Seconds a client should wait before trying again, sent as `Retry-After`.
-    pub fn retry_after(&self) -> Option<u32> {
+    pub(crate) fn retry_after(&self) -> Option<u32> {
         match self.kind {
             ErrorKind::Draining | ErrorKind::StoreUnavailable => Some(5),
             ErrorKind::InProgress => Some(1),
@@ -303,7 +303,7 @@ impl RpcError {
         }
     }
 
-    pub fn http_status(&self) -> u16 {
+    pub(crate) fn http_status(&self) -> u16 {
         self.kind.row().http_status
     }
 

@@ -34,13 +34,13 @@ pub struct FeedEntry {
     /// The `data` document as JSON text, rendered once for every subscriber.
     pub data: Arc<str>,
     /// For a `task` event, the same document without task annotations.
-    pub data_plain: Option<Arc<str>>,
+    pub(crate) data_plain: Option<Arc<str>>,
 }
 
 impl FeedEntry {
     /// Whether `p` receives this event: an operator receives every event; anyone else what
     /// its principal owns and what is addressed to every subscriber.
-    pub fn visible_to(&self, p: &Principal) -> bool {
+    pub(crate) fn visible_to(&self, p: &Principal) -> bool {
         match self.audience {
             _ if p.is_operator() => true,
             Audience::All => p.role != crate::auth::Role::Anonymous,
@@ -52,7 +52,7 @@ impl FeedEntry {
     /// Writes the JSON-RPC response carrying this event's frame for request `id`:
     /// `{"id":…,"jsonrpc":"2.0","result":{"event":{"kind":…,"seq":…,"ts":…,"data":…}}}`.
     /// The data was rendered once at push time; each subscriber only copies it.
-    pub fn write_response(&self, out: &mut Vec<u8>, id: &str, annotate: bool) {
+    pub(crate) fn write_response(&self, out: &mut Vec<u8>, id: &str, annotate: bool) {
         use std::io::Write as _;
         let data = match (&self.data_plain, annotate) {
             (Some(plain), false) => plain,
@@ -121,23 +121,19 @@ impl Ring {
 
     /// Numbers the next event `base + 1`, as if `base` events had come and gone: a cursor
     /// at or below `base` is then answered with resync. Only before the first event.
-    pub fn start_after(&mut self, base: u64) {
+    pub(crate) fn start_after(&mut self, base: u64) {
         if self.entries.is_empty() && self.newest == 0 {
             self.newest = base;
             self.dropped = base;
         }
     }
 
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    pub fn newest(&self) -> u64 {
+    pub(crate) fn newest(&self) -> u64 {
         self.newest
     }
 
     /// The seq of the oldest event still held (newest + 1 when empty).
-    pub fn oldest(&self) -> u64 {
+    pub(crate) fn oldest(&self) -> u64 {
         self.entries.front().map_or(self.newest + 1, |e| e.seq)
     }
 
@@ -151,14 +147,14 @@ impl Ring {
 
     /// Whether a cursor (the last seq a client read) cannot be honoured: events past it have
     /// left the ring, or it is ahead of the feed (it comes from before a restart).
-    pub fn needs_resync(&self, after: u64) -> bool {
+    pub(crate) fn needs_resync(&self, after: u64) -> bool {
         // Saturating: a cursor is the client's number, up to u64::MAX.
         let evicted = after > 0 && self.dropped > 0 && after.saturating_add(1) < self.oldest();
         evicted || after > self.newest
     }
 
     /// Whether a live reader at `cursor` has been overrun: the next event it needs is gone.
-    pub fn overran(&self, cursor: u64) -> bool {
+    pub(crate) fn overran(&self, cursor: u64) -> bool {
         self.dropped > 0 && cursor.saturating_add(1) < self.oldest()
     }
 

@@ -110,7 +110,7 @@ impl HostCapabilities {
     }
 
     /// Whether a command of this op is answered on this instance (by the core or the host).
-    pub fn serves(&self, id: OpId) -> bool {
+    pub(crate) fn serves(&self, id: OpId) -> bool {
         !id.host_served() || self.ops.contains(id)
     }
 }

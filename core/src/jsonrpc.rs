@@ -45,7 +45,7 @@ pub struct Request<'a> {
 
 /// A body that is not a request: the error to answer and the id to answer it with.
 #[derive(Debug, PartialEq)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     pub id: RequestId,
     pub error: RpcError,
 }
@@ -150,7 +150,7 @@ fn invalid(id: RequestId, message: impl Into<String>) -> Refusal {
 }
 
 /// Reads the envelope of a request body.
-pub fn parse_request(body: &[u8]) -> Result<Request<'_>, Refusal> {
+pub(crate) fn parse_request(body: &[u8]) -> Result<Request<'_>, Refusal> {
     // JSON text is UTF-8 throughout. serde_json checks the strings it reads, but not the
     // ones it skips (a member the envelope ignores), so the whole body is checked first.
     let Ok(text) = core::str::from_utf8(body) else {
@@ -231,7 +231,7 @@ pub fn parse_request(body: &[u8]) -> Result<Request<'_>, Refusal> {
 }
 
 /// `{"id":…,"jsonrpc":"2.0","result":…}`.
-pub fn write_result<T: Serialize + ?Sized>(out: &mut Vec<u8>, id: &RequestId, result: &T) {
+pub(crate) fn write_result<T: Serialize + ?Sized>(out: &mut Vec<u8>, id: &RequestId, result: &T) {
     out.extend_from_slice(b"{\"id\":");
     out.extend_from_slice(id.as_json().as_bytes());
     out.extend_from_slice(b",\"jsonrpc\":\"2.0\",\"result\":");
@@ -243,7 +243,7 @@ pub fn write_result<T: Serialize + ?Sized>(out: &mut Vec<u8>, id: &RequestId, re
 }
 
 /// `{"id":…,"jsonrpc":"2.0","result":…}` around a result already serialized.
-pub fn write_result_raw(out: &mut Vec<u8>, id: &RequestId, result_json: &[u8]) {
+pub(crate) fn write_result_raw(out: &mut Vec<u8>, id: &RequestId, result_json: &[u8]) {
     out.extend_from_slice(b"{\"id\":");
     out.extend_from_slice(id.as_json().as_bytes());
     out.extend_from_slice(b",\"jsonrpc\":\"2.0\",\"result\":");
@@ -252,7 +252,7 @@ pub fn write_result_raw(out: &mut Vec<u8>, id: &RequestId, result_json: &[u8]) {
 }
 
 /// `{"error":…,"id":…,"jsonrpc":"2.0"}`.
-pub fn write_error(out: &mut Vec<u8>, id: &RequestId, error: &RpcError) {
+pub(crate) fn write_error(out: &mut Vec<u8>, id: &RequestId, error: &RpcError) {
     out.extend_from_slice(b"{\"error\":");
     let _ = serde_json::to_writer(&mut *out, &error.to_json());
     out.extend_from_slice(b",\"id\":");

@@ -15,9 +15,9 @@ pub struct Rate {
 }
 
 /// Largest burst a rate may name.
-pub const MAX_BURST: u32 = 1_000_000;
+pub(crate) const MAX_BURST: u32 = 1_000_000;
 /// Longest period a rate may name: a day.
-pub const MAX_PER_S: u32 = 86_400;
+pub(crate) const MAX_PER_S: u32 = 86_400;
 
 impl Rate {
     /// Parses `"<burst>/<per>s"`, e.g. `"20/60s"`: both whole numbers greater than 0, the
@@ -84,7 +84,7 @@ impl Bucket {
 }
 
 /// Whole seconds for `Retry-After`: rounded up, at least 1.
-pub fn retry_after_secs(wait_ms: u64) -> u32 {
+pub(crate) fn retry_after_secs(wait_ms: u64) -> u32 {
     u32::try_from(wait_ms.div_ceil(1000).max(1)).unwrap_or(u32::MAX)
 }
 
@@ -182,7 +182,7 @@ impl Source {
 
     /// The network the source belongs to, for the device grant's pending-code shares: an
     /// IPv4 address is its own network, an IPv6 /64 belongs to its /48.
-    pub fn network(self) -> Network {
+    pub(crate) fn network(self) -> Network {
         match self {
             Source::V4(a) => Network::V4(a),
             Source::V6Prefix(p) => Network::V6([p[0], p[1], p[2], p[3], p[4], p[5]]),
@@ -193,7 +193,7 @@ impl Source {
 
 /// A network of sources: an IPv4 address, an IPv6 /48, or loopback.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Network {
+pub(crate) enum Network {
     V4([u8; 4]),
     V6([u8; 6]),
     Loopback,
@@ -201,13 +201,13 @@ pub enum Network {
 
 /// Requests to the device-authorization endpoint per source: a burst of 5, then one per
 /// 12 s (RFC 8628 §5.2 leaves the rate to the server).
-pub const DEVICE_AUTHORIZATION_RATE: Rate = Rate {
+pub(crate) const DEVICE_AUTHORIZATION_RATE: Rate = Rate {
     burst: 5,
     per_s: 60,
 };
 /// Requests to the token endpoint per source: a bucket of its own, burst 30, one a second,
 /// so polling devices never spend the authorization bucket.
-pub const TOKEN_RATE: Rate = Rate {
+pub(crate) const TOKEN_RATE: Rate = Rate {
     burst: 30,
     per_s: 30,
 };
@@ -234,16 +234,16 @@ impl SourceRate {
 }
 
 /// Failures a source may accumulate before its credentials are refused unread.
-pub const FAILURE_BURST: u32 = 20;
+pub(crate) const FAILURE_BURST: u32 = 20;
 /// One failure is forgiven every this many milliseconds.
-pub const FAILURE_FORGIVE_MS: u64 = 3_000;
+pub(crate) const FAILURE_FORGIVE_MS: u64 = 3_000;
 /// Sources remembered at once.
-pub const MAX_SOURCES: usize = 4096;
+pub(crate) const MAX_SOURCES: usize = 4096;
 /// Principal buckets remembered at once.
-pub const MAX_PRINCIPAL_BUCKETS: usize = 4096;
+pub(crate) const MAX_PRINCIPAL_BUCKETS: usize = 4096;
 
 /// The failure bucket as a rate: 20 at once, one back every 3 s.
-pub const FAILURE_RATE: Rate = Rate {
+pub(crate) const FAILURE_RATE: Rate = Rate {
     burst: FAILURE_BURST,
     per_s: (FAILURE_BURST as u64 * FAILURE_FORGIVE_MS / 1000) as u32,
 };
@@ -297,7 +297,7 @@ impl FailureLimiter {
 
 /// Per-principal request rates (§7.5 "Per-principal rate"), one bucket per (principal id,
 /// rate), so a reload that changes a rule's rate starts it on a fresh bucket.
-pub struct PrincipalRates {
+pub(crate) struct PrincipalRates {
     buckets: Lru<(String, Rate)>,
 }
 
@@ -311,27 +311,19 @@ impl Default for PrincipalRates {
 
 impl PrincipalRates {
     /// Takes one request's token; otherwise the milliseconds until one is available.
-    pub fn take(&mut self, principal: &str, rate: Rate, now_ms: u64) -> Result<(), u64> {
+    pub(crate) fn take(&mut self, principal: &str, rate: Rate, now_ms: u64) -> Result<(), u64> {
         self.buckets
             .touch(&(principal.to_owned(), rate))
             .take(rate, now_ms)
-    }
-
-    pub fn len(&self) -> usize {
-        self.buckets.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
 /// The instance's limiters.
 pub struct Limits {
     pub failures: FailureLimiter,
-    pub rates: PrincipalRates,
+    pub(crate) rates: PrincipalRates,
     /// `POST /oauth2/device_authorization` per source.
-    pub device_authorization: SourceRate,
+    pub(crate) device_authorization: SourceRate,
     /// `POST /oauth2/token` per source.
     pub token: SourceRate,
 }

@@ -35,7 +35,7 @@ use crate::limits::Source;
 pub const LABEL_CAP: usize = 64;
 /// Largest principal label, in bytes: a configured principal's whole id (`agent:` and up to
 /// 128 bytes) fits.
-pub const PRINCIPAL_CAP: usize = 140;
+pub(crate) const PRINCIPAL_CAP: usize = 140;
 /// Records a connection queues before it drops new ones (a driver takes them after each
 /// call into the connection, so only a burst of pipelined requests answered in one call can
 /// reach it).
@@ -62,7 +62,7 @@ pub struct Label<const N: usize = LABEL_CAP> {
 }
 
 /// A principal's id, as a label.
-pub type PrincipalLabel = Label<PRINCIPAL_CAP>;
+pub(crate) type PrincipalLabel = Label<PRINCIPAL_CAP>;
 
 // A label's length is kept in a byte.
 const _: () = assert!(LABEL_CAP <= 255 && PRINCIPAL_CAP <= 255);

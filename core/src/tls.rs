@@ -18,7 +18,7 @@ use crate::auth::Principal;
 pub struct TlsListener {
     pub config: Arc<rustls::ServerConfig>,
     /// Client certificates are required and verified (mutual TLS).
-    pub client_auth: bool,
+    pub(crate) client_auth: bool,
 }
 
 /// Builds a listener's TLS configuration from PEM: the certificate chain, its key, and
@@ -82,7 +82,7 @@ pub struct ClientIdentity {
 
 impl ClientIdentity {
     /// Reads the names from a certificate's DER.
-    pub fn from_der(der: &[u8]) -> Option<ClientIdentity> {
+    pub(crate) fn from_der(der: &[u8]) -> Option<ClientIdentity> {
         use x509_parser::extensions::GeneralName;
         let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
         let cn = cert
@@ -135,7 +135,7 @@ impl CertRule {
 }
 
 /// `*` matches any run of characters; everything else matches itself.
-pub fn glob_match(pattern: &str, text: &str) -> bool {
+pub(crate) fn glob_match(pattern: &str, text: &str) -> bool {
     let (p, t) = (pattern.as_bytes(), text.as_bytes());
     let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
     while ti < t.len() {

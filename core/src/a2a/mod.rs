@@ -56,22 +56,14 @@ impl CoreMethod {
     pub fn from_name(name: &str) -> Option<CoreMethod> {
         CoreMethod::ALL.into_iter().find(|m| m.name() == name)
     }
-
-    /// Whether the answer is a Server-Sent Events stream.
-    pub const fn is_streaming(self) -> bool {
-        matches!(
-            self,
-            CoreMethod::SendStreamingMessage | CoreMethod::SubscribeToTask
-        )
-    }
 }
 
 /// The protocol version this listener speaks, as `A2A-Version` and the card name it.
-pub const PROTOCOL_VERSION: &str = "1.0";
+pub(crate) const PROTOCOL_VERSION: &str = "1.0";
 
 /// Whether an `A2A-Version` value is one this listener serves: major 1, minor 0, any patch.
 /// A missing or empty header means 0.3 under the specification, so it is not served.
-pub fn version_supported(value: &[u8]) -> bool {
+pub(crate) fn version_supported(value: &[u8]) -> bool {
     let Ok(s) = core::str::from_utf8(value) else {
         return false;
     };

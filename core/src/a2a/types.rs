@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 
-pub type Struct = Map<String, Value>;
+pub(crate) type Struct = Map<String, Value>;
 
 macro_rules! proto_enum {
     ($(#[$m:meta])* $name:ident { $($variant:ident = $num:literal => $text:literal),* $(,)? }) => {
@@ -88,7 +88,7 @@ impl TaskState {
     }
 
     /// The client must act before the task goes on.
-    pub const fn is_interrupted(self) -> bool {
+    pub(crate) const fn is_interrupted(self) -> bool {
         matches!(self, TaskState::InputRequired | TaskState::AuthRequired)
     }
 
@@ -152,7 +152,7 @@ pub enum PartContent {
 pub struct Part {
     pub content: PartContent,
     pub metadata: Option<Struct>,
-    pub filename: String,
+    pub(crate) filename: String,
     pub media_type: String,
 }
 
@@ -313,7 +313,7 @@ pub struct Message {
         deserialize_with = "de_strings",
         skip_serializing_if = "Vec::is_empty"
     )]
-    pub reference_task_ids: Vec<String>,
+    pub(crate) reference_task_ids: Vec<String>,
     #[serde(default)]
     pub role: Role,
     #[serde(
@@ -414,16 +414,16 @@ pub struct SendMessageConfiguration {
     )]
     pub accepted_output_modes: Vec<String>,
     #[serde(default, alias = "task_push_notification_config")]
-    pub task_push_notification_config: Option<Value>,
+    pub(crate) task_push_notification_config: Option<Value>,
     #[serde(default, alias = "history_length", deserialize_with = "de_opt_i32")]
-    pub history_length: Option<i32>,
+    pub(crate) history_length: Option<i32>,
     #[serde(default, alias = "return_immediately")]
     pub return_immediately: Option<bool>,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct SendMessageRequest {
+pub(crate) struct SendMessageRequest {
     #[serde(default, deserialize_with = "de_string")]
     pub tenant: String,
     #[serde(default)]
@@ -436,18 +436,18 @@ pub struct SendMessageRequest {
 
 #[derive(Clone, Debug, PartialEq, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct GetTaskRequest {
+pub(crate) struct GetTaskRequest {
     #[serde(default, deserialize_with = "de_string")]
     pub tenant: String,
     #[serde(default, deserialize_with = "de_string")]
     pub id: String,
     #[serde(default, alias = "history_length", deserialize_with = "de_opt_i32")]
-    pub history_length: Option<i32>,
+    pub(crate) history_length: Option<i32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct ListTasksRequest {
+pub(crate) struct ListTasksRequest {
     #[serde(default, deserialize_with = "de_string")]
     pub tenant: String,
     #[serde(default, alias = "context_id", deserialize_with = "de_string")]
@@ -455,30 +455,21 @@ pub struct ListTasksRequest {
     #[serde(default)]
     pub status: Option<TaskState>,
     #[serde(default, alias = "page_size", deserialize_with = "de_opt_i32")]
-    pub page_size: Option<i32>,
+    pub(crate) page_size: Option<i32>,
     #[serde(default, alias = "page_token", deserialize_with = "de_string")]
-    pub page_token: String,
+    pub(crate) page_token: String,
     #[serde(default, alias = "history_length", deserialize_with = "de_opt_i32")]
-    pub history_length: Option<i32>,
+    pub(crate) history_length: Option<i32>,
     #[serde(default, alias = "status_timestamp_after")]
-    pub status_timestamp_after: Option<String>,
+    pub(crate) status_timestamp_after: Option<String>,
     #[serde(default, alias = "include_artifacts")]
-    pub include_artifacts: Option<bool>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ListTasksResponse {
-    pub next_page_token: String,
-    pub page_size: i32,
-    pub tasks: Vec<Task>,
-    pub total_size: i32,
+    pub(crate) include_artifacts: Option<bool>,
 }
 
 /// The params of CancelTask and SubscribeToTask (and the task-id part of others).
 #[derive(Clone, Debug, PartialEq, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct TaskIdRequest {
+pub(crate) struct TaskIdRequest {
     #[serde(default, deserialize_with = "de_string")]
     pub tenant: String,
     #[serde(default, deserialize_with = "de_string")]

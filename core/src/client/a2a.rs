@@ -21,24 +21,25 @@ use crate::ext::registry::{Ext, COMMAND_URI, UNIX_BINDING_URI};
 /// Where a peer serves its public card, under its origin.
 pub const CARD_PATH: &str = "/.well-known/agent-card.json";
 /// The protocol binding name of JSON-RPC over HTTP on a card.
-pub const JSONRPC_BINDING: &str = "JSONRPC";
+pub(crate) const JSONRPC_BINDING: &str = "JSONRPC";
 /// The header that activates extensions on a request.
-pub const EXTENSIONS_HEADER: &str = "A2A-Extensions";
+pub(crate) const EXTENSIONS_HEADER: &str = "A2A-Extensions";
 /// The key of a command envelope in a message's data part (surface §3.1).
-pub const COMMAND_KEY: &str = "agentd";
+pub(crate) const COMMAND_KEY: &str = "agentd";
 
 /// Longest a cached card is trusted, whatever the peer says (seconds).
-pub const CARD_TTL_MAX_SECS: u64 = 300;
+pub(crate) const CARD_TTL_MAX_SECS: u64 = 300;
 /// How long a card is cached when the peer names no max-age.
-pub const CARD_TTL_DEFAULT_SECS: u64 = 60;
+pub(crate) const CARD_TTL_DEFAULT_SECS: u64 = 60;
 /// Cap for a peer on the same host (loopback, unix): it may be restarted with a new card.
-pub const CARD_TTL_SAME_HOST_SECS: u64 = 5;
+pub(crate) const CARD_TTL_SAME_HOST_SECS: u64 = 5;
 
 // ---------------------------------------------------------------------------------------
 // Requests
 
-/// `GET /.well-known/agent-card.json` on `host`.
-pub fn card_request(host: &str) -> OutRequest {
+/// `GET /.well-known/agent-card.json` on `host` (the tests' oracle for the card path).
+#[cfg(test)]
+pub(crate) fn card_request(host: &str) -> OutRequest {
     OutRequest::new("GET", host, CARD_PATH).header("Accept", "application/json")
 }
 
@@ -265,7 +266,7 @@ struct RpcErrorWire {
 }
 
 /// The `result` of a JSON-RPC response to request `id`, or its error.
-pub fn rpc_result(body: &[u8], id: u64) -> Result<Value, A2aError> {
+pub(crate) fn rpc_result(body: &[u8], id: u64) -> Result<Value, A2aError> {
     let r: RpcResponseWire = serde_json::from_slice(body)
         .map_err(|e| A2aError::Malformed(format!("the answer is not a JSON-RPC response: {e}")))?;
     if r.jsonrpc.as_deref() != Some("2.0") {
@@ -439,7 +440,7 @@ fn task_from(w: TaskWire) -> Result<Task, A2aError> {
 }
 
 /// A StreamResponse (exactly one of task, message, statusUpdate, artifactUpdate).
-pub fn decode_stream_response(v: Value) -> Result<StreamResponse, A2aError> {
+pub(crate) fn decode_stream_response(v: Value) -> Result<StreamResponse, A2aError> {
     let w: StreamResponseWire = from_value(v, "StreamResponse")?;
     let present = usize::from(w.task.is_some())
         + usize::from(w.message.is_some())
@@ -532,30 +533,30 @@ pub struct PeerCard {
         alias = "supported_interfaces",
         deserialize_with = "null_default"
     )]
-    pub supported_interfaces: Vec<PeerInterface>,
+    pub(crate) supported_interfaces: Vec<PeerInterface>,
     #[serde(default, deserialize_with = "null_default")]
-    pub capabilities: PeerCapabilities,
+    pub(crate) capabilities: PeerCapabilities,
     /// A 0.3 card names its version at the top.
     #[serde(default, alias = "protocol_version", deserialize_with = "null_default")]
-    pub protocol_version: String,
+    pub(crate) protocol_version: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PeerInterface {
+pub(crate) struct PeerInterface {
     #[serde(default, deserialize_with = "null_default")]
     pub url: String,
     #[serde(default, alias = "protocol_binding", deserialize_with = "null_default")]
-    pub protocol_binding: String,
+    pub(crate) protocol_binding: String,
     #[serde(default, alias = "protocol_version", deserialize_with = "null_default")]
-    pub protocol_version: String,
+    pub(crate) protocol_version: String,
     #[serde(default, deserialize_with = "null_default")]
     pub tenant: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PeerCapabilities {
+pub(crate) struct PeerCapabilities {
     #[serde(default)]
     pub streaming: Option<bool>,
     #[serde(default, deserialize_with = "null_default")]
@@ -563,7 +564,7 @@ pub struct PeerCapabilities {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-pub struct PeerExtension {
+pub(crate) struct PeerExtension {
     #[serde(default, deserialize_with = "null_default")]
     pub uri: String,
     #[serde(default, deserialize_with = "null_default")]

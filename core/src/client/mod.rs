@@ -7,9 +7,9 @@
 //! interface of a peer's card. A driver moves the bytes and keeps the time.
 
 pub mod a2a;
-pub mod request;
-pub mod response;
-pub mod sse;
+pub(crate) mod request;
+pub(crate) mod response;
+pub(crate) mod sse;
 
 pub use request::{OutRequest, RequestError};
 pub use response::{

@@ -81,7 +81,8 @@ impl OutRequest {
     }
 
     /// The value of a header set on this request, by case-insensitive name.
-    pub fn header_value(&self, name: &str) -> Option<&str> {
+    #[cfg(test)]
+    pub(crate) fn header_value(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))

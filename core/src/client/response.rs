@@ -62,7 +62,7 @@ pub struct ResponseHead {
     pub headers: Vec<(String, Vec<u8>)>,
     pub framing: Framing,
     /// Whether the connection may carry another request after this response.
-    pub keep_alive: bool,
+    pub(crate) keep_alive: bool,
 }
 
 impl ResponseHead {
@@ -75,7 +75,7 @@ impl ResponseHead {
     }
 
     /// The first value of a header as text, by lower-case name (None if not UTF-8).
-    pub fn header_str(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header_str(&self, name: &str) -> Option<&str> {
         self.header(name).and_then(|v| core::str::from_utf8(v).ok())
     }
 
@@ -218,14 +218,9 @@ impl ResponseParser {
         self.eof = true;
     }
 
-    /// True when no response is under way: before the first byte of a head, or after an
-    /// `End` on a keep-alive connection.
-    pub fn is_idle(&self) -> bool {
-        matches!(self.state, State::Head { .. }) && self.pos == self.buf.len()
-    }
-
     /// True once a response said the connection closes after it (or a framing error).
-    pub fn is_closed(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_closed(&self) -> bool {
         matches!(self.state, State::Closed | State::Failed)
     }
 

@@ -16,7 +16,7 @@ pub struct SseEvent {
     /// The last event id seen on the stream so far (it carries over to later events).
     pub id: Option<String>,
     /// A `retry:` reconnection time in milliseconds, if this event set one.
-    pub retry: Option<u64>,
+    pub(crate) retry: Option<u64>,
 }
 
 /// Why a stream was refused.
@@ -217,7 +217,8 @@ impl SseDecoder {
 
     /// True when the stream stands between events (nothing half-received). An event not
     /// ended by a blank line when the stream closes is discarded, as the standard says.
-    pub fn is_between_events(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_between_events(&self) -> bool {
         self.line.is_empty() && !self.has_data
     }
 }

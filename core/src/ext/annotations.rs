@@ -11,7 +11,7 @@ use crate::time::rfc3339_ms;
 pub use crate::tasks::{Link, LinkKind};
 
 /// The annotations object of a task.
-pub fn object(rec: &TaskRecord) -> Value {
+pub(crate) fn object(rec: &TaskRecord) -> Value {
     let mut a = Map::new();
     a.insert(
         "link".into(),
@@ -41,7 +41,7 @@ pub fn object(rec: &TaskRecord) -> Value {
 }
 
 /// Puts the annotations into `task.metadata`.
-pub fn annotate(task: &mut Task, rec: &TaskRecord) {
+pub(crate) fn annotate(task: &mut Task, rec: &TaskRecord) {
     task.metadata
         .get_or_insert_with(Map::new)
         .insert(TASK_ANNOTATIONS_URI.into(), object(rec));

@@ -21,7 +21,7 @@ pub const URI: &str = "https://agentd.dev/a2a/ext/events";
 pub const SCHEMA_ID: &str = "https://agentd.dev/a2a/ext/events/schema.json";
 
 /// The draft every agentd bundle is written in.
-pub const DRAFT: &str = "https://json-schema.org/draft/2020-12/schema";
+pub(crate) const DRAFT: &str = "https://json-schema.org/draft/2020-12/schema";
 
 /// Kinds that were once pushed and must never reappear (a closed vocabulary only grows by a
 /// deliberate change; these names are retired, not free).
@@ -50,7 +50,7 @@ impl Audience {
     }
 
     /// Whether a non-operator's feed can carry this kind at all (the extended card's `kinds`).
-    pub const fn reaches_non_operator(self) -> bool {
+    pub(crate) const fn reaches_non_operator(self) -> bool {
         matches!(self, Audience::All | Audience::Owner)
     }
 }
@@ -687,7 +687,7 @@ fn described(schema: Value, description: &str) -> Value {
 }
 
 /// Every kind's `data` schema, keyed by kind, each described.
-pub fn kinds() -> Value {
+pub(crate) fn kinds() -> Value {
     let defs: Map<String, Value> = KINDS
         .iter()
         .map(|k| (k.kind.to_owned(), described((k.data)(), k.description)))

@@ -51,7 +51,7 @@ pub struct RequestHead {
     pub headers: Vec<(String, Vec<u8>)>,
     pub body: BodyKind,
     /// Whether the client allows the connection to stay open after this request.
-    pub keep_alive: bool,
+    pub(crate) keep_alive: bool,
     /// The client sent `Expect: 100-continue` and has a body to send.
     pub expect_continue: bool,
 }
@@ -66,14 +66,14 @@ impl RequestHead {
     }
 
     /// Every value of a header, in arrival order.
-    pub fn header_all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+    pub(crate) fn header_all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
         self.headers
             .iter()
             .filter(move |(n, _)| n == name)
             .map(|(_, v)| v.as_slice())
     }
 
-    pub fn has_body(&self) -> bool {
+    pub(crate) fn has_body(&self) -> bool {
         !matches!(self.body, BodyKind::None | BodyKind::Length(0))
     }
 }
@@ -158,18 +158,18 @@ impl RequestParser {
     }
 
     /// True between requests with nothing buffered: a clean place for the peer to hang up.
-    pub fn is_idle(&self) -> bool {
+    pub(crate) fn is_idle(&self) -> bool {
         matches!(self.state, State::Head { .. })
             && self.buf.iter().all(|b| matches!(b, b'\r' | b'\n'))
     }
 
     /// True once a head has arrived and its body is still incomplete.
-    pub fn in_body(&self) -> bool {
+    pub(crate) fn in_body(&self) -> bool {
         matches!(self.state, State::Length { .. } | State::Chunked(_))
     }
 
     /// True while part of a head has arrived.
-    pub fn in_head(&self) -> bool {
+    pub(crate) fn in_head(&self) -> bool {
         matches!(self.state, State::Head { .. }) && !self.is_idle()
     }
 

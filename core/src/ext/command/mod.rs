@@ -5,7 +5,7 @@
 mod duplicates;
 pub mod table;
 
-pub use self::duplicates::refuse_duplicate_members;
+pub(crate) use self::duplicates::refuse_duplicate_members;
 
 use std::collections::HashMap;
 
@@ -125,7 +125,7 @@ pub struct Checked {
 
 /// Where a command message carries its envelope: `message.parts[<i>].data.agentd`, `i` the
 /// first part with one (a message with more is refused before it runs).
-pub fn envelope_path(message: &Message) -> String {
+pub(crate) fn envelope_path(message: &Message) -> String {
     let index = message
         .parts
         .iter()
@@ -468,7 +468,7 @@ pub fn public_params(host: &crate::host::HostCapabilities) -> Value {
 }
 
 /// The reply Message of a message op: the result document as its one DataPart.
-pub fn reply_message(message_id: String, context_id: String, result: Value) -> Message {
+pub(crate) fn reply_message(message_id: String, context_id: String, result: Value) -> Message {
     let mut part = crate::a2a::types::Part::data(result);
     part.media_type = "application/json".into();
     Message {

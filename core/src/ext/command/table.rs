@@ -94,7 +94,7 @@ pub enum OpId {
 
 impl OpId {
     /// How many ops the table has.
-    pub const COUNT: usize = 26;
+    pub(crate) const COUNT: usize = 26;
 
     /// Every op, in table order.
     pub const ALL: [OpId; OpId::COUNT] = [
@@ -143,7 +143,7 @@ impl OpId {
     }
 
     /// Whether the host answers it (else the core does).
-    pub fn host_served(self) -> bool {
+    pub(crate) fn host_served(self) -> bool {
         self.spec().served_by == ServedBy::Host
     }
 }
@@ -187,7 +187,7 @@ pub struct OpSpec {
 pub const RESERVED_PREFIX: &str = "_instance.";
 
 /// Reserved names that are never served over A2A.
-pub const RESERVED_UNSERVED: &[&str] = &["ask_human"];
+pub(crate) const RESERVED_UNSERVED: &[&str] = &["ask_human"];
 
 /// Op names that once existed, with what to use instead (UNKNOWN_OP carries the hint).
 pub const REMOVED_OPS: &[(&str, &str)] = &[
@@ -201,7 +201,7 @@ pub const REMOVED_OPS: &[(&str, &str)] = &[
 ];
 
 /// What `auth.device.approve`'s `as` must match.
-pub const PRINCIPAL_NAME_PATTERN: &str = "^[a-z0-9][a-z0-9._-]{0,63}$";
+pub(crate) const PRINCIPAL_NAME_PATTERN: &str = "^[a-z0-9][a-z0-9._-]{0,63}$";
 
 /// Names `auth.device.approve`'s `as` may never take.
 pub const RESERVED_PRINCIPAL_NAMES: &[&str] = &[
@@ -214,7 +214,7 @@ pub const RESERVED_PRINCIPAL_NAMES: &[&str] = &[
 ];
 
 /// The paths `admin.set` accepts.
-pub const SETTABLE_PATHS: &[&str] = &["agent.approval", "a2a.introspection.enabled"];
+pub(crate) const SETTABLE_PATHS: &[&str] = &["agent.approval", "a2a.introspection.enabled"];
 
 const NONE: &[Role] = &[];
 const USER: &[Role] = &[Role::User];
