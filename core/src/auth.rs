@@ -34,7 +34,7 @@ pub struct Principal {
     pub role: Role,
     /// Op names or patterns (`*`, `workflow.*`, `workflow.run:<pattern>`) beyond the role's
     /// defaults.
-    pub grants: Vec<String>,
+    pub(crate) grants: Vec<String>,
     /// The rule's `quotas.rate`: requests allowed per period (§7.5). Operators are exempt
     /// whatever it says.
     pub rate: Option<crate::limits::Rate>,
@@ -209,7 +209,8 @@ pub enum Unauthenticated {
 /// Who a request is, from the transport and its headers, in the fixed order of evidence:
 /// the unix peer; a presented bearer (which never falls back to other evidence); an `any`
 /// rule; the implicit operator of a loopback listener with nothing configured; else nobody.
-pub fn resolve(
+#[cfg(test)]
+pub(crate) fn resolve(
     config: &AuthConfig,
     peer: &Peer,
     loopback_listener: bool,

@@ -68,12 +68,12 @@ pub enum ErrorKind {
 /// What the table says about a kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ErrorRow {
-    pub code: i32,
+    pub(crate) code: i32,
     /// The spec's suggested message, used when a handler gives none.
-    pub message: &'static str,
+    pub(crate) message: &'static str,
     /// `google.rpc.ErrorInfo.reason`, when the kind carries one.
-    pub reason: Option<&'static str>,
-    pub domain: &'static str,
+    pub(crate) reason: Option<&'static str>,
+    pub(crate) domain: &'static str,
     /// HTTP status of the response that carries it.
     pub(crate) http_status: u16,
 }

@@ -24,13 +24,13 @@ const TASK_EVENT_HISTORY_BYTES: usize = 32 * 1024;
 /// One event on the ring.
 #[derive(Debug)]
 pub struct FeedEntry {
-    pub seq: u64,
+    pub(crate) seq: u64,
     /// Epoch milliseconds.
-    pub ts: u64,
+    pub(crate) ts: u64,
     pub kind: &'static str,
     /// Who receives it besides operators: everyone, or the owning principal's id.
-    pub audience: Audience,
-    pub owner: Option<String>,
+    pub(crate) audience: Audience,
+    pub(crate) owner: Option<String>,
     /// The `data` document as JSON text, rendered once for every subscriber.
     pub data: Arc<str>,
     /// For a `task` event, the same document without task annotations.
@@ -109,7 +109,7 @@ pub struct Ring {
 }
 
 impl Ring {
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         let capacity = capacity.max(1);
         Ring {
             capacity,
@@ -137,11 +137,13 @@ impl Ring {
         self.entries.front().map_or(self.newest + 1, |e| e.seq)
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
@@ -281,7 +283,13 @@ fn check_against_schema(kind: &'static str, data: &Value) -> Result<(), PushErro
 }
 
 /// The `hello` frame's member.
-pub fn hello(newest: u64, resume: u64, resync: bool, introspection: bool, version: &str) -> Value {
+pub(crate) fn hello(
+    newest: u64,
+    resume: u64,
+    resync: bool,
+    introspection: bool,
+    version: &str,
+) -> Value {
     json!({"introspection": introspection, "resume": resume, "resync": resync, "seq": newest, "version": version})
 }
 
@@ -293,7 +301,7 @@ pub enum Goodbye {
 }
 
 impl Goodbye {
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Goodbye::Deadline => "deadline",
             Goodbye::Revoked => "revoked",

@@ -36,19 +36,13 @@ impl OpSet {
     }
 
     /// Adds `id`.
-    pub fn insert(&mut self, id: OpId) {
+    pub(crate) fn insert(&mut self, id: OpId) {
         self.0 |= 1 << id as u32;
     }
 
     /// Removes `id`.
-    pub fn remove(&mut self, id: OpId) {
+    pub(crate) fn remove(&mut self, id: OpId) {
         self.0 &= !(1 << id as u32);
-    }
-
-    /// The set with `id` added.
-    pub fn with(mut self, id: OpId) -> OpSet {
-        self.insert(id);
-        self
     }
 
     /// The set without `id`.
@@ -132,7 +126,7 @@ impl SettablePath {
         }
     }
 
-    pub fn parse(path: &str) -> Option<SettablePath> {
+    pub(crate) fn parse(path: &str) -> Option<SettablePath> {
         [
             SettablePath::AgentApproval,
             SettablePath::IntrospectionEnabled,

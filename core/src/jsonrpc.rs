@@ -19,7 +19,7 @@ use crate::errors::{ErrorKind, RpcError};
 pub struct RequestId(Box<str>);
 
 impl RequestId {
-    pub fn null() -> Self {
+    pub(crate) fn null() -> Self {
         RequestId("null".into())
     }
 
@@ -28,6 +28,7 @@ impl RequestId {
         &self.0
     }
 
+    /// Whether the id is JSON `null` (also what an unreadable request is answered under).
     pub fn is_null(&self) -> bool {
         &*self.0 == "null"
     }
@@ -45,7 +46,7 @@ pub struct Request<'a> {
 
 /// A body that is not a request: the error to answer and the id to answer it with.
 #[derive(Debug, PartialEq)]
-pub(crate) struct Refusal {
+pub struct Refusal {
     pub id: RequestId,
     pub error: RpcError,
 }
@@ -150,7 +151,7 @@ fn invalid(id: RequestId, message: impl Into<String>) -> Refusal {
 }
 
 /// Reads the envelope of a request body.
-pub(crate) fn parse_request(body: &[u8]) -> Result<Request<'_>, Refusal> {
+pub fn parse_request(body: &[u8]) -> Result<Request<'_>, Refusal> {
     // JSON text is UTF-8 throughout. serde_json checks the strings it reads, but not the
     // ones it skips (a member the envelope ignores), so the whole body is checked first.
     let Ok(text) = core::str::from_utf8(body) else {
@@ -231,7 +232,7 @@ pub(crate) fn parse_request(body: &[u8]) -> Result<Request<'_>, Refusal> {
 }
 
 /// `{"id":…,"jsonrpc":"2.0","result":…}`.
-pub(crate) fn write_result<T: Serialize + ?Sized>(out: &mut Vec<u8>, id: &RequestId, result: &T) {
+pub fn write_result<T: Serialize + ?Sized>(out: &mut Vec<u8>, id: &RequestId, result: &T) {
     out.extend_from_slice(b"{\"id\":");
     out.extend_from_slice(id.as_json().as_bytes());
     out.extend_from_slice(b",\"jsonrpc\":\"2.0\",\"result\":");
@@ -243,7 +244,7 @@ pub(crate) fn write_result<T: Serialize + ?Sized>(out: &mut Vec<u8>, id: &Reques
 }
 
 /// `{"id":…,"jsonrpc":"2.0","result":…}` around a result already serialized.
-pub(crate) fn write_result_raw(out: &mut Vec<u8>, id: &RequestId, result_json: &[u8]) {
+pub fn write_result_raw(out: &mut Vec<u8>, id: &RequestId, result_json: &[u8]) {
     out.extend_from_slice(b"{\"id\":");
     out.extend_from_slice(id.as_json().as_bytes());
     out.extend_from_slice(b",\"jsonrpc\":\"2.0\",\"result\":");
@@ -252,7 +253,7 @@ pub(crate) fn write_result_raw(out: &mut Vec<u8>, id: &RequestId, result_json: &
 }
 
 /// `{"error":…,"id":…,"jsonrpc":"2.0"}`.
-pub(crate) fn write_error(out: &mut Vec<u8>, id: &RequestId, error: &RpcError) {
+pub fn write_error(out: &mut Vec<u8>, id: &RequestId, error: &RpcError) {
     out.extend_from_slice(b"{\"error\":");
     let _ = serde_json::to_writer(&mut *out, &error.to_json());
     out.extend_from_slice(b",\"id\":");

@@ -219,7 +219,7 @@ pub struct SourceRate {
 }
 
 impl SourceRate {
-    pub fn new(rate: Rate) -> Self {
+    pub(crate) fn new(rate: Rate) -> Self {
         SourceRate {
             buckets: Lru::new(MAX_SOURCES),
             rate,
@@ -227,7 +227,7 @@ impl SourceRate {
     }
 
     /// Takes a token for `source`, or says in how many milliseconds one is available.
-    pub fn take(&mut self, source: Source, now_ms: u64) -> Result<(), u64> {
+    pub(crate) fn take(&mut self, source: Source, now_ms: u64) -> Result<(), u64> {
         let rate = self.rate;
         self.buckets.touch(&source).take(rate, now_ms)
     }
@@ -260,7 +260,7 @@ impl Default for FailureLimiter {
 }
 
 impl FailureLimiter {
-    pub fn with_capacity(cap: usize) -> Self {
+    pub(crate) fn with_capacity(cap: usize) -> Self {
         FailureLimiter {
             sources: Lru::new(cap),
         }
@@ -269,14 +269,14 @@ impl FailureLimiter {
     /// Milliseconds until `source` may present a credential again; `None` while it may. A
     /// remembered source counts as seen now, so one that keeps trying is not the first
     /// evicted.
-    pub fn refusal(&mut self, source: Source, now_ms: u64) -> Option<u64> {
+    pub(crate) fn refusal(&mut self, source: Source, now_ms: u64) -> Option<u64> {
         let wait = self.sources.seen(&source)?.wait_ms(FAILURE_RATE, now_ms);
         (wait > 0).then_some(wait)
     }
 
     /// Counts one failure against `source`. A source already at the limit stays there: the
     /// bucket never holds more than its burst of debt.
-    pub fn count(&mut self, source: Source, now_ms: u64) {
+    pub(crate) fn count(&mut self, source: Source, now_ms: u64) {
         let _ = self.sources.touch(&source).take(FAILURE_RATE, now_ms);
     }
 
@@ -325,7 +325,7 @@ pub struct Limits {
     /// `POST /oauth2/device_authorization` per source.
     pub(crate) device_authorization: SourceRate,
     /// `POST /oauth2/token` per source.
-    pub token: SourceRate,
+    pub(crate) token: SourceRate,
 }
 
 impl Default for Limits {

@@ -52,11 +52,11 @@ impl Endpoint {
 
 /// An answer: status, content type, body.
 pub(crate) struct Answer {
-    pub status: u16,
-    pub content_type: &'static str,
-    pub body: Vec<u8>,
+    pub(crate) status: u16,
+    pub(crate) content_type: &'static str,
+    pub(crate) body: Vec<u8>,
     /// A limit refused the request (HTTP 429): `Retry-After`, in seconds.
-    pub retry_after_s: Option<u32>,
+    pub(crate) retry_after_s: Option<u32>,
 }
 
 fn json_answer(status: u16, value: serde_json::Value) -> Answer {

@@ -30,7 +30,7 @@ pub struct PushPolicy {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Authentication {
-    pub scheme: String,
+    pub(crate) scheme: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub(crate) credentials: String,
 }
@@ -40,16 +40,16 @@ pub(crate) struct Authentication {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct WireConfig {
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub tenant: String,
+    pub(crate) tenant: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub id: String,
+    pub(crate) id: String,
     // ProtoJSON parsers accept the proto field name too (the A2A TCK sends it).
     #[serde(default, alias = "task_id")]
-    pub task_id: String,
+    pub(crate) task_id: String,
     #[serde(default)]
-    pub url: String,
+    pub(crate) url: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub token: String,
+    pub(crate) token: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) authentication: Option<Authentication>,
 }
@@ -57,10 +57,10 @@ pub(crate) struct WireConfig {
 /// One registered webhook of a task.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct PushConfig {
-    pub id: String,
-    pub task_id: String,
-    pub url: String,
-    pub token: Option<String>,
+    pub(crate) id: String,
+    pub(crate) task_id: String,
+    pub(crate) url: String,
+    pub(crate) token: Option<String>,
     pub(crate) authentication: Option<Authentication>,
 }
 
@@ -86,13 +86,13 @@ impl PushConfig {
 /// `https://0x7f000001`, `https://0177.0.0.1` and `https://127.0.0.1.` are all 127.0.0.1.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct WebhookUrl {
-    pub tls: bool,
+    pub(crate) tls: bool,
     /// The normalized host: an IPv4 address in dotted decimal, an IPv6 address without its
     /// brackets, or a lower-case ASCII name without a trailing dot.
-    pub host: String,
-    pub port: u16,
+    pub(crate) host: String,
+    pub(crate) port: u16,
     /// Path and query, from the first `/`.
-    pub path: String,
+    pub(crate) path: String,
     /// The host is an IP address (or `localhost`): its address is known without resolving.
     pub(crate) literal: Option<IpAddr>,
 }

@@ -75,7 +75,7 @@ impl<const N: usize> Label<N> {
     };
 
     /// `text`, sanitized and cut to `N` bytes.
-    pub fn new(text: &str) -> Label<N> {
+    pub(crate) fn new(text: &str) -> Label<N> {
         let mut l = Label::EMPTY;
         l.push(text);
         l
@@ -121,7 +121,7 @@ impl<const N: usize> Label<N> {
         std::str::from_utf8(&self.bytes[..len]).unwrap_or_default()
     }
 
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         self.as_str_upto(usize::from(self.len))
     }
 
@@ -251,7 +251,7 @@ pub struct RequestRecord {
     /// Set when a limiter refused the request.
     pub refusal: Option<Refusal>,
     /// The monotonic millisecond the request's head was read.
-    pub started_ms: u64,
+    pub(crate) started_ms: u64,
 }
 
 impl RequestRecord {

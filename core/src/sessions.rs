@@ -30,9 +30,9 @@ pub(crate) const MAX_PENDING_PER_NETWORK: usize = 16;
 /// Why a device got no code: an OAuth error code, and when a retry can succeed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct AuthorizeRefusal {
-    pub error: &'static str,
+    pub(crate) error: &'static str,
     /// Seconds until one of the codes in the way expires (a bound was reached).
-    pub retry_after_s: Option<u32>,
+    pub(crate) retry_after_s: Option<u32>,
 }
 
 /// The scope a device asks for and is approved with.
@@ -113,10 +113,10 @@ struct PendingCode {
 /// An open session.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Session {
-    pub sid: String,
-    pub name: String,
-    pub principal: Principal,
-    pub client_id: String,
+    pub(crate) sid: String,
+    pub(crate) name: String,
+    pub(crate) principal: Principal,
+    pub(crate) client_id: String,
     pub(crate) scope: Scope,
     pub(crate) created_at: u64,
     pub(crate) expires_at: u64,

@@ -16,7 +16,7 @@ use crate::auth::Principal;
 /// A TLS listener's configuration.
 #[derive(Clone, Debug)]
 pub struct TlsListener {
-    pub config: Arc<rustls::ServerConfig>,
+    pub(crate) config: Arc<rustls::ServerConfig>,
     /// Client certificates are required and verified (mutual TLS).
     pub(crate) client_auth: bool,
 }
@@ -122,7 +122,7 @@ pub enum CertMatch {
 }
 
 impl CertRule {
-    pub fn matches(&self, id: &ClientIdentity) -> bool {
+    pub(crate) fn matches(&self, id: &ClientIdentity) -> bool {
         match &self.matcher {
             CertMatch::Sub(cn) => id.cn.as_deref() == Some(cn.as_str()),
             CertMatch::San(glob) => id

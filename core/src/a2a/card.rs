@@ -9,16 +9,16 @@ pub(crate) struct AgentCard {
     pub(crate) capabilities: AgentCapabilities,
     pub(crate) default_input_modes: Vec<String>,
     pub(crate) default_output_modes: Vec<String>,
-    pub description: String,
-    pub name: String,
+    pub(crate) description: String,
+    pub(crate) name: String,
     /// The schemes this listener enforces, by name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) security_requirements: Option<Vec<Value>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) security_schemes: Option<serde_json::Map<String, Value>>,
-    pub skills: Vec<AgentSkill>,
+    pub(crate) skills: Vec<AgentSkill>,
     pub(crate) supported_interfaces: Vec<AgentInterface>,
-    pub version: String,
+    pub(crate) version: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -26,7 +26,7 @@ pub(crate) struct AgentCard {
 pub(crate) struct AgentInterface {
     pub(crate) protocol_binding: String,
     pub(crate) protocol_version: String,
-    pub url: String,
+    pub(crate) url: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -35,23 +35,23 @@ pub(crate) struct AgentCapabilities {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) extended_agent_card: Option<bool>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub extensions: Vec<AgentExtension>,
+    pub(crate) extensions: Vec<AgentExtension>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) push_notifications: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub streaming: Option<bool>,
+    pub(crate) streaming: Option<bool>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct AgentExtension {
     #[serde(skip_serializing_if = "String::is_empty")]
-    pub description: String,
+    pub(crate) description: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub params: Option<Value>,
+    pub(crate) params: Option<Value>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub required: bool,
-    pub uri: String,
+    pub(crate) required: bool,
+    pub(crate) uri: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -102,7 +102,7 @@ impl TaskJson {
     }
 
     /// The task being written.
-    pub fn task(&self) -> &Task {
+    pub(crate) fn task(&self) -> &Task {
         &self.task
     }
 

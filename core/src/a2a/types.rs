@@ -151,9 +151,9 @@ pub enum PartContent {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Part {
     pub content: PartContent,
-    pub metadata: Option<Struct>,
+    pub(crate) metadata: Option<Struct>,
     pub(crate) filename: String,
-    pub media_type: String,
+    pub(crate) media_type: String,
 }
 
 impl Part {
@@ -313,7 +313,7 @@ pub struct Message {
         deserialize_with = "de_strings",
         skip_serializing_if = "Vec::is_empty"
     )]
-    pub(crate) reference_task_ids: Vec<String>,
+    pub reference_task_ids: Vec<String>,
     #[serde(default)]
     pub role: Role,
     #[serde(
@@ -374,7 +374,7 @@ pub struct Task {
 pub struct TaskStatusUpdateEvent {
     pub context_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<Struct>,
+    pub(crate) metadata: Option<Struct>,
     pub status: TaskStatus,
     pub task_id: String,
 }
@@ -383,14 +383,14 @@ pub struct TaskStatusUpdateEvent {
 #[serde(rename_all = "camelCase")]
 pub struct TaskArtifactUpdateEvent {
     #[serde(skip_serializing_if = "is_false")]
-    pub append: bool,
-    pub artifact: Artifact,
-    pub context_id: String,
+    pub(crate) append: bool,
+    pub(crate) artifact: Artifact,
+    pub(crate) context_id: String,
     #[serde(skip_serializing_if = "is_false")]
-    pub last_chunk: bool,
+    pub(crate) last_chunk: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<Struct>,
-    pub task_id: String,
+    pub(crate) metadata: Option<Struct>,
+    pub(crate) task_id: String,
 }
 
 /// One event of a stream, and the result of a send: exactly one member.
@@ -414,9 +414,9 @@ pub struct SendMessageConfiguration {
     )]
     pub accepted_output_modes: Vec<String>,
     #[serde(default, alias = "task_push_notification_config")]
-    pub(crate) task_push_notification_config: Option<Value>,
+    pub task_push_notification_config: Option<Value>,
     #[serde(default, alias = "history_length", deserialize_with = "de_opt_i32")]
-    pub(crate) history_length: Option<i32>,
+    pub history_length: Option<i32>,
     #[serde(default, alias = "return_immediately")]
     pub return_immediately: Option<bool>,
 }
@@ -425,22 +425,22 @@ pub struct SendMessageConfiguration {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct SendMessageRequest {
     #[serde(default, deserialize_with = "de_string")]
-    pub tenant: String,
+    pub(crate) tenant: String,
     #[serde(default)]
-    pub message: Option<Message>,
+    pub(crate) message: Option<Message>,
     #[serde(default)]
-    pub configuration: Option<SendMessageConfiguration>,
+    pub(crate) configuration: Option<SendMessageConfiguration>,
     #[serde(default)]
-    pub metadata: Option<Struct>,
+    pub(crate) metadata: Option<Struct>,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct GetTaskRequest {
     #[serde(default, deserialize_with = "de_string")]
-    pub tenant: String,
+    pub(crate) tenant: String,
     #[serde(default, deserialize_with = "de_string")]
-    pub id: String,
+    pub(crate) id: String,
     #[serde(default, alias = "history_length", deserialize_with = "de_opt_i32")]
     pub(crate) history_length: Option<i32>,
 }
@@ -449,11 +449,11 @@ pub(crate) struct GetTaskRequest {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct ListTasksRequest {
     #[serde(default, deserialize_with = "de_string")]
-    pub tenant: String,
+    pub(crate) tenant: String,
     #[serde(default, alias = "context_id", deserialize_with = "de_string")]
-    pub context_id: String,
+    pub(crate) context_id: String,
     #[serde(default)]
-    pub status: Option<TaskState>,
+    pub(crate) status: Option<TaskState>,
     #[serde(default, alias = "page_size", deserialize_with = "de_opt_i32")]
     pub(crate) page_size: Option<i32>,
     #[serde(default, alias = "page_token", deserialize_with = "de_string")]
@@ -471,11 +471,11 @@ pub(crate) struct ListTasksRequest {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct TaskIdRequest {
     #[serde(default, deserialize_with = "de_string")]
-    pub tenant: String,
+    pub(crate) tenant: String,
     #[serde(default, deserialize_with = "de_string")]
-    pub id: String,
+    pub(crate) id: String,
     #[serde(default)]
-    pub metadata: Option<Struct>,
+    pub(crate) metadata: Option<Struct>,
 }
 
 #[cfg(test)]

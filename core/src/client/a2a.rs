@@ -527,7 +527,7 @@ pub fn apply_update(task: &mut Task, event: &StreamResponse) -> bool {
 #[serde(rename_all = "camelCase")]
 pub struct PeerCard {
     #[serde(default, deserialize_with = "null_default")]
-    pub name: String,
+    pub(crate) name: String,
     #[serde(
         default,
         alias = "supported_interfaces",
@@ -545,30 +545,30 @@ pub struct PeerCard {
 #[serde(rename_all = "camelCase")]
 pub(crate) struct PeerInterface {
     #[serde(default, deserialize_with = "null_default")]
-    pub url: String,
+    pub(crate) url: String,
     #[serde(default, alias = "protocol_binding", deserialize_with = "null_default")]
     pub(crate) protocol_binding: String,
     #[serde(default, alias = "protocol_version", deserialize_with = "null_default")]
     pub(crate) protocol_version: String,
     #[serde(default, deserialize_with = "null_default")]
-    pub tenant: String,
+    pub(crate) tenant: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct PeerCapabilities {
     #[serde(default)]
-    pub streaming: Option<bool>,
+    pub(crate) streaming: Option<bool>,
     #[serde(default, deserialize_with = "null_default")]
-    pub extensions: Vec<PeerExtension>,
+    pub(crate) extensions: Vec<PeerExtension>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 pub(crate) struct PeerExtension {
     #[serde(default, deserialize_with = "null_default")]
-    pub uri: String,
+    pub(crate) uri: String,
     #[serde(default, deserialize_with = "null_default")]
-    pub required: bool,
+    pub(crate) required: bool,
 }
 
 /// Why a peer's card does not let agentd talk to it.
@@ -614,7 +614,7 @@ pub fn parse_card(body: &[u8]) -> Result<PeerCard, CardError> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SelectedInterface {
     /// The URL the card names (informational: the dial always goes to the configured URL).
-    pub url: String,
+    pub(crate) url: String,
     /// Echoed as `tenant` on every request, when the interface has one.
     pub tenant: Option<String>,
     /// The card says the peer streams.

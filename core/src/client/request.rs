@@ -9,14 +9,14 @@ use core::fmt;
 /// POST/PUT, `Content-Length`; callers may not set those (or `Transfer-Encoding`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutRequest {
-    pub method: String,
+    pub(crate) method: String,
     /// Origin-form target: starts with `/`.
-    pub path: String,
+    pub(crate) path: String,
     /// The `Host` header's value.
-    pub host: String,
+    pub(crate) host: String,
     /// Further header fields, written in this order.
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Vec<u8>,
 }
 
 /// Why a request was not written.

@@ -57,7 +57,7 @@ pub struct ResponseHead {
     pub status: u16,
     pub reason: String,
     /// 0 for HTTP/1.0, 1 for HTTP/1.1.
-    pub minor_version: u8,
+    pub(crate) minor_version: u8,
     /// Header fields in arrival order; names lower-cased, values as sent.
     pub headers: Vec<(String, Vec<u8>)>,
     pub framing: Framing,
@@ -67,7 +67,7 @@ pub struct ResponseHead {
 
 impl ResponseHead {
     /// The first value of a header, by lower-case name.
-    pub fn header(&self, name: &str) -> Option<&[u8]> {
+    pub(crate) fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers
             .iter()
             .find(|(n, _)| n == name)

@@ -10,11 +10,11 @@ use std::fmt;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SseEvent {
     /// The `event:` field; empty means the default type, `message`.
-    pub event: String,
+    pub(crate) event: String,
     /// The `data:` lines joined with `\n`.
     pub data: String,
     /// The last event id seen on the stream so far (it carries over to later events).
-    pub id: Option<String>,
+    pub(crate) id: Option<String>,
     /// A `retry:` reconnection time in milliseconds, if this event set one.
     pub(crate) retry: Option<u64>,
 }

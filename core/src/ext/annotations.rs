@@ -48,7 +48,7 @@ pub(crate) fn annotate(task: &mut Task, rec: &TaskRecord) {
 }
 
 /// The JSON Schema of the annotations object: what [`object`] writes.
-pub fn schema() -> Value {
+pub(crate) fn schema() -> Value {
     let date_time = json!({"type": "string", "format": "date-time"});
     json!({
         "type": "object",
@@ -97,7 +97,7 @@ pub fn schema() -> Value {
 /// depend on the extensions.
 impl TaskRecord {
     /// The task as the wire shows it, with its annotations when the request activated them.
-    pub fn view(
+    pub(crate) fn view(
         &self,
         history_length: Option<usize>,
         include_artifacts: bool,

@@ -41,14 +41,6 @@ pub enum Audience {
 }
 
 impl Audience {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Audience::All => "all",
-            Audience::Owner => "owner",
-            Audience::Operator => "operator",
-        }
-    }
-
     /// Whether a non-operator's feed can carry this kind at all (the extended card's `kinds`).
     pub(crate) const fn reaches_non_operator(self) -> bool {
         matches!(self, Audience::All | Audience::Owner)
@@ -410,7 +402,7 @@ pub fn goodbye() -> Value {
 
 /// One frame: `{"hello": …}`, `{"event": …}` or `{"goodbye": …}`, the `result` of each SSE
 /// event's JSON-RPC response.
-pub fn frame() -> Value {
+pub(crate) fn frame() -> Value {
     let wrap = |name: &str| {
         closed(
             vec![(name, json!({"$ref": format!("#/$defs/{name}")}))],

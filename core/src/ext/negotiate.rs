@@ -53,7 +53,7 @@ impl ExtSet {
 
 /// The extensions named in every `A2A-Extensions` line, matched exactly. Unknown URIs are
 /// dropped, never refused; a line that is not UTF-8 is ignored.
-pub(crate) fn requested<'a>(lines: impl Iterator<Item = &'a [u8]>) -> ExtSet {
+pub fn requested<'a>(lines: impl Iterator<Item = &'a [u8]>) -> ExtSet {
     let mut set = ExtSet::EMPTY;
     let mut considered = 0;
     for line in lines {
@@ -83,7 +83,7 @@ pub(crate) fn requested<'a>(lines: impl Iterator<Item = &'a [u8]>) -> ExtSet {
 }
 
 /// What a request to `route` activates.
-pub(crate) fn activate(requested: ExtSet, route: Route, events_enabled: bool) -> ExtSet {
+pub fn activate(requested: ExtSet, route: Route, events_enabled: bool) -> ExtSet {
     requested
         .iter()
         .filter(|e| declared(*e, events_enabled) && e.applies_to(route))

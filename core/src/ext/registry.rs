@@ -31,7 +31,7 @@ impl Route {
         CoreMethod::from_name(name).map(Route::Core)
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Route::Core(m) => m.name(),
             Route::Events => EVENTS_METHOD,
@@ -68,7 +68,7 @@ impl Ext {
     }
 
     /// A2A's kind of extension.
-    pub const fn kind(self) -> &'static str {
+    pub(crate) const fn kind(self) -> &'static str {
         match self {
             Ext::Command | Ext::TaskAnnotations => "profile",
             Ext::Events => "method",
@@ -111,7 +111,7 @@ impl Ext {
         format!("{}/schema.json", self.uri())
     }
 
-    pub const fn description(self) -> &'static str {
+    pub(crate) const fn description(self) -> &'static str {
         match self {
             Ext::Command => {
                 "Structured operations sent as one DataPart {\"data\":{\"agentd\":{\"op\":…}}} in \

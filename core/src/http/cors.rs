@@ -25,7 +25,7 @@ pub struct Origin {
 impl Origin {
     /// `scheme://host[:port]` and nothing more; `null` and anything with a path, query,
     /// credentials or wildcard is not an origin.
-    pub fn parse(text: &str) -> Option<Origin> {
+    pub(crate) fn parse(text: &str) -> Option<Origin> {
         let (scheme, rest) = text.split_once("://")?;
         let scheme = scheme.to_ascii_lowercase();
         let default_port = match scheme.as_str() {

@@ -42,7 +42,7 @@ pub enum BodyKind {
 /// A parsed request line and header block.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RequestHead {
-    pub method: Method,
+    pub(crate) method: Method,
     /// The path, without the query string.
     pub path: String,
     /// 0 for HTTP/1.0, 1 for HTTP/1.1.
@@ -53,12 +53,12 @@ pub struct RequestHead {
     /// Whether the client allows the connection to stay open after this request.
     pub(crate) keep_alive: bool,
     /// The client sent `Expect: 100-continue` and has a body to send.
-    pub expect_continue: bool,
+    pub(crate) expect_continue: bool,
 }
 
 impl RequestHead {
     /// The first value of a header, by lower-case name.
-    pub fn header(&self, name: &str) -> Option<&[u8]> {
+    pub(crate) fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers
             .iter()
             .find(|(n, _)| n == name)
@@ -90,8 +90,8 @@ pub enum Event {
 /// A framing refusal: the status to answer with; the connection closes after it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HttpError {
-    pub status: u16,
-    pub reason: &'static str,
+    pub(crate) status: u16,
+    pub(crate) reason: &'static str,
 }
 
 impl HttpError {
@@ -153,7 +153,7 @@ impl RequestParser {
     }
 
     /// Bytes received and not yet delivered as part of a request.
-    pub fn buffered(&self) -> usize {
+    pub(crate) fn buffered(&self) -> usize {
         self.buf.len() - self.pos
     }
 

@@ -32,11 +32,11 @@ pub(crate) fn reason_phrase(status: u16) -> &'static str {
 
 /// A response head under construction.
 pub(crate) struct Head<'a> {
-    pub status: u16,
+    pub(crate) status: u16,
     /// Lower-case header names with their values.
-    pub headers: Vec<(&'static str, std::borrow::Cow<'a, str>)>,
+    pub(crate) headers: Vec<(&'static str, std::borrow::Cow<'a, str>)>,
     /// Close the connection after this response.
-    pub close: bool,
+    pub(crate) close: bool,
     /// The `Date` header's value.
     pub(crate) date: &'a str,
 }

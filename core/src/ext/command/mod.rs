@@ -95,7 +95,7 @@ impl Commands {
         Ok(())
     }
 
-    pub fn declared(&self) -> impl Iterator<Item = &DeclaredCommand> {
+    pub(crate) fn declared(&self) -> impl Iterator<Item = &DeclaredCommand> {
         self.declared.values().map(|(d, _)| d)
     }
 }

@@ -127,19 +127,14 @@ impl OpId {
     ];
 
     /// The op's row of the table.
-    pub fn spec(self) -> &'static OpSpec {
+    pub(crate) fn spec(self) -> &'static OpSpec {
         // `OPS` has one row per variant in variant order (a compile-time check below).
         &OPS[self as usize]
     }
 
     /// The op's name on the wire (`"workflow.run"`).
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         self.spec().op
-    }
-
-    /// The op of this name, if the table has it.
-    pub fn from_name(name: &str) -> Option<OpId> {
-        find(name).map(|s| s.id)
     }
 
     /// Whether the host answers it (else the core does).
