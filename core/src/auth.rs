@@ -16,6 +16,7 @@ pub enum Role {
 }
 
 impl Role {
+    /// The role's name, as configuration and the audit log spell it.
     pub const fn as_str(self) -> &'static str {
         match self {
             Role::Operator => "operator",
@@ -31,6 +32,7 @@ impl Role {
 pub struct Principal {
     /// `operator`, `user:<name>`, or an agent peer's name.
     pub id: String,
+    /// What the principal may do before its grants are counted.
     pub role: Role,
     /// Op names or patterns (`*`, `workflow.*`, `workflow.run:<pattern>`) beyond the role's
     /// defaults.
@@ -41,6 +43,7 @@ pub struct Principal {
 }
 
 impl Principal {
+    /// The operator: every method and op, no grants needed, no rate.
     pub fn operator() -> Self {
         Principal {
             id: "operator".into(),
@@ -50,6 +53,7 @@ impl Principal {
         }
     }
 
+    /// A principal of `role` with `grants` beyond the role's defaults, under no rate.
     pub fn new(id: impl Into<String>, role: Role, grants: Vec<String>) -> Self {
         Principal {
             id: id.into(),
@@ -65,6 +69,7 @@ impl Principal {
         self
     }
 
+    /// Whether the principal is the operator, who is exempt from ownership checks and rates.
     pub fn is_operator(&self) -> bool {
         self.role == Role::Operator
     }
@@ -150,7 +155,10 @@ mod tests {
 pub enum Peer {
     /// A unix-socket peer the driver admitted (the daemon's own uid, or root): the kernel is
     /// the authenticator, so it is the operator.
-    Unix { uid: u32 },
+    Unix {
+        /// The peer's uid, from `SO_PEERCRED`.
+        uid: u32,
+    },
     /// A TCP peer.
     Tcp,
     /// An embedder that authenticated the caller itself.
@@ -162,7 +170,9 @@ pub enum Peer {
 /// A bearer credential from the configuration, kept only as its SHA-256.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BearerRule {
+    /// SHA-256 of the bearer token; a presented token is hashed and compared in constant time.
     pub digest: [u8; 32],
+    /// Who a caller presenting the token is.
     pub principal: Principal,
 }
 
@@ -316,14 +326,19 @@ fn resolve_plain(
 /// How a principal was established.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Via {
+    /// A unix-socket peer the driver admitted.
     Unix,
+    /// A configured bearer token.
     Bearer,
     /// A device-grant session token.
     Session,
     /// A verified client certificate.
     Cert,
+    /// The `any` rule, which admits a caller without a credential.
     AnyRule,
+    /// The implicit operator of a loopback listener with nothing configured.
     Implicit,
+    /// An embedder's own authentication ([`Peer::Fixed`]).
     Fixed,
 }
 

@@ -13,16 +13,27 @@ pub(crate) const AGENTD_DOMAIN: &str = "agentd.dev";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ErrorKind {
+    /// The body is not JSON (-32700).
     ParseError,
+    /// JSON, but not a JSON-RPC request (-32600).
     InvalidRequest,
+    /// No method of that name here (-32601).
     MethodNotFound,
+    /// The params do not fit the method (-32602).
     InvalidParams,
+    /// A fault of agentd's own (-32603); the message says no more than that.
     Internal,
+    /// No task of that id the caller may see (A2A `TaskNotFoundError`).
     TaskNotFound,
+    /// The task is in a state that cannot be canceled (A2A `TaskNotCancelableError`).
     TaskNotCancelable,
+    /// Webhooks are off on this instance (A2A `PushNotificationNotSupportedError`).
     PushNotificationNotSupported,
+    /// A2A `UnsupportedOperationError`: the operation is not offered here.
     UnsupportedOperation,
+    /// A part's media type is not accepted (A2A `ContentTypeNotSupportedError`).
     ContentTypeNotSupported,
+    /// The `A2A-Version` the client asked for is not served (A2A `VersionNotSupportedError`).
     VersionNotSupported,
     /// `agentd.events/SubscribeToEvents` on an instance that does not declare the events
     /// extension.
@@ -231,21 +242,27 @@ impl ErrorKind {
 /// One field a `google.rpc.BadRequest` names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FieldViolation {
+    /// The field's path in the params, dotted.
     pub field: String,
+    /// What is wrong with it.
     pub description: String,
 }
 
 /// A typed refusal. Rendered only by [`RpcError::to_json`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct RpcError {
+    /// The row of the error table: code, reason, domain and HTTP status.
     pub kind: ErrorKind,
+    /// The human-readable `message` member.
     pub message: String,
     /// `ErrorInfo.metadata` (string values, as google.rpc requires).
     pub metadata: Vec<(&'static str, String)>,
+    /// The fields a `google.rpc.BadRequest` detail names, for invalid params.
     pub violations: Vec<FieldViolation>,
 }
 
 impl RpcError {
+    /// A refusal of `kind` with its own message and no metadata.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         RpcError {
             kind,
@@ -260,6 +277,7 @@ impl RpcError {
         Self::new(kind, kind.row().message)
     }
 
+    /// Adds an `ErrorInfo.metadata` entry (a `taskId`, a `limit`): what a client can act on.
     pub fn with_meta(mut self, key: &'static str, value: impl Into<String>) -> Self {
         self.metadata.push((key, value.into()));
         self
@@ -307,6 +325,7 @@ impl RpcError {
         self.kind.row().http_status
     }
 
+    /// The JSON-RPC `code` of its kind.
     pub fn code(&self) -> i32 {
         self.kind.row().code
     }

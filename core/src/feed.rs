@@ -27,6 +27,7 @@ pub struct FeedEntry {
     pub(crate) seq: u64,
     /// Epoch milliseconds.
     pub(crate) ts: u64,
+    /// The event's kind, one of the closed vocabulary ([`crate::ext::events_schema`]).
     pub kind: &'static str,
     /// Who receives it besides operators: everyone, or the owning principal's id.
     pub(crate) audience: Audience,
@@ -72,13 +73,26 @@ impl FeedEntry {
 #[derive(Clone, Debug, PartialEq)]
 pub enum FeedEvent {
     /// A task changed (created, status, artifact). Carries the Task, stored annotated.
-    Task { task: Box<Task>, owner: String },
+    Task {
+        /// The task as it now stands.
+        task: Box<Task>,
+        /// The id of the principal that owns it: who receives the event beside operators.
+        owner: String,
+    },
     /// A task left the store.
-    TaskRemoved { id: String, owner: String },
+    TaskRemoved {
+        /// The removed task's id.
+        id: String,
+        /// The id of the principal that owned it.
+        owner: String,
+    },
     /// Any other kind of the vocabulary, with its document; `owner` for owner-audience kinds.
     Other {
+        /// The kind, which must be in the vocabulary and not `task` or `task.removed`.
         kind: &'static str,
+        /// The event's `data` document, which must match the kind's schema.
         data: Value,
+        /// The receiving principal's id, for a kind whose audience is the owner.
         owner: Option<String>,
     },
 }
@@ -92,7 +106,9 @@ pub enum PushError {
     Reserved(&'static str),
     /// The document does not match the kind's schema (checked in debug builds).
     Invalid {
+        /// The kind pushed.
         kind: &'static str,
+        /// What the schema validator said, one line each.
         errors: Vec<String>,
     },
 }
@@ -296,7 +312,9 @@ pub(crate) fn hello(
 /// Why a feed stream ended with `goodbye`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Goodbye {
+    /// The stream reached its longest life; the client reconnects with its cursor.
     Deadline,
+    /// The caller's credential (a session) was revoked.
     Revoked,
 }
 

@@ -37,6 +37,7 @@ impl RequestId {
 /// A request that passed the envelope checks.
 #[derive(Debug)]
 pub struct Request<'a> {
+    /// The id to answer under.
     pub id: RequestId,
     /// Borrowed from the body, or unescaped when the client wrote it with escapes.
     pub method: Cow<'a, str>,
@@ -47,7 +48,9 @@ pub struct Request<'a> {
 /// A body that is not a request: the error to answer and the id to answer it with.
 #[derive(Debug, PartialEq)]
 pub struct Refusal {
+    /// The id to answer under: the request's, or `null` when it could not be read.
     pub id: RequestId,
+    /// What to answer.
     pub error: RpcError,
 }
 

@@ -10,7 +10,9 @@ use std::net::IpAddr;
 /// A `"<burst>/<per>s"` rate: `burst` requests at once, refilled evenly over `per_s` seconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Rate {
+    /// Requests allowed at once (the bucket's size).
     pub burst: u32,
+    /// Seconds over which a full burst refills.
     pub per_s: u32,
 }
 
@@ -21,7 +23,7 @@ pub(crate) const MAX_PER_S: u32 = 86_400;
 
 impl Rate {
     /// Parses `"<burst>/<per>s"`, e.g. `"20/60s"`: both whole numbers greater than 0, the
-    /// burst at most [`MAX_BURST`], the period at most [`MAX_PER_S`] seconds.
+    /// burst at most 1,000,000, the period at most 86,400 seconds (a day).
     pub fn parse(text: &str) -> Result<Rate, ConfigError> {
         let shape = || format!("{text:?} is not \"<burst>/<per>s\" (for example \"20/60s\")");
         let (burst, per) = text.split_once('/').ok_or_else(shape)?;
@@ -152,7 +154,9 @@ impl<K: Clone + Eq + Hash> Lru<K> {
 /// peer address does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Source {
+    /// An IPv4 address other than loopback.
     V4([u8; 4]),
+    /// The /64 prefix of an IPv6 address.
     V6Prefix([u8; 8]),
     /// Any address of 127.0.0.0/8: one machine, whichever of its 16 million loopback
     /// addresses it picks, as an IPv6 /64 is one source however its host part rotates.
@@ -160,6 +164,7 @@ pub enum Source {
 }
 
 impl Source {
+    /// The source `addr` counts against.
     pub fn of(addr: IpAddr) -> Source {
         let v4 = |a: std::net::Ipv4Addr| {
             if a.is_loopback() {
@@ -285,6 +290,7 @@ impl FailureLimiter {
         self.sources.len()
     }
 
+    /// Whether no source is remembered.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -320,6 +326,7 @@ impl PrincipalRates {
 
 /// The instance's limiters.
 pub struct Limits {
+    /// Failed credentials per source.
     pub failures: FailureLimiter,
     pub(crate) rates: PrincipalRates,
     /// `POST /oauth2/device_authorization` per source.

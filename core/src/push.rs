@@ -21,6 +21,7 @@ pub const MAX_FIELD_BYTES: usize = 4096;
 /// `a2a.push`: whether push notifications are served, and where webhooks may point.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PushPolicy {
+    /// Whether the webhook methods are served at all; off answers `PushNotificationNotSupported`.
     pub enabled: bool,
     /// Private, loopback and link-local webhook targets are allowed.
     pub allow_private: bool,

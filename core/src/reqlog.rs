@@ -125,6 +125,7 @@ impl<const N: usize> Label<N> {
         self.as_str_upto(usize::from(self.len))
     }
 
+    /// Whether nothing was recorded (the request never got that far).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -180,6 +181,7 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// The phase as log lines spell it.
     pub fn as_str(self) -> &'static str {
         match self {
             Phase::Answered => "answered",
@@ -205,6 +207,7 @@ pub enum Limiter {
 }
 
 impl Limiter {
+    /// The limiter as log lines spell it.
     pub fn as_str(self) -> &'static str {
         match self {
             Limiter::SourceFailures => "source-failures",
@@ -218,6 +221,7 @@ impl Limiter {
 /// A limiter's refusal of a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Refusal {
+    /// Which limiter refused it.
     pub limiter: Limiter,
     /// The `Retry-After` the answer carried.
     pub retry_after_s: u32,
@@ -229,6 +233,7 @@ pub struct Refusal {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RequestRecord {
+    /// Where in the request's life this record was taken.
     pub phase: Phase,
     /// HTTP method and path: `GET /.well-known/agent-card.json`, `POST /`,
     /// `POST /oauth2/token`. Empty for bytes that never made a request head (a framing
@@ -240,8 +245,9 @@ pub struct RequestRecord {
     /// The HTTP status (0: nothing was answered).
     pub status: u16,
     /// The JSON-RPC error the answer carried, if it refused the request (its code and reason
-    /// are in [`ErrorKind::row`]).
+    /// are [`RequestRecord::error_code`] and [`RequestRecord::error_reason`]).
     pub error: Option<ErrorKind>,
+    /// Milliseconds from the request's head to this record.
     pub duration_ms: u64,
     /// Who asked, as the principal's id (`operator`, `user:alice`, `agent:peer-a`); empty
     /// when it was not established.
@@ -298,12 +304,14 @@ impl RequestRecord {
 /// Records a connection could not queue, since they were last taken.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Dropped {
+    /// Records dropped, refusals included.
     pub records: u32,
     /// Of them, limiter refusals.
     pub refusals: u32,
 }
 
 impl Dropped {
+    /// Whether nothing was dropped (no log line is owed).
     pub fn is_empty(&self) -> bool {
         self.records == 0
     }

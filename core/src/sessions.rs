@@ -38,11 +38,14 @@ pub(crate) struct AuthorizeRefusal {
 /// The scope a device asks for and is approved with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
+    /// Sign in with the `user` role.
     User,
+    /// Sign in as the operator.
     Operator,
 }
 
 impl Scope {
+    /// The scope as the OAuth `scope` parameter and the configuration spell it.
     pub const fn as_str(self) -> &'static str {
         match self {
             Scope::User => "user",
@@ -50,6 +53,7 @@ impl Scope {
         }
     }
 
+    /// The scope of an OAuth `scope` value; `None` for any other.
     pub fn parse(s: &str) -> Option<Scope> {
         match s {
             "user" => Some(Scope::User),
@@ -62,10 +66,13 @@ impl Scope {
 /// `a2a.device_grant`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceGrantConfig {
+    /// Whether the device grant (the `/oauth2/*` endpoints and the sign-in ops) is served.
     pub enabled: bool,
     /// Scopes a device may be approved for.
     pub scopes: Vec<Scope>,
+    /// How long an issued session token lives, in milliseconds.
     pub token_ttl_ms: u64,
+    /// How long a device code waits for approval, in milliseconds.
     pub code_ttl_ms: u64,
     /// `a2a.device_grant.rate`: one bucket per device name (its principal), operators exempt.
     pub rate: Option<crate::limits::Rate>,

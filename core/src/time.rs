@@ -12,6 +12,7 @@ pub struct Now {
 }
 
 impl Now {
+    /// Both readings, taken together by the driver.
     pub const fn new(mono_ms: u64, epoch_ms: u64) -> Self {
         Now { mono_ms, epoch_ms }
     }

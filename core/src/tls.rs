@@ -109,10 +109,13 @@ impl ClientIdentity {
 /// A certificate rule: first match wins, in the order written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertRule {
+    /// What the client certificate must show.
     pub matcher: CertMatch,
+    /// Who a matching caller is.
     pub principal: Principal,
 }
 
+/// How a [`CertRule`] matches a verified client certificate.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CertMatch {
     /// A glob (`*` any run) over the SANs and the subject CN.

@@ -54,13 +54,20 @@ pub(crate) struct AgentExtension {
     pub(crate) uri: String,
 }
 
+/// One of the card's `skills`: something the agent can do, as a host declares it
+/// ([`crate::HostCapabilities::skills`]).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentSkill {
+    /// What the skill does, for a reader choosing an agent.
     pub description: String,
+    /// Example prompts that use it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub examples: Vec<String>,
+    /// Unique among the card's skills.
     pub id: String,
+    /// A short human-readable name.
     pub name: String,
+    /// Keywords for discovery.
     pub tags: Vec<String>,
 }

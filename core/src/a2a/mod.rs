@@ -7,16 +7,27 @@ pub mod types;
 /// The eleven core JSON-RPC methods of A2A 1.0, by their exact wire names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CoreMethod {
+    /// Sends a message; answered with the task or a message.
     SendMessage,
+    /// Sends a message; answered with a Server-Sent Events stream of the task's events.
     SendStreamingMessage,
+    /// Reads a task.
     GetTask,
+    /// Lists the tasks the caller may see, a page at a time.
     ListTasks,
+    /// Asks a task to stop.
     CancelTask,
+    /// Streams the events of a task that is still going.
     SubscribeToTask,
+    /// Registers a webhook for a task's updates.
     CreateTaskPushNotificationConfig,
+    /// Reads one webhook of a task.
     GetTaskPushNotificationConfig,
+    /// Lists the webhooks of a task.
     ListTaskPushNotificationConfigs,
+    /// Removes a webhook of a task.
     DeleteTaskPushNotificationConfig,
+    /// The card as the authenticated caller may see it.
     GetExtendedAgentCard,
 }
 
@@ -36,6 +47,7 @@ impl CoreMethod {
         CoreMethod::GetExtendedAgentCard,
     ];
 
+    /// The exact wire name, as `method` carries it.
     pub const fn name(self) -> &'static str {
         match self {
             CoreMethod::SendMessage => "SendMessage",

@@ -74,7 +74,7 @@ enum Fragment {
 
 impl TaskJson {
     /// `prefix`, then `task`, then `suffix`. `weight` is the store's count of the task's
-    /// bytes (see [`TaskJson::likely_large`]).
+    /// bytes, which decides whether the answer is worth writing piecewise.
     pub fn new(task: Task, prefix: Vec<u8>, suffix: Vec<u8>, weight: usize) -> Self {
         TaskJson {
             task,

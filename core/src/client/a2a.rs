@@ -180,8 +180,11 @@ pub fn command_message(
 /// A JSON-RPC error object from the peer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RpcErrorReply {
+    /// The JSON-RPC error code (A2A's own are -32001 to -32099).
     pub code: i64,
+    /// The peer's message, as sent.
     pub message: String,
+    /// The error's `data` member, if any (A2A puts its `ErrorInfo` details there).
     pub data: Option<Value>,
 }
 
@@ -209,7 +212,9 @@ impl fmt::Display for A2aError {
 /// What a send answered: a task to follow, or a message that is the whole answer.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SendResult {
+    /// The task the send started or continued.
     Task(Task),
+    /// A message that answers without a task.
     Message(Message),
 }
 
@@ -574,9 +579,11 @@ pub(crate) struct PeerExtension {
 /// Why a peer's card does not let agentd talk to it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CardError {
+    /// The body is not a card agentd can read: why.
     Malformed(String),
     /// No interface agentd can use: the bindings and versions the card names instead.
     NoInterface {
+        /// Each interface the card offers, as `binding version`.
         offered: Vec<String>,
     },
     /// The peer requires an extension agentd does not know.
@@ -666,8 +673,8 @@ pub fn select_interface(card: &PeerCard, endpoint: &str) -> Result<SelectedInter
 }
 
 /// How long a card answered with `head` may be cached, in seconds: its `max-age` capped at
-/// [`CARD_TTL_MAX_SECS`], [`CARD_TTL_DEFAULT_SECS`] without one, 0 for `no-store` or
-/// `no-cache`, and at most [`CARD_TTL_SAME_HOST_SECS`] for a peer on the same host.
+/// 300, 60 without one, 0 for `no-store` or `no-cache`, and at most 5 for a peer on the same
+/// host.
 pub fn card_ttl_secs(head: &ResponseHead, same_host: bool) -> u64 {
     let mut max_age = None;
     for (_, v) in head.headers.iter().filter(|(n, _)| n == "cache-control") {

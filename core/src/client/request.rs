@@ -59,6 +59,8 @@ impl fmt::Display for RequestError {
 }
 
 impl OutRequest {
+    /// A request with no header but `Host` and no body; `method`, `host` and `path` are checked
+    /// when it is encoded.
     pub fn new(method: &str, host: &str, path: &str) -> Self {
         OutRequest {
             method: method.to_owned(),
@@ -75,6 +77,7 @@ impl OutRequest {
         self
     }
 
+    /// Sets the body; its `Content-Length` is written with it.
     pub fn body(mut self, body: Vec<u8>) -> Self {
         self.body = body;
         self

@@ -44,8 +44,11 @@ impl Default for ResponseLimits {
 /// How the body of a response is delimited.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Framing {
+    /// No body (a `HEAD` answer, 1xx, 204 or 304).
     None,
+    /// `Content-Length` bytes.
     Length(u64),
+    /// `Transfer-Encoding: chunked`.
     Chunked,
     /// Everything until the server closes the connection.
     UntilClose,
@@ -54,12 +57,15 @@ pub enum Framing {
 /// A parsed status line and header block.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResponseHead {
+    /// The status code.
     pub status: u16,
+    /// The reason phrase, as sent.
     pub reason: String,
     /// 0 for HTTP/1.0, 1 for HTTP/1.1.
     pub(crate) minor_version: u8,
     /// Header fields in arrival order; names lower-cased, values as sent.
     pub headers: Vec<(String, Vec<u8>)>,
+    /// How the body that follows is delimited.
     pub framing: Framing,
     /// Whether the connection may carry another request after this response.
     pub(crate) keep_alive: bool,
@@ -95,7 +101,10 @@ pub enum ResponseEvent {
     /// The next piece of the decoded body.
     Data(Vec<u8>),
     /// The body is complete; trailer fields of a chunked body, names lower-cased.
-    End { trailers: Vec<(String, Vec<u8>)> },
+    End {
+        /// The trailer fields, names lower-cased; empty unless the body was chunked.
+        trailers: Vec<(String, Vec<u8>)>,
+    },
 }
 
 /// Why a response cannot be read. Final: the connection must be closed.
@@ -103,8 +112,11 @@ pub enum ResponseEvent {
 pub enum ResponseError {
     /// The status line or a header field is malformed.
     BadHead(&'static str),
+    /// The head exceeded [`ResponseLimits`]' header bytes.
     HeadTooLarge,
+    /// The head has more fields than [`ResponseLimits`] allows.
     TooManyHeaders,
+    /// The body exceeded [`ResponseLimits`]' body bytes.
     BodyTooLarge,
     /// A chunk-size line, a chunk's end or a trailer is malformed.
     BadChunk(&'static str),
@@ -173,6 +185,7 @@ pub struct ResponseParser {
 }
 
 impl ResponseParser {
+    /// A parser for one connection's responses, within `limits`.
     pub fn new(limits: ResponseLimits) -> Self {
         ResponseParser {
             limits,

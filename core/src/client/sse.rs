@@ -23,7 +23,10 @@ pub struct SseEvent {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SseError {
     /// One line, or one event's data, exceeded the bound.
-    EventTooLarge { limit: usize },
+    EventTooLarge {
+        /// The bound, in bytes.
+        limit: usize,
+    },
 }
 
 impl fmt::Display for SseError {

@@ -49,11 +49,14 @@ impl Audience {
 
 /// One event kind: its name on the wire, who receives it, and the schema of its `data`.
 pub struct KindSpec {
+    /// The kind's name, as an event's `kind` member carries it.
     pub kind: &'static str,
+    /// Whose feeds receive it.
     pub audience: Audience,
     /// Pushed only while `a2a.introspection.enabled` is on (and so listed on an operator's
     /// extended card only then).
     pub introspection_only: bool,
+    /// One line, for the bundle and the docs.
     pub description: &'static str,
     /// The JSON Schema of the event's `data`.
     pub data: fn() -> Value,

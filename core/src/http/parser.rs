@@ -11,7 +11,7 @@ use super::HttpLimits;
 
 /// The request methods agentd routes; anything else is kept by name for a 405.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Method {
+pub(crate) enum Method {
     Get,
     Head,
     Post,
@@ -34,8 +34,11 @@ impl Method {
 /// How the body of a request is delimited.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BodyKind {
+    /// No body.
     None,
+    /// `Content-Length` bytes.
     Length(usize),
+    /// `Transfer-Encoding: chunked`.
     Chunked,
 }
 
@@ -49,6 +52,7 @@ pub struct RequestHead {
     pub minor_version: u8,
     /// Header fields in arrival order; names lower-cased, values as sent.
     pub headers: Vec<(String, Vec<u8>)>,
+    /// How the body that follows is delimited.
     pub body: BodyKind,
     /// Whether the client allows the connection to stay open after this request.
     pub(crate) keep_alive: bool,
@@ -135,6 +139,7 @@ pub struct RequestParser {
 }
 
 impl RequestParser {
+    /// A parser for one connection's requests, within `limits`.
     pub fn new(limits: HttpLimits) -> Self {
         RequestParser {
             limits,

@@ -24,7 +24,9 @@ pub const DATA_PART_KEY: &str = "agentd";
 /// A command op a host registered for a workflow whose start step declares it.
 #[derive(Clone, Debug)]
 pub struct DeclaredCommand {
+    /// The op name callers send; must not be a built-in or removed op.
     pub op: String,
+    /// The workflow a command of this op starts.
     pub workflow: String,
     /// The arguments' JSON Schema (without `op`).
     pub schema: Value,
@@ -37,8 +39,11 @@ pub struct DeclaredCommand {
 pub enum RegisterError {
     /// Built-in op names are reserved, so a workflow can never shadow an operator control.
     Reserved(String),
+    /// Another declared command already has the name.
     Duplicate(String),
+    /// The op name is empty.
     EmptyName,
+    /// The arguments' schema does not compile: the validator's reason.
     InvalidSchema(String),
 }
 
@@ -72,6 +77,7 @@ impl Default for Commands {
 }
 
 impl Commands {
+    /// No declared command; the built-in ops need no registration.
     pub fn new() -> Self {
         Commands {
             declared: HashMap::new(),
@@ -103,8 +109,11 @@ impl Commands {
 /// Where the instance stands on the switches that gate ops.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Switches {
+    /// `a2a.introspection.enabled`: serves the introspection ops.
     pub introspection: bool,
+    /// `a2a.device_grant.enabled`: serves the device sign-in ops.
     pub device_grant: bool,
+    /// Whether the request came on a TCP listener (the sign-in ops are served only there).
     pub tcp_listener: bool,
     /// The host-served ops the host declares ([`crate::host::HostCapabilities::ops`]).
     pub host_ops: crate::host::OpSet,
@@ -113,9 +122,11 @@ pub struct Switches {
 /// A command that passed every check.
 #[derive(Clone, Debug)]
 pub struct Checked {
+    /// The op name, as sent.
     pub op: String,
     /// The envelope without `op`.
     pub args: Map<String, Value>,
+    /// Whether the answer is a message or a task.
     pub reply: ReplyKind,
     /// The built-in op, or `None` for a workflow-declared command.
     pub builtin: Option<&'static OpSpec>,

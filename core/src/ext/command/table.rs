@@ -17,6 +17,7 @@ pub enum ReplyKind {
 }
 
 impl ReplyKind {
+    /// The kind as the card's `params.ops` and the bundle name it.
     pub const fn as_str(self) -> &'static str {
         match self {
             ReplyKind::Message => "message",
@@ -39,6 +40,7 @@ pub enum Floor {
 /// The switch that serves an op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Gate {
+    /// Served whatever the switches say.
     Always,
     /// While `a2a.introspection.enabled`; closed answers -32004 INTROSPECTION_DISABLED.
     Introspection,
@@ -64,31 +66,57 @@ pub enum ServedBy {
 /// ([`crate::host::Op`]) names its row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum OpId {
+    /// `status`: Liveness and a snapshot of this instance as the caller may see it.
     Status,
+    /// `config`: The effective configuration, credentials redacted to their secret references.
     Config,
+    /// `workflow.run`: Start a workflow run; the result is the run's output once it finishes.
     WorkflowRun,
+    /// `workflow.status`: One run's state, or every run the caller may see.
     WorkflowStatus,
+    /// `workflow.cancel`: Cancel a run the caller owns.
     WorkflowCancel,
+    /// `workflow.signal`: Deliver a named signal to one run, or to every waiter the caller owns.
     WorkflowSignal,
+    /// `subagent.send`: Send a message to a subagent the caller owns.
     SubagentSend,
+    /// `subagent.kill`: Stop a subagent the caller owns.
     SubagentKill,
+    /// `subagent.status`: A subagent's state and, once it has one, its result.
     SubagentStatus,
+    /// `plan.get`: A conversation's plan and progress; the root conversation without id.
     PlanGet,
+    /// `conversation.get`: A conversation's state and its newest messages.
     ConversationGet,
+    /// `run.get`: A run in detail: every step's state and the run's variables.
     RunGet,
+    /// `subagent.get`: A subagent in detail: its instruction, attempts, tokens and result.
     SubagentGet,
+    /// `debug.events`: Lines of the live log ring, across every principal.
     DebugEvents,
+    /// `admin.drain`: Drain gracefully, then exit 0.
     AdminDrain,
+    /// `admin.pause`: Pause one run, or the whole instance without run.
     AdminPause,
+    /// `admin.resume`: Resume one paused run, or the whole instance without run.
     AdminResume,
+    /// `admin.cancel`: Cancel any run, whoever started it.
     AdminCancel,
+    /// `admin.set`: Change one live setting until the next reload.
     AdminSet,
+    /// `auth.device.pending`: The device sign-ins waiting for approval.
     AuthDevicePending,
+    /// `auth.device.approve`: Approve a device sign-in by its user code, naming the principal it becomes.
     AuthDeviceApprove,
+    /// `auth.device.deny`: Deny one pending device sign-in, or all of them.
     AuthDeviceDeny,
+    /// `auth.sessions`: The live sign-in sessions.
     AuthSessions,
+    /// `auth.sessions.revoke`: Revoke one session by sid, every session of a name, or all of them.
     AuthSessionsRevoke,
+    /// `_instance.result`: Reserved: a mode: sync child's first result, recorded on the parent's handle.
     InstanceResult,
+    /// `_instance.emit`: Reserved: one event of a child's mirror_streams stream, appended to the parent's stream.
     InstanceEmit,
 }
 
@@ -159,13 +187,17 @@ const _: () = {
 pub struct OpSpec {
     /// Its identity; `OPS[id as usize]` is this row.
     pub id: OpId,
+    /// The op's wire name, as the envelope's `op` carries it.
     pub op: &'static str,
     /// Whether the core or the host answers it.
     pub served_by: ServedBy,
+    /// Whether it answers with a message or a task.
     pub reply: ReplyKind,
+    /// Who may call it at all.
     pub floor: Floor,
     /// Roles that may call a `Granted` op without a grant.
     pub defaults: &'static [Role],
+    /// The switch that serves it.
     pub gate: Gate,
     /// Listed in the card's `params.ops`; false for the reserved `_instance.*` reports.
     pub listed: bool,
