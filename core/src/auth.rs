@@ -204,7 +204,7 @@ impl AuthConfig {
 
 /// Why a request has no principal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unauthenticated {
+pub(crate) enum Unauthenticated {
     /// Nothing was presented.
     Missing,
     /// A credential was presented and matched nothing.

@@ -311,7 +311,7 @@ pub(crate) fn hello(
 
 /// Why a feed stream ended with `goodbye`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Goodbye {
+pub(crate) enum Goodbye {
     /// The stream reached its longest life; the client reconnects with its cursor.
     Deadline,
     /// The caller's credential (a session) was revoked.

@@ -218,7 +218,7 @@ pub(crate) const TOKEN_RATE: Rate = Rate {
 };
 
 /// A rate per source, for the OAuth endpoints, kept like the failure limiter's.
-pub struct SourceRate {
+pub(crate) struct SourceRate {
     buckets: Lru<Source>,
     rate: Rate,
 }

@@ -16,7 +16,7 @@ use serde_json::Value;
 /// Push configs one task may hold.
 pub(crate) const MAX_CONFIGS_PER_TASK: usize = 16;
 /// Bytes of a webhook URL, token or credentials.
-pub const MAX_FIELD_BYTES: usize = 4096;
+pub(crate) const MAX_FIELD_BYTES: usize = 4096;
 
 /// `a2a.push`: whether push notifications are served, and where webhooks may point.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

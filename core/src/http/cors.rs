@@ -16,7 +16,7 @@ pub(crate) const MAX_AGE: &str = "600";
 
 /// An origin: scheme, lower-case host (brackets stripped), port (the default applied).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Origin {
+pub(crate) struct Origin {
     scheme: String,
     host: String,
     port: u16,
