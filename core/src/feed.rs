@@ -99,6 +99,7 @@ pub enum FeedEvent {
 
 /// Why a push was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PushError {
     /// Not a kind of the closed vocabulary.
     UnknownKind(String),
@@ -112,6 +113,24 @@ pub enum PushError {
         errors: Vec<String>,
     },
 }
+
+impl std::fmt::Display for PushError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PushError::UnknownKind(kind) => write!(f, "{kind:?} is not an event kind"),
+            PushError::Reserved(kind) => write!(f, "{kind:?} events are pushed by the instance"),
+            PushError::Invalid { kind, errors } => {
+                write!(
+                    f,
+                    "the {kind} event's data is invalid: {}",
+                    errors.join("; ")
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for PushError {}
 
 /// The ring and its bookkeeping.
 #[derive(Debug)]

@@ -54,6 +54,18 @@ pub struct Refusal {
     pub error: RpcError,
 }
 
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "request {}: {}", self.id.as_json(), self.error)
+    }
+}
+
+impl std::error::Error for Refusal {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
 enum Top<'a> {
     Object(Members<'a>),
     Batch,

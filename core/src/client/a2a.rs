@@ -190,6 +190,7 @@ pub struct RpcErrorReply {
 
 /// Why an answer could not be turned into a result.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum A2aError {
     /// The peer answered with a JSON-RPC error.
     Rpc(RpcErrorReply),
@@ -208,6 +209,8 @@ impl fmt::Display for A2aError {
         }
     }
 }
+
+impl std::error::Error for A2aError {}
 
 /// What a send answered: a task to follow, or a message that is the whole answer.
 #[derive(Clone, Debug, PartialEq)]
@@ -578,6 +581,7 @@ pub(crate) struct PeerExtension {
 
 /// Why a peer's card does not let agentd talk to it.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CardError {
     /// The body is not a card agentd can read: why.
     Malformed(String),
@@ -611,6 +615,8 @@ impl fmt::Display for CardError {
         }
     }
 }
+
+impl std::error::Error for CardError {}
 
 /// Reads a card body.
 pub fn parse_card(body: &[u8]) -> Result<PeerCard, CardError> {

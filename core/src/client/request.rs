@@ -21,6 +21,7 @@ pub struct OutRequest {
 
 /// Why a request was not written.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RequestError {
     /// The method is not an HTTP token.
     BadMethod,
@@ -57,6 +58,8 @@ impl fmt::Display for RequestError {
         }
     }
 }
+
+impl std::error::Error for RequestError {}
 
 impl OutRequest {
     /// A request with no header but `Host` and no body; `method`, `host` and `path` are checked

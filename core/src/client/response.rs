@@ -109,6 +109,7 @@ pub enum ResponseEvent {
 
 /// Why a response cannot be read. Final: the connection must be closed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ResponseError {
     /// The status line or a header field is malformed.
     BadHead(&'static str),

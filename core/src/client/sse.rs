@@ -21,6 +21,7 @@ pub struct SseEvent {
 
 /// Why a stream was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SseError {
     /// One line, or one event's data, exceeded the bound.
     EventTooLarge {
@@ -38,6 +39,8 @@ impl fmt::Display for SseError {
         }
     }
 }
+
+impl std::error::Error for SseError {}
 
 /// The decoder of one event stream.
 #[derive(Debug)]

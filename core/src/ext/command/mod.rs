@@ -36,6 +36,7 @@ pub struct DeclaredCommand {
 
 /// Why a registration was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RegisterError {
     /// Built-in op names are reserved, so a workflow can never shadow an operator control.
     Reserved(String),
@@ -46,6 +47,21 @@ pub enum RegisterError {
     /// The arguments' schema does not compile: the validator's reason.
     InvalidSchema(String),
 }
+
+impl std::fmt::Display for RegisterError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RegisterError::Reserved(op) => write!(f, "{op:?} is a built-in op name"),
+            RegisterError::Duplicate(op) => write!(f, "{op:?} is already declared"),
+            RegisterError::EmptyName => f.write_str("the op name is empty"),
+            RegisterError::InvalidSchema(why) => {
+                write!(f, "the arguments' schema is invalid: {why}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for RegisterError {}
 
 /// The compiled validators of the declared commands. The built-in ops' validators come from
 /// the static table, so one process-wide set serves every instance; it is compiled on the
