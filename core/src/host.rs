@@ -80,12 +80,13 @@ impl std::fmt::Debug for OpSet {
 
 /// What a host serves, declared in [`crate::InstanceConfig::host`].
 ///
-/// - `ops`: the host-served ops ([`ServedBy::Host`](crate::ext::command::table::ServedBy::Host)) it answers. The card's command
-///   params list only these (beside the ops the core answers itself), and a command naming
-///   any other is refused at once: `-32602 UNKNOWN_OP` for a listed op, as a closed switch
-///   is, and `-32004 OP_NOT_SERVED` for a reserved `_instance.*` report. Core-served ops in
-///   the set change nothing: the core always answers them. Workflow-declared commands are
-///   served by registering them ([`crate::Instance::register_command`]).
+/// - `ops`: the host-served ops
+///   ([`ServedBy::Host`](crate::ext::command::table::ServedBy::Host)) it answers. The card's
+///   command params list only these (beside the ops the core answers itself), and a command
+///   naming any other is refused at once: `-32602 UNKNOWN_OP` for a listed op, as a closed
+///   switch is, and `-32004 OP_NOT_SERVED` for a reserved `_instance.*` report. Core-served
+///   ops in the set change nothing: the core always answers them. Workflow-declared commands
+///   are served by registering them ([`crate::Instance::register_command`]).
 /// - `skills`: the card's `skills`, in this order (the extended card adds the workflows the
 ///   caller may run after them). Command ops are never skills.
 ///

@@ -106,7 +106,8 @@ pub enum OpId {
     AdminSet,
     /// `auth.device.pending`: The device sign-ins waiting for approval.
     AuthDevicePending,
-    /// `auth.device.approve`: Approve a device sign-in by its user code, naming the principal it becomes.
+    /// `auth.device.approve`: Approve a device sign-in by its user code, naming the
+    /// principal it becomes.
     AuthDeviceApprove,
     /// `auth.device.deny`: Deny one pending device sign-in, or all of them.
     AuthDeviceDeny,
@@ -114,9 +115,11 @@ pub enum OpId {
     AuthSessions,
     /// `auth.sessions.revoke`: Revoke one session by sid, every session of a name, or all of them.
     AuthSessionsRevoke,
-    /// `_instance.result`: Reserved: a mode: sync child's first result, recorded on the parent's handle.
+    /// `_instance.result` (reserved): a `mode: sync` child's first result, recorded on the
+    /// parent's handle.
     InstanceResult,
-    /// `_instance.emit`: Reserved: one event of a child's mirror_streams stream, appended to the parent's stream.
+    /// `_instance.emit` (reserved): one event of a child's `mirror_streams` stream, appended
+    /// to the parent's stream.
     InstanceEmit,
 }
 
