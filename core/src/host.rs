@@ -154,7 +154,7 @@ pub enum Op {
     WorkflowRun {
         /// The workflow to start.
         workflow: String,
-        /// Its inputs, checked against nothing but the envelope; the workflow checks them.
+        /// Its inputs, as sent; the host checks them against the workflow's.
         inputs: Option<Map<String, Value>>,
     },
     /// `workflow.status`: one run, or every run the caller may see.
@@ -187,7 +187,7 @@ pub enum Op {
     SubagentKill {
         /// The subagent, by the handle its spawn returned.
         handle: String,
-        /// Why, for its record and the audit log.
+        /// Why, as the caller gave it.
         reason: Option<String>,
     },
     /// `subagent.status`.
@@ -230,14 +230,14 @@ pub enum Op {
     },
     /// `admin.drain`.
     AdminDrain {
-        /// Why, for the audit log.
+        /// Why, as the caller gave it.
         reason: Option<String>,
     },
     /// `admin.pause`: one run, or the instance without.
     AdminPause {
         /// The run to pause; `None` pauses the instance.
         run: Option<String>,
-        /// Why, for the audit log.
+        /// Why, as the caller gave it.
         reason: Option<String>,
     },
     /// `admin.resume`: one run, or the instance without.
@@ -249,7 +249,7 @@ pub enum Op {
     AdminCancel {
         /// The run to cancel.
         run: String,
-        /// Why, for the run's record and the audit log.
+        /// Why, as the caller gave it.
         reason: Option<String>,
     },
     /// `admin.set`: `value` as sent; the host parses it with the path's own type.
@@ -261,16 +261,16 @@ pub enum Op {
     },
     /// `_instance.result` (reserved).
     InstanceResult {
-        /// The subagent instance reporting, by its handle.
+        /// The handle the reporting child was started under, on its parent.
         handle: String,
-        /// Its final status, as it reports it.
+        /// Its status, as it reports it.
         status: Option<Value>,
         /// Its output, as it reports it.
         output: Option<Value>,
     },
     /// `_instance.emit` (reserved).
     InstanceEmit {
-        /// The subagent instance emitting, by its handle.
+        /// The handle the emitting child was started under, on its parent.
         handle: String,
         /// The stream the event belongs to.
         stream: String,

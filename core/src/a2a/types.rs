@@ -373,7 +373,7 @@ pub struct TaskStatus {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Artifact {
-    /// Unique within its task; a later chunk with the same id appends.
+    /// Unique within its task.
     pub artifact_id: String,
     /// A human-readable description.
     #[serde(default, skip_serializing_if = "String::is_empty")]

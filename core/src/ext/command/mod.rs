@@ -129,7 +129,7 @@ pub struct Switches {
     pub introspection: bool,
     /// `a2a.device_grant.enabled`: serves the device sign-in ops.
     pub device_grant: bool,
-    /// Whether the request came on a TCP listener (the sign-in ops are served only there).
+    /// Whether the request came on a TCP listener (the session ops are served only there).
     pub tcp_listener: bool,
     /// The host-served ops the host declares ([`crate::host::HostCapabilities::ops`]).
     pub host_ops: crate::host::OpSet,
