@@ -16,6 +16,7 @@ pub enum Role {
 }
 
 impl Role {
+    /// The role's name, as configuration and the audit log spell it.
     pub const fn as_str(self) -> &'static str {
         match self {
             Role::Operator => "operator",
@@ -31,16 +32,18 @@ impl Role {
 pub struct Principal {
     /// `operator`, `user:<name>`, or an agent peer's name.
     pub id: String,
+    /// What the principal may do before its grants are counted.
     pub role: Role,
     /// Op names or patterns (`*`, `workflow.*`, `workflow.run:<pattern>`) beyond the role's
     /// defaults.
-    pub grants: Vec<String>,
+    pub(crate) grants: Vec<String>,
     /// The rule's `quotas.rate`: requests allowed per period (§7.5). Operators are exempt
     /// whatever it says.
     pub rate: Option<crate::limits::Rate>,
 }
 
 impl Principal {
+    /// The operator: every method and op, no grants needed, no rate.
     pub fn operator() -> Self {
         Principal {
             id: "operator".into(),
@@ -50,6 +53,7 @@ impl Principal {
         }
     }
 
+    /// A principal of `role` with `grants` beyond the role's defaults, under no rate.
     pub fn new(id: impl Into<String>, role: Role, grants: Vec<String>) -> Self {
         Principal {
             id: id.into(),
@@ -65,6 +69,7 @@ impl Principal {
         self
     }
 
+    /// Whether the principal is the operator, who is exempt from ownership checks and rates.
     pub fn is_operator(&self) -> bool {
         self.role == Role::Operator
     }
@@ -83,7 +88,7 @@ impl Principal {
 /// `*` matches every op; `family.*` every op under `family.`; a scoped
 /// `workflow.run:<pattern>` grant counts as a grant of `workflow.run`; anything else only
 /// itself.
-pub fn grant_matches(grant: &str, op: &str) -> bool {
+pub(crate) fn grant_matches(grant: &str, op: &str) -> bool {
     if grant == "*" || grant == op {
         return true;
     }
@@ -150,7 +155,10 @@ mod tests {
 pub enum Peer {
     /// A unix-socket peer the driver admitted (the daemon's own uid, or root): the kernel is
     /// the authenticator, so it is the operator.
-    Unix { uid: u32 },
+    Unix {
+        /// The peer's uid, from `SO_PEERCRED`.
+        uid: u32,
+    },
     /// A TCP peer.
     Tcp,
     /// An embedder that authenticated the caller itself.
@@ -162,7 +170,9 @@ pub enum Peer {
 /// A bearer credential from the configuration, kept only as its SHA-256.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BearerRule {
+    /// SHA-256 of the bearer token; a presented token is hashed and compared in constant time.
     pub digest: [u8; 32],
+    /// Who a caller presenting the token is.
     pub principal: Principal,
 }
 
@@ -182,7 +192,7 @@ pub struct AuthConfig {
 
 impl AuthConfig {
     /// A bearer mechanism is configured.
-    pub fn has_bearer(&self) -> bool {
+    pub(crate) fn has_bearer(&self) -> bool {
         self.operator_bearer.is_some() || !self.bearers.is_empty()
     }
 
@@ -194,7 +204,7 @@ impl AuthConfig {
 
 /// Why a request has no principal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unauthenticated {
+pub(crate) enum Unauthenticated {
     /// Nothing was presented.
     Missing,
     /// A credential was presented and matched nothing.
@@ -209,7 +219,8 @@ pub enum Unauthenticated {
 /// Who a request is, from the transport and its headers, in the fixed order of evidence:
 /// the unix peer; a presented bearer (which never falls back to other evidence); an `any`
 /// rule; the implicit operator of a loopback listener with nothing configured; else nobody.
-pub fn resolve(
+#[cfg(test)]
+pub(crate) fn resolve(
     config: &AuthConfig,
     peer: &Peer,
     loopback_listener: bool,
@@ -229,7 +240,7 @@ pub fn resolve(
 
 /// [`resolve`], with the session store: a session token (`agentd_at_…`) is decided by the
 /// store alone. Also returns the session id a session caller acts under.
-pub fn resolve_with_sessions(
+pub(crate) fn resolve_with_sessions(
     config: &AuthConfig,
     sessions: Option<(&crate::sessions::Sessions, u64)>,
     peer: &Peer,
@@ -315,27 +326,32 @@ fn resolve_plain(
 /// How a principal was established.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Via {
+    /// A unix-socket peer the driver admitted.
     Unix,
+    /// A configured bearer token.
     Bearer,
     /// A device-grant session token.
     Session,
     /// A verified client certificate.
     Cert,
+    /// The `any` rule, which admits a caller without a credential.
     AnyRule,
+    /// The implicit operator of a loopback listener with nothing configured.
     Implicit,
+    /// An embedder's own authentication ([`Peer::Fixed`]).
     Fixed,
 }
 
 impl Via {
     /// Named through a scheme the card declares: what the extended card requires.
-    pub fn declared_scheme(self) -> bool {
+    pub(crate) fn declared_scheme(self) -> bool {
         matches!(self, Via::Bearer | Via::Session | Via::Cert | Via::Fixed)
     }
 }
 
 /// Whether an `Authorization` value is a session token (`Bearer agentd_at_…`), which only
 /// the session store decides.
-pub fn is_session_bearer(value: &[u8]) -> bool {
+pub(crate) fn is_session_bearer(value: &[u8]) -> bool {
     bearer_token(value).is_some_and(|t| t.starts_with(crate::sessions::TOKEN_PREFIX.as_bytes()))
 }
 
@@ -350,7 +366,7 @@ fn bearer_token(value: &[u8]) -> Option<&[u8]> {
 }
 
 /// Compares two digests without an early exit, so timing says nothing about where they differ.
-pub fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     let mut diff = 0u8;
     for (x, y) in a.iter().zip(b.iter()) {
         diff |= x ^ y;

@@ -2,6 +2,6 @@
 
 use sha2::{Digest, Sha256};
 
-pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+pub(crate) fn sha256(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
 }

@@ -5,24 +5,35 @@
 use serde_json::{json, Value};
 
 /// Domain of the A2A specification's own reasons.
-pub const A2A_DOMAIN: &str = "a2a-protocol.org";
+pub(crate) const A2A_DOMAIN: &str = "a2a-protocol.org";
 /// Domain of agentd's own reasons.
-pub const AGENTD_DOMAIN: &str = "agentd.dev";
+pub(crate) const AGENTD_DOMAIN: &str = "agentd.dev";
 
 /// One row of the error table. Rows may be added.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ErrorKind {
+    /// The body is not JSON (-32700).
     ParseError,
+    /// JSON, but not a JSON-RPC request (-32600).
     InvalidRequest,
+    /// No method of that name here (-32601).
     MethodNotFound,
+    /// The params do not fit the method (-32602).
     InvalidParams,
+    /// A fault of agentd's own (-32603); the message says no more than that.
     Internal,
+    /// No task of that id the caller may see (A2A `TaskNotFoundError`).
     TaskNotFound,
+    /// The task is in a state that cannot be canceled (A2A `TaskNotCancelableError`).
     TaskNotCancelable,
+    /// Webhooks are off on this instance (A2A `PushNotificationNotSupportedError`).
     PushNotificationNotSupported,
+    /// A2A `UnsupportedOperationError`: the operation is not offered here.
     UnsupportedOperation,
+    /// A part's media type is not accepted (A2A `ContentTypeNotSupportedError`).
     ContentTypeNotSupported,
+    /// The `A2A-Version` the client asked for is not served (A2A `VersionNotSupportedError`).
     VersionNotSupported,
     /// `agentd.events/SubscribeToEvents` on an instance that does not declare the events
     /// extension.
@@ -67,19 +78,19 @@ pub enum ErrorKind {
 
 /// What the table says about a kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ErrorRow {
-    pub code: i32,
+pub(crate) struct ErrorRow {
+    pub(crate) code: i32,
     /// The spec's suggested message, used when a handler gives none.
-    pub message: &'static str,
+    pub(crate) message: &'static str,
     /// `google.rpc.ErrorInfo.reason`, when the kind carries one.
-    pub reason: Option<&'static str>,
-    pub domain: &'static str,
+    pub(crate) reason: Option<&'static str>,
+    pub(crate) domain: &'static str,
     /// HTTP status of the response that carries it.
-    pub http_status: u16,
+    pub(crate) http_status: u16,
 }
 
 impl ErrorKind {
-    pub const fn row(self) -> ErrorRow {
+    pub(crate) const fn row(self) -> ErrorRow {
         use ErrorKind::*;
         let (code, message, reason, domain) = match self {
             ParseError => (-32700, "Invalid JSON payload", None, A2A_DOMAIN),
@@ -231,21 +242,27 @@ impl ErrorKind {
 /// One field a `google.rpc.BadRequest` names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FieldViolation {
+    /// The field's path in the params, dotted.
     pub field: String,
+    /// What is wrong with it.
     pub description: String,
 }
 
 /// A typed refusal. Rendered only by [`RpcError::to_json`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct RpcError {
+    /// The row of the error table: code, reason, domain and HTTP status.
     pub kind: ErrorKind,
+    /// The human-readable `message` member.
     pub message: String,
     /// `ErrorInfo.metadata` (string values, as google.rpc requires).
     pub metadata: Vec<(&'static str, String)>,
+    /// The fields a `google.rpc.BadRequest` detail names, for invalid params.
     pub violations: Vec<FieldViolation>,
 }
 
 impl RpcError {
+    /// A refusal of `kind` with its own message and no metadata.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         RpcError {
             kind,
@@ -260,13 +277,14 @@ impl RpcError {
         Self::new(kind, kind.row().message)
     }
 
+    /// Adds an `ErrorInfo.metadata` entry (a `taskId`, a `limit`): what a client can act on.
     pub fn with_meta(mut self, key: &'static str, value: impl Into<String>) -> Self {
         self.metadata.push((key, value.into()));
         self
     }
 
     /// An invalid-params refusal naming one field.
-    pub fn invalid_field(field: impl Into<String>, description: impl Into<String>) -> Self {
+    pub(crate) fn invalid_field(field: impl Into<String>, description: impl Into<String>) -> Self {
         let field = field.into();
         let description = description.into();
         RpcError {
@@ -277,18 +295,18 @@ impl RpcError {
         }
     }
 
-    pub fn task_not_found(id: &str) -> Self {
+    pub(crate) fn task_not_found(id: &str) -> Self {
         Self::new(ErrorKind::TaskNotFound, format!("task not found: {id}")).with_meta("taskId", id)
     }
 
     /// A rate or failure limit: try again in `secs` seconds (at least 1).
-    pub fn rate_limited(message: impl Into<String>, secs: u32) -> Self {
+    pub(crate) fn rate_limited(message: impl Into<String>, secs: u32) -> Self {
         Self::new(ErrorKind::RateLimited, message)
             .with_meta("retryAfterSeconds", secs.max(1).to_string())
     }
 
     /// Seconds a client should wait before trying again, sent as `Retry-After`.
-    pub fn retry_after(&self) -> Option<u32> {
+    pub(crate) fn retry_after(&self) -> Option<u32> {
         match self.kind {
             ErrorKind::Draining | ErrorKind::StoreUnavailable => Some(5),
             ErrorKind::InProgress => Some(1),
@@ -303,10 +321,11 @@ impl RpcError {
         }
     }
 
-    pub fn http_status(&self) -> u16 {
+    pub(crate) fn http_status(&self) -> u16 {
         self.kind.row().http_status
     }
 
+    /// The JSON-RPC `code` of its kind.
     pub fn code(&self) -> i32 {
         self.kind.row().code
     }

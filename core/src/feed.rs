@@ -24,23 +24,24 @@ const TASK_EVENT_HISTORY_BYTES: usize = 32 * 1024;
 /// One event on the ring.
 #[derive(Debug)]
 pub struct FeedEntry {
-    pub seq: u64,
+    pub(crate) seq: u64,
     /// Epoch milliseconds.
-    pub ts: u64,
+    pub(crate) ts: u64,
+    /// The event's kind, one of the closed vocabulary ([`crate::ext::events_schema`]).
     pub kind: &'static str,
     /// Who receives it besides operators: everyone, or the owning principal's id.
-    pub audience: Audience,
-    pub owner: Option<String>,
+    pub(crate) audience: Audience,
+    pub(crate) owner: Option<String>,
     /// The `data` document as JSON text, rendered once for every subscriber.
     pub data: Arc<str>,
     /// For a `task` event, the same document without task annotations.
-    pub data_plain: Option<Arc<str>>,
+    pub(crate) data_plain: Option<Arc<str>>,
 }
 
 impl FeedEntry {
     /// Whether `p` receives this event: an operator receives every event; anyone else what
     /// its principal owns and what is addressed to every subscriber.
-    pub fn visible_to(&self, p: &Principal) -> bool {
+    pub(crate) fn visible_to(&self, p: &Principal) -> bool {
         match self.audience {
             _ if p.is_operator() => true,
             Audience::All => p.role != crate::auth::Role::Anonymous,
@@ -52,7 +53,7 @@ impl FeedEntry {
     /// Writes the JSON-RPC response carrying this event's frame for request `id`:
     /// `{"id":…,"jsonrpc":"2.0","result":{"event":{"kind":…,"seq":…,"ts":…,"data":…}}}`.
     /// The data was rendered once at push time; each subscriber only copies it.
-    pub fn write_response(&self, out: &mut Vec<u8>, id: &str, annotate: bool) {
+    pub(crate) fn write_response(&self, out: &mut Vec<u8>, id: &str, annotate: bool) {
         use std::io::Write as _;
         let data = match (&self.data_plain, annotate) {
             (Some(plain), false) => plain,
@@ -72,19 +73,33 @@ impl FeedEntry {
 #[derive(Clone, Debug, PartialEq)]
 pub enum FeedEvent {
     /// A task changed (created, status, artifact). Carries the Task, stored annotated.
-    Task { task: Box<Task>, owner: String },
+    Task {
+        /// The task as it now stands.
+        task: Box<Task>,
+        /// The id of the principal that owns it: who receives the event beside operators.
+        owner: String,
+    },
     /// A task left the store.
-    TaskRemoved { id: String, owner: String },
+    TaskRemoved {
+        /// The removed task's id.
+        id: String,
+        /// The id of the principal that owned it.
+        owner: String,
+    },
     /// Any other kind of the vocabulary, with its document; `owner` for owner-audience kinds.
     Other {
+        /// The kind, which must be in the vocabulary and not `task` or `task.removed`.
         kind: &'static str,
+        /// The event's `data` document, which must match the kind's schema.
         data: Value,
+        /// The receiving principal's id, for a kind whose audience is the owner.
         owner: Option<String>,
     },
 }
 
 /// Why a push was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PushError {
     /// Not a kind of the closed vocabulary.
     UnknownKind(String),
@@ -92,10 +107,30 @@ pub enum PushError {
     Reserved(&'static str),
     /// The document does not match the kind's schema (checked in debug builds).
     Invalid {
+        /// The kind pushed.
         kind: &'static str,
+        /// What the schema validator said, one line each.
         errors: Vec<String>,
     },
 }
+
+impl std::fmt::Display for PushError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PushError::UnknownKind(kind) => write!(f, "{kind:?} is not an event kind"),
+            PushError::Reserved(kind) => write!(f, "{kind:?} events are pushed by the instance"),
+            PushError::Invalid { kind, errors } => {
+                write!(
+                    f,
+                    "the {kind} event's data is invalid: {}",
+                    errors.join("; ")
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for PushError {}
 
 /// The ring and its bookkeeping.
 #[derive(Debug)]
@@ -109,7 +144,7 @@ pub struct Ring {
 }
 
 impl Ring {
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         let capacity = capacity.max(1);
         Ring {
             capacity,
@@ -121,44 +156,42 @@ impl Ring {
 
     /// Numbers the next event `base + 1`, as if `base` events had come and gone: a cursor
     /// at or below `base` is then answered with resync. Only before the first event.
-    pub fn start_after(&mut self, base: u64) {
+    pub(crate) fn start_after(&mut self, base: u64) {
         if self.entries.is_empty() && self.newest == 0 {
             self.newest = base;
             self.dropped = base;
         }
     }
 
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    pub fn newest(&self) -> u64 {
+    pub(crate) fn newest(&self) -> u64 {
         self.newest
     }
 
     /// The seq of the oldest event still held (newest + 1 when empty).
-    pub fn oldest(&self) -> u64 {
+    pub(crate) fn oldest(&self) -> u64 {
         self.entries.front().map_or(self.newest + 1, |e| e.seq)
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
     /// Whether a cursor (the last seq a client read) cannot be honoured: events past it have
     /// left the ring, or it is ahead of the feed (it comes from before a restart).
-    pub fn needs_resync(&self, after: u64) -> bool {
+    pub(crate) fn needs_resync(&self, after: u64) -> bool {
         // Saturating: a cursor is the client's number, up to u64::MAX.
         let evicted = after > 0 && self.dropped > 0 && after.saturating_add(1) < self.oldest();
         evicted || after > self.newest
     }
 
     /// Whether a live reader at `cursor` has been overrun: the next event it needs is gone.
-    pub fn overran(&self, cursor: u64) -> bool {
+    pub(crate) fn overran(&self, cursor: u64) -> bool {
         self.dropped > 0 && cursor.saturating_add(1) < self.oldest()
     }
 
@@ -285,19 +318,27 @@ fn check_against_schema(kind: &'static str, data: &Value) -> Result<(), PushErro
 }
 
 /// The `hello` frame's member.
-pub fn hello(newest: u64, resume: u64, resync: bool, introspection: bool, version: &str) -> Value {
+pub(crate) fn hello(
+    newest: u64,
+    resume: u64,
+    resync: bool,
+    introspection: bool,
+    version: &str,
+) -> Value {
     json!({"introspection": introspection, "resume": resume, "resync": resync, "seq": newest, "version": version})
 }
 
 /// Why a feed stream ended with `goodbye`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Goodbye {
+pub(crate) enum Goodbye {
+    /// The stream reached its longest life; the client reconnects with its cursor.
     Deadline,
+    /// The caller's credential (a session) was revoked.
     Revoked,
 }
 
 impl Goodbye {
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Goodbye::Deadline => "deadline",
             Goodbye::Revoked => "revoked",

@@ -36,19 +36,13 @@ impl OpSet {
     }
 
     /// Adds `id`.
-    pub fn insert(&mut self, id: OpId) {
+    pub(crate) fn insert(&mut self, id: OpId) {
         self.0 |= 1 << id as u32;
     }
 
     /// Removes `id`.
-    pub fn remove(&mut self, id: OpId) {
+    pub(crate) fn remove(&mut self, id: OpId) {
         self.0 &= !(1 << id as u32);
-    }
-
-    /// The set with `id` added.
-    pub fn with(mut self, id: OpId) -> OpSet {
-        self.insert(id);
-        self
     }
 
     /// The set without `id`.
@@ -62,6 +56,7 @@ impl OpSet {
         OpId::ALL.into_iter().filter(move |id| self.contains(*id))
     }
 
+    /// Whether the set holds no op (a host that serves none).
     pub fn is_empty(self) -> bool {
         self.0 == 0
     }
@@ -85,23 +80,27 @@ impl std::fmt::Debug for OpSet {
 
 /// What a host serves, declared in [`crate::InstanceConfig::host`].
 ///
-/// - `ops`: the host-served ops ([`OpId::host_served`]) it answers. The card's command
-///   params list only these (beside the ops the core answers itself), and a command naming
-///   any other is refused at once: `-32602 UNKNOWN_OP` for a listed op, as a closed switch
-///   is, and `-32004 OP_NOT_SERVED` for a reserved `_instance.*` report. Core-served ops in
-///   the set change nothing: the core always answers them. Workflow-declared commands are
-///   served by registering them ([`crate::Instance::register_command`]).
+/// - `ops`: the host-served ops
+///   ([`ServedBy::Host`](crate::ext::command::table::ServedBy::Host)) it answers. The card's
+///   command params list only these (beside the ops the core answers itself), and a command
+///   naming any other is refused at once: `-32602 UNKNOWN_OP` for a listed op, as a closed
+///   switch is, and `-32004 OP_NOT_SERVED` for a reserved `_instance.*` report. Core-served
+///   ops in the set change nothing: the core always answers them. Workflow-declared commands
+///   are served by registering them ([`crate::Instance::register_command`]).
 /// - `skills`: the card's `skills`, in this order (the extended card adds the workflows the
 ///   caller may run after them). Command ops are never skills.
 ///
 /// The default serves no op and lists no skill: a host says what it does.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct HostCapabilities {
+    /// The host-served ops the host answers; any other host-served op is refused at once.
     pub ops: OpSet,
+    /// The card's skills, in the order they are listed.
     pub skills: Vec<AgentSkill>,
 }
 
 impl HostCapabilities {
+    /// A host that answers `ops` and lists `skills` on the card.
     pub fn new(ops: impl IntoIterator<Item = OpId>, skills: Vec<AgentSkill>) -> Self {
         HostCapabilities {
             ops: ops.into_iter().collect(),
@@ -110,7 +109,7 @@ impl HostCapabilities {
     }
 
     /// Whether a command of this op is answered on this instance (by the core or the host).
-    pub fn serves(&self, id: OpId) -> bool {
+    pub(crate) fn serves(&self, id: OpId) -> bool {
         !id.host_served() || self.ops.contains(id)
     }
 }
@@ -125,6 +124,7 @@ pub enum SettablePath {
 }
 
 impl SettablePath {
+    /// The dotted configuration path as `admin.set` names it (and the audit log records it).
     pub fn as_str(self) -> &'static str {
         match self {
             SettablePath::AgentApproval => "agent.approval",
@@ -132,7 +132,7 @@ impl SettablePath {
         }
     }
 
-    pub fn parse(path: &str) -> Option<SettablePath> {
+    pub(crate) fn parse(path: &str) -> Option<SettablePath> {
         [
             SettablePath::AgentApproval,
             SettablePath::IntrospectionEnabled,
@@ -152,72 +152,138 @@ impl SettablePath {
 pub enum Op {
     /// `workflow.run`.
     WorkflowRun {
+        /// The workflow to start.
         workflow: String,
+        /// Its inputs, as sent; the host checks them against the workflow's.
         inputs: Option<Map<String, Value>>,
     },
     /// `workflow.status`: one run, or every run the caller may see.
-    WorkflowStatus { run: Option<String> },
+    WorkflowStatus {
+        /// The run to report; `None` for every run the caller may see.
+        run: Option<String>,
+    },
     /// `workflow.cancel`.
-    WorkflowCancel { run: String },
+    WorkflowCancel {
+        /// The run to cancel.
+        run: String,
+    },
     /// `workflow.signal`: to one run, or every waiter the caller owns.
     WorkflowSignal {
+        /// The signal's name, as a waiting step names it.
         name: String,
+        /// What the signal carries to the waiter.
         payload: Option<Value>,
+        /// The run to signal; `None` for every waiter the caller owns.
         run: Option<String>,
     },
     /// `subagent.send`.
-    SubagentSend { handle: String, message: String },
+    SubagentSend {
+        /// The subagent, by the handle its spawn returned.
+        handle: String,
+        /// The text to send it.
+        message: String,
+    },
     /// `subagent.kill`.
     SubagentKill {
+        /// The subagent, by the handle its spawn returned.
         handle: String,
+        /// Why, as the caller gave it.
         reason: Option<String>,
     },
     /// `subagent.status`.
-    SubagentStatus { handle: String },
+    SubagentStatus {
+        /// The subagent, by the handle its spawn returned.
+        handle: String,
+    },
     /// `plan.get`: the conversation as the caller names it; the root one without.
-    PlanGet { id: Option<String> },
+    PlanGet {
+        /// The conversation; `None` for the root one.
+        id: Option<String>,
+    },
     /// `conversation.get`.
-    ConversationGet { id: String, limit: Option<u64> },
+    ConversationGet {
+        /// The conversation.
+        id: String,
+        /// At most this many of its latest entries; the host's bound without.
+        limit: Option<u64>,
+    },
     /// `run.get`.
-    RunGet { run: String },
+    RunGet {
+        /// The run.
+        run: String,
+    },
     /// `subagent.get`.
-    SubagentGet { handle: String },
+    SubagentGet {
+        /// The subagent, by the handle its spawn returned.
+        handle: String,
+    },
     /// `debug.events`.
     DebugEvents {
+        /// Only lines after this sequence number (an earlier answer's `newest_seq`).
         after: Option<u64>,
+        /// At most this many lines; the host's bound without.
         limit: Option<u64>,
+        /// A level filter, as the host's log ring names levels.
         level: Option<String>,
+        /// A prefix filter on the lines, as the host's log ring applies it.
         prefix: Option<String>,
     },
     /// `admin.drain`.
-    AdminDrain { reason: Option<String> },
+    AdminDrain {
+        /// Why, as the caller gave it.
+        reason: Option<String>,
+    },
     /// `admin.pause`: one run, or the instance without.
     AdminPause {
+        /// The run to pause; `None` pauses the instance.
         run: Option<String>,
+        /// Why, as the caller gave it.
         reason: Option<String>,
     },
     /// `admin.resume`: one run, or the instance without.
-    AdminResume { run: Option<String> },
+    AdminResume {
+        /// The run to resume; `None` resumes the instance.
+        run: Option<String>,
+    },
     /// `admin.cancel`.
-    AdminCancel { run: String, reason: Option<String> },
+    AdminCancel {
+        /// The run to cancel.
+        run: String,
+        /// Why, as the caller gave it.
+        reason: Option<String>,
+    },
     /// `admin.set`: `value` as sent; the host parses it with the path's own type.
-    AdminSet { path: SettablePath, value: Value },
+    AdminSet {
+        /// The setting to change.
+        path: SettablePath,
+        /// Its new value, unparsed.
+        value: Value,
+    },
     /// `_instance.result` (reserved).
     InstanceResult {
+        /// The handle the reporting child was started under, on its parent.
         handle: String,
+        /// Its status, as it reports it.
         status: Option<Value>,
+        /// Its output, as it reports it.
         output: Option<Value>,
     },
     /// `_instance.emit` (reserved).
     InstanceEmit {
+        /// The handle the emitting child was started under, on its parent.
         handle: String,
+        /// The stream the event belongs to.
         stream: String,
+        /// The event itself.
         event: Map<String, Value>,
     },
     /// A workflow-declared command: starts `workflow` with `args` as its inputs.
     Declared {
+        /// The command's op name, as the workflow declared it.
         op: String,
+        /// The workflow the command starts.
         workflow: String,
+        /// The command's arguments, checked against the declared schema.
         args: Map<String, Value>,
     },
 }

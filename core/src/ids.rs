@@ -3,6 +3,8 @@
 
 /// A source of unpredictable bytes, supplied by the driver (the OS's `getrandom`).
 pub trait Entropy: Send {
+    /// Fills all of `buf` with unpredictable bytes. There is no error: a source that cannot
+    /// deliver must stop (panic) rather than let the core mint guessable identifiers.
     fn fill(&mut self, buf: &mut [u8]);
 }
 

@@ -19,7 +19,7 @@ use crate::errors::{ErrorKind, RpcError};
 pub struct RequestId(Box<str>);
 
 impl RequestId {
-    pub fn null() -> Self {
+    pub(crate) fn null() -> Self {
         RequestId("null".into())
     }
 
@@ -28,6 +28,7 @@ impl RequestId {
         &self.0
     }
 
+    /// Whether the id is JSON `null` (also what an unreadable request is answered under).
     pub fn is_null(&self) -> bool {
         &*self.0 == "null"
     }
@@ -36,6 +37,7 @@ impl RequestId {
 /// A request that passed the envelope checks.
 #[derive(Debug)]
 pub struct Request<'a> {
+    /// The id to answer under.
     pub id: RequestId,
     /// Borrowed from the body, or unescaped when the client wrote it with escapes.
     pub method: Cow<'a, str>,
@@ -46,8 +48,22 @@ pub struct Request<'a> {
 /// A body that is not a request: the error to answer and the id to answer it with.
 #[derive(Debug, PartialEq)]
 pub struct Refusal {
+    /// The id to answer under: the request's, or `null` when it could not be read.
     pub id: RequestId,
+    /// What to answer.
     pub error: RpcError,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "request {}: {}", self.id.as_json(), self.error)
+    }
+}
+
+impl std::error::Error for Refusal {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
 }
 
 enum Top<'a> {

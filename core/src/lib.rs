@@ -32,6 +32,52 @@
 //! and SendStreamingMessage, and answers every turn ([`Effect::Turn`]) with an echo through
 //! [`Instance::poll_effect`] and [`Instance::handle_completion`]. Its test runs it as a
 //! process over real HTTP, so CI builds and runs it.
+//!
+//! # The run loop
+//!
+//! A driver owns the sockets, the clock, the entropy and any threads. It keeps one
+//! [`Instance`] (the daemon's state: tasks, sessions, limits, the event feed) and one
+//! [`Connection`] per accepted socket, and hands every call the time as a [`Now`]. The core
+//! never blocks: each call does a bounded slice of work and returns.
+//!
+//! For each connection:
+//!
+//! 1. [`Connection::new`] with what the transport proved about the peer ([`auth::Peer`]),
+//!    the configuration's [`ConnLimits`] (`InstanceConfig::conn`) and a waker; a TCP
+//!    driver then tells it the peer's address ([`Connection::set_source`]) for the failure
+//!    limiter.
+//! 2. While [`Connection::wants_read`], read and pass the bytes to
+//!    [`Connection::handle_input`]; at end of stream, [`Connection::handle_eof`]. A driver
+//!    that shares the instance behind a lock splits the call: [`Connection::receive`]
+//!    outside the lock (TLS runs there), then [`Connection::poll`] under it.
+//! 3. Write [`Connection::pending_output`] and report what the socket took with
+//!    [`Connection::consume_output`].
+//! 4. Wake at [`Connection::poll_timeout`] and call [`Connection::handle_timeout`]; when the
+//!    waker fires (a task the connection watches changed), call [`Connection::poll`].
+//! 5. Once [`Connection::is_finished`], close the socket, then [`Connection::close`] to
+//!    release what the connection held in the instance.
+//!
+//! For the instance, the host's side:
+//!
+//! - Drain [`Instance::poll_effect`] and do each [`Effect`] (a turn, a command, a webhook
+//!   delivery, a cancel); report back with [`Instance::handle_completion`]. Both enums are
+//!   `#[non_exhaustive]`: a host logs and skips an effect it does not know.
+//! - With write-ahead on ([`Instance::set_write_ahead`]), drain [`Instance::poll_records`],
+//!   make them durable, then call [`Instance::records_durable`]: an answer that acknowledges
+//!   a change leaves only after that.
+//!
+//! # The public surface
+//!
+//! The re-exports below are the run loop. The public modules hold what a driver or an
+//! embedder configures and reads: [`a2a`] (the wire types and the card's skills), [`auth`]
+//! (peers, principals, credentials), [`tls`] (listener certificates and client-certificate
+//! rules), [`sessions`] (the device grant), [`limits`], [`push`] (the webhook policy),
+//! [`host`] (the typed ops a host serves), [`ext`] (the extension registry and the command
+//! table), [`feed`] (the event feed), [`reqlog`] (request-log records), [`audit`] (audit
+//! targets), [`errors`] (the error table), [`ids`] (entropy), [`jsonrpc`] and [`http`] (the
+//! envelope and HTTP types the fuzz targets drive), and [`client`] (the sans-io A2A client
+//! for outbound calls). `conn`, `instance`, `rpc`, `tasks` and `view` are being reworked;
+//! their surface is not settled yet.
 
 #![forbid(unsafe_code)]
 
@@ -40,7 +86,7 @@ pub mod audit;
 pub mod auth;
 pub mod client;
 pub mod conn;
-pub mod digest;
+mod digest;
 pub mod errors;
 pub mod ext;
 pub mod feed;
@@ -50,14 +96,14 @@ pub mod ids;
 pub mod instance;
 pub mod jsonrpc;
 pub mod limits;
-pub mod oauth;
+mod oauth;
 pub mod push;
 mod ready;
 pub mod reqlog;
 pub mod rpc;
 pub mod sessions;
 pub mod tasks;
-pub mod time;
+mod time;
 pub mod tls;
 pub mod view;
 

@@ -10,18 +10,20 @@ use std::net::IpAddr;
 /// A `"<burst>/<per>s"` rate: `burst` requests at once, refilled evenly over `per_s` seconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Rate {
+    /// Requests allowed at once (the bucket's size).
     pub burst: u32,
+    /// Seconds over which a full burst refills.
     pub per_s: u32,
 }
 
 /// Largest burst a rate may name.
-pub const MAX_BURST: u32 = 1_000_000;
+pub(crate) const MAX_BURST: u32 = 1_000_000;
 /// Longest period a rate may name: a day.
-pub const MAX_PER_S: u32 = 86_400;
+pub(crate) const MAX_PER_S: u32 = 86_400;
 
 impl Rate {
     /// Parses `"<burst>/<per>s"`, e.g. `"20/60s"`: both whole numbers greater than 0, the
-    /// burst at most [`MAX_BURST`], the period at most [`MAX_PER_S`] seconds.
+    /// burst at most 1,000,000, the period at most 86,400 seconds (a day).
     pub fn parse(text: &str) -> Result<Rate, ConfigError> {
         let shape = || format!("{text:?} is not \"<burst>/<per>s\" (for example \"20/60s\")");
         let (burst, per) = text.split_once('/').ok_or_else(shape)?;
@@ -84,7 +86,7 @@ impl Bucket {
 }
 
 /// Whole seconds for `Retry-After`: rounded up, at least 1.
-pub fn retry_after_secs(wait_ms: u64) -> u32 {
+pub(crate) fn retry_after_secs(wait_ms: u64) -> u32 {
     u32::try_from(wait_ms.div_ceil(1000).max(1)).unwrap_or(u32::MAX)
 }
 
@@ -152,7 +154,9 @@ impl<K: Clone + Eq + Hash> Lru<K> {
 /// peer address does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Source {
+    /// An IPv4 address other than loopback.
     V4([u8; 4]),
+    /// The /64 prefix of an IPv6 address.
     V6Prefix([u8; 8]),
     /// Any address of 127.0.0.0/8: one machine, whichever of its 16 million loopback
     /// addresses it picks, as an IPv6 /64 is one source however its host part rotates.
@@ -160,6 +164,7 @@ pub enum Source {
 }
 
 impl Source {
+    /// The source `addr` counts against.
     pub fn of(addr: IpAddr) -> Source {
         let v4 = |a: std::net::Ipv4Addr| {
             if a.is_loopback() {
@@ -182,7 +187,7 @@ impl Source {
 
     /// The network the source belongs to, for the device grant's pending-code shares: an
     /// IPv4 address is its own network, an IPv6 /64 belongs to its /48.
-    pub fn network(self) -> Network {
+    pub(crate) fn network(self) -> Network {
         match self {
             Source::V4(a) => Network::V4(a),
             Source::V6Prefix(p) => Network::V6([p[0], p[1], p[2], p[3], p[4], p[5]]),
@@ -193,7 +198,7 @@ impl Source {
 
 /// A network of sources: an IPv4 address, an IPv6 /48, or loopback.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Network {
+pub(crate) enum Network {
     V4([u8; 4]),
     V6([u8; 6]),
     Loopback,
@@ -201,25 +206,25 @@ pub enum Network {
 
 /// Requests to the device-authorization endpoint per source: a burst of 5, then one per
 /// 12 s (RFC 8628 §5.2 leaves the rate to the server).
-pub const DEVICE_AUTHORIZATION_RATE: Rate = Rate {
+pub(crate) const DEVICE_AUTHORIZATION_RATE: Rate = Rate {
     burst: 5,
     per_s: 60,
 };
 /// Requests to the token endpoint per source: a bucket of its own, burst 30, one a second,
 /// so polling devices never spend the authorization bucket.
-pub const TOKEN_RATE: Rate = Rate {
+pub(crate) const TOKEN_RATE: Rate = Rate {
     burst: 30,
     per_s: 30,
 };
 
 /// A rate per source, for the OAuth endpoints, kept like the failure limiter's.
-pub struct SourceRate {
+pub(crate) struct SourceRate {
     buckets: Lru<Source>,
     rate: Rate,
 }
 
 impl SourceRate {
-    pub fn new(rate: Rate) -> Self {
+    pub(crate) fn new(rate: Rate) -> Self {
         SourceRate {
             buckets: Lru::new(MAX_SOURCES),
             rate,
@@ -227,23 +232,23 @@ impl SourceRate {
     }
 
     /// Takes a token for `source`, or says in how many milliseconds one is available.
-    pub fn take(&mut self, source: Source, now_ms: u64) -> Result<(), u64> {
+    pub(crate) fn take(&mut self, source: Source, now_ms: u64) -> Result<(), u64> {
         let rate = self.rate;
         self.buckets.touch(&source).take(rate, now_ms)
     }
 }
 
 /// Failures a source may accumulate before its credentials are refused unread.
-pub const FAILURE_BURST: u32 = 20;
+pub(crate) const FAILURE_BURST: u32 = 20;
 /// One failure is forgiven every this many milliseconds.
-pub const FAILURE_FORGIVE_MS: u64 = 3_000;
+pub(crate) const FAILURE_FORGIVE_MS: u64 = 3_000;
 /// Sources remembered at once.
-pub const MAX_SOURCES: usize = 4096;
+pub(crate) const MAX_SOURCES: usize = 4096;
 /// Principal buckets remembered at once.
-pub const MAX_PRINCIPAL_BUCKETS: usize = 4096;
+pub(crate) const MAX_PRINCIPAL_BUCKETS: usize = 4096;
 
 /// The failure bucket as a rate: 20 at once, one back every 3 s.
-pub const FAILURE_RATE: Rate = Rate {
+pub(crate) const FAILURE_RATE: Rate = Rate {
     burst: FAILURE_BURST,
     per_s: (FAILURE_BURST as u64 * FAILURE_FORGIVE_MS / 1000) as u32,
 };
@@ -260,7 +265,7 @@ impl Default for FailureLimiter {
 }
 
 impl FailureLimiter {
-    pub fn with_capacity(cap: usize) -> Self {
+    pub(crate) fn with_capacity(cap: usize) -> Self {
         FailureLimiter {
             sources: Lru::new(cap),
         }
@@ -269,14 +274,14 @@ impl FailureLimiter {
     /// Milliseconds until `source` may present a credential again; `None` while it may. A
     /// remembered source counts as seen now, so one that keeps trying is not the first
     /// evicted.
-    pub fn refusal(&mut self, source: Source, now_ms: u64) -> Option<u64> {
+    pub(crate) fn refusal(&mut self, source: Source, now_ms: u64) -> Option<u64> {
         let wait = self.sources.seen(&source)?.wait_ms(FAILURE_RATE, now_ms);
         (wait > 0).then_some(wait)
     }
 
     /// Counts one failure against `source`. A source already at the limit stays there: the
     /// bucket never holds more than its burst of debt.
-    pub fn count(&mut self, source: Source, now_ms: u64) {
+    pub(crate) fn count(&mut self, source: Source, now_ms: u64) {
         let _ = self.sources.touch(&source).take(FAILURE_RATE, now_ms);
     }
 
@@ -285,6 +290,7 @@ impl FailureLimiter {
         self.sources.len()
     }
 
+    /// Whether no source is remembered.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -297,7 +303,7 @@ impl FailureLimiter {
 
 /// Per-principal request rates (§7.5 "Per-principal rate"), one bucket per (principal id,
 /// rate), so a reload that changes a rule's rate starts it on a fresh bucket.
-pub struct PrincipalRates {
+pub(crate) struct PrincipalRates {
     buckets: Lru<(String, Rate)>,
 }
 
@@ -311,29 +317,22 @@ impl Default for PrincipalRates {
 
 impl PrincipalRates {
     /// Takes one request's token; otherwise the milliseconds until one is available.
-    pub fn take(&mut self, principal: &str, rate: Rate, now_ms: u64) -> Result<(), u64> {
+    pub(crate) fn take(&mut self, principal: &str, rate: Rate, now_ms: u64) -> Result<(), u64> {
         self.buckets
             .touch(&(principal.to_owned(), rate))
             .take(rate, now_ms)
-    }
-
-    pub fn len(&self) -> usize {
-        self.buckets.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
 /// The instance's limiters.
 pub struct Limits {
+    /// Failed credentials per source.
     pub failures: FailureLimiter,
-    pub rates: PrincipalRates,
+    pub(crate) rates: PrincipalRates,
     /// `POST /oauth2/device_authorization` per source.
-    pub device_authorization: SourceRate,
+    pub(crate) device_authorization: SourceRate,
     /// `POST /oauth2/token` per source.
-    pub token: SourceRate,
+    pub(crate) token: SourceRate,
 }
 
 impl Default for Limits {

@@ -9,19 +9,19 @@ use crate::limits::{retry_after_secs, Source};
 use crate::sessions::{parse_form, Scope, TokenAnswer, POLL_INTERVAL_S};
 use crate::time::Now;
 
-pub const DEVICE_AUTHORIZATION_PATH: &str = "/oauth2/device_authorization";
-pub const TOKEN_PATH: &str = "/oauth2/token";
-pub const REVOKE_PATH: &str = "/oauth2/revoke";
-pub const DEVICE_PAGE_PATH: &str = "/oauth2/device";
-pub const METADATA_PATH: &str = "/.well-known/oauth-authorization-server";
+pub(crate) const DEVICE_AUTHORIZATION_PATH: &str = "/oauth2/device_authorization";
+pub(crate) const TOKEN_PATH: &str = "/oauth2/token";
+pub(crate) const REVOKE_PATH: &str = "/oauth2/revoke";
+pub(crate) const DEVICE_PAGE_PATH: &str = "/oauth2/device";
+pub(crate) const METADATA_PATH: &str = "/.well-known/oauth-authorization-server";
 /// The grant type a polling device names.
-pub const DEVICE_GRANT_TYPE: &str = "urn:ietf:params:oauth:grant-type:device_code";
+pub(crate) const DEVICE_GRANT_TYPE: &str = "urn:ietf:params:oauth:grant-type:device_code";
 /// The largest form accepted.
-pub const MAX_FORM_BYTES: usize = 4096;
+pub(crate) const MAX_FORM_BYTES: usize = 4096;
 
 /// An endpoint, by path and method.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Endpoint {
+pub(crate) enum Endpoint {
     DeviceAuthorization,
     Token,
     Revoke,
@@ -30,7 +30,7 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    pub fn from_path(path: &str) -> Option<Endpoint> {
+    pub(crate) fn from_path(path: &str) -> Option<Endpoint> {
         Some(match path {
             DEVICE_AUTHORIZATION_PATH => Endpoint::DeviceAuthorization,
             TOKEN_PATH => Endpoint::Token,
@@ -42,7 +42,7 @@ impl Endpoint {
     }
 
     /// Whether the endpoint takes a form (POST) rather than being read (GET).
-    pub fn takes_form(self) -> bool {
+    pub(crate) fn takes_form(self) -> bool {
         matches!(
             self,
             Endpoint::DeviceAuthorization | Endpoint::Token | Endpoint::Revoke
@@ -51,12 +51,12 @@ impl Endpoint {
 }
 
 /// An answer: status, content type, body.
-pub struct Answer {
-    pub status: u16,
-    pub content_type: &'static str,
-    pub body: Vec<u8>,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) content_type: &'static str,
+    pub(crate) body: Vec<u8>,
     /// A limit refused the request (HTTP 429): `Retry-After`, in seconds.
-    pub retry_after_s: Option<u32>,
+    pub(crate) retry_after_s: Option<u32>,
 }
 
 fn json_answer(status: u16, value: serde_json::Value) -> Answer {
@@ -85,7 +85,7 @@ fn limited(retry_after_s: u32, why: &str) -> Answer {
 }
 
 /// Answers one request to an endpoint.
-pub fn answer(
+pub(crate) fn answer(
     inst: &mut Instance,
     endpoint: Endpoint,
     listener: usize,

@@ -14,13 +14,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Push configs one task may hold.
-pub const MAX_CONFIGS_PER_TASK: usize = 16;
+pub(crate) const MAX_CONFIGS_PER_TASK: usize = 16;
 /// Bytes of a webhook URL, token or credentials.
-pub const MAX_FIELD_BYTES: usize = 4096;
+pub(crate) const MAX_FIELD_BYTES: usize = 4096;
 
 /// `a2a.push`: whether push notifications are served, and where webhooks may point.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PushPolicy {
+    /// Whether the webhook methods are served at all; off answers `PushNotificationNotSupported`.
     pub enabled: bool,
     /// Private, loopback and link-local webhook targets are allowed.
     pub allow_private: bool,
@@ -29,44 +30,44 @@ pub struct PushPolicy {
 /// `AuthenticationInfo`, as registered.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Authentication {
-    pub scheme: String,
+pub(crate) struct Authentication {
+    pub(crate) scheme: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub credentials: String,
+    pub(crate) credentials: String,
 }
 
 /// `TaskPushNotificationConfig` on the wire (ProtoJSON, camelCase).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct WireConfig {
+pub(crate) struct WireConfig {
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub tenant: String,
+    pub(crate) tenant: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub id: String,
+    pub(crate) id: String,
     // ProtoJSON parsers accept the proto field name too (the A2A TCK sends it).
     #[serde(default, alias = "task_id")]
-    pub task_id: String,
+    pub(crate) task_id: String,
     #[serde(default)]
-    pub url: String,
+    pub(crate) url: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub token: String,
+    pub(crate) token: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub authentication: Option<Authentication>,
+    pub(crate) authentication: Option<Authentication>,
 }
 
 /// One registered webhook of a task.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PushConfig {
-    pub id: String,
-    pub task_id: String,
-    pub url: String,
-    pub token: Option<String>,
-    pub authentication: Option<Authentication>,
+pub(crate) struct PushConfig {
+    pub(crate) id: String,
+    pub(crate) task_id: String,
+    pub(crate) url: String,
+    pub(crate) token: Option<String>,
+    pub(crate) authentication: Option<Authentication>,
 }
 
 impl PushConfig {
     /// The read-back: the scheme only, never the credentials (nor the token).
-    pub fn to_wire(&self) -> WireConfig {
+    pub(crate) fn to_wire(&self) -> WireConfig {
         WireConfig {
             tenant: String::new(),
             id: self.id.clone(),
@@ -85,16 +86,16 @@ impl PushConfig {
 /// browser, or `getaddrinfo` for the IPv4 shorthands) reads it: `https://127.1`,
 /// `https://0x7f000001`, `https://0177.0.0.1` and `https://127.0.0.1.` are all 127.0.0.1.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WebhookUrl {
-    pub tls: bool,
+pub(crate) struct WebhookUrl {
+    pub(crate) tls: bool,
     /// The normalized host: an IPv4 address in dotted decimal, an IPv6 address without its
     /// brackets, or a lower-case ASCII name without a trailing dot.
-    pub host: String,
-    pub port: u16,
+    pub(crate) host: String,
+    pub(crate) port: u16,
     /// Path and query, from the first `/`.
-    pub path: String,
+    pub(crate) path: String,
     /// The host is an IP address (or `localhost`): its address is known without resolving.
-    pub literal: Option<IpAddr>,
+    pub(crate) literal: Option<IpAddr>,
 }
 
 impl WebhookUrl {
@@ -103,7 +104,7 @@ impl WebhookUrl {
     /// `https://127.0.0.1:443/hook` for `https://127.1/hook`, `https://[2001:db8::1]:443/`
     /// for `https://[2001:db8::1]/`. Delivery dials this, never the URL as registered, so it
     /// reaches the address the registration check judged.
-    pub fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         let scheme = if self.tls { "https" } else { "http" };
         let host = match self.literal {
             Some(IpAddr::V6(_)) => format!("[{}]", self.host),
@@ -115,7 +116,7 @@ impl WebhookUrl {
 
 /// Takes a webhook URL apart and normalizes its host ([`parse_host`]), without the policy:
 /// `https://` or `http://`, no user info or fragment, a port of digits.
-pub fn parse_url(url: &str) -> Result<WebhookUrl, WebhookError> {
+pub(crate) fn parse_url(url: &str) -> Result<WebhookUrl, WebhookError> {
     if url.len() > MAX_FIELD_BYTES {
         return Err(format!("longer than {MAX_FIELD_BYTES} bytes").into());
     }
@@ -158,7 +159,7 @@ pub fn parse_url(url: &str) -> Result<WebhookUrl, WebhookError> {
 /// Checks a webhook URL: `https://`, or `http://` to a loopback address; no user info or
 /// fragment; a host that is (or normalizes to) a private, loopback or link-local address
 /// only when `policy` allows private targets.
-pub fn check_url(url: &str, policy: PushPolicy) -> Result<WebhookUrl, WebhookError> {
+pub(crate) fn check_url(url: &str, policy: PushPolicy) -> Result<WebhookUrl, WebhookError> {
     let u = parse_url(url)?;
     if !u.tls && !u.literal.is_some_and(|ip| ip.is_loopback()) {
         return Err("plain http:// is only for a loopback address; use https://".into());
@@ -217,7 +218,7 @@ fn split_host_port(authority: &str, default: u16) -> Result<(&str, u16), String>
 ///
 /// Stricter than the standard where delivery could not follow: a name must be ASCII (a
 /// Unicode name in its `xn--` form), of letters, digits, `-` and `_`, in labels of 1 to 63.
-pub fn parse_host(host: &str) -> Result<(String, Option<IpAddr>), WebhookError> {
+pub(crate) fn parse_host(host: &str) -> Result<(String, Option<IpAddr>), WebhookError> {
     if let Some(inner) = host.strip_prefix('[') {
         let inner = inner
             .strip_suffix(']')
@@ -367,7 +368,7 @@ pub fn check_address(ip: IpAddr, policy: PushPolicy) -> Result<(), WebhookError>
 
 /// Not private, loopback, link-local, shared (100.64/10), unspecified, multicast,
 /// broadcast or documentation space; IPv4-mapped IPv6 is judged as the IPv4 it maps.
-pub fn is_public(ip: IpAddr) -> bool {
+pub(crate) fn is_public(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
             let o = v4.octets();
@@ -408,7 +409,7 @@ pub fn is_public(ip: IpAddr) -> bool {
 
 /// Checks and stores a config from the wire. `task_id` is the task it binds to (the
 /// request's, or the task a send just created).
-pub fn check_config(
+pub(crate) fn check_config(
     wire: WireConfig,
     task_id: &str,
     policy: PushPolicy,
@@ -471,11 +472,11 @@ pub fn check_config(
 /// The record kind of a task's push configs in the durable store: keyed by task id, the
 /// body is the list of configs with their credentials (the store's files are the daemon's
 /// alone), so deliveries go on after a restart.
-pub const PUSH_KIND: &str = "push";
+pub(crate) const PUSH_KIND: &str = "push";
 
 /// The configs of every task, by task id.
 #[derive(Clone, Debug, Default)]
-pub struct PushConfigs {
+pub(crate) struct PushConfigs {
     by_task: HashMap<String, Vec<PushConfig>>,
     /// Write-ahead: the tasks whose configs changed since the host last drained them.
     track: bool,
@@ -524,7 +525,7 @@ impl PushConfigs {
     }
 
     /// Puts back a task's configs read from the durable store.
-    pub fn restore(&mut self, task_id: &str, body: Value) -> Result<(), RecordError> {
+    pub(crate) fn restore(&mut self, task_id: &str, body: Value) -> Result<(), RecordError> {
         let list: Vec<PushConfig> =
             serde_json::from_value(body).map_err(|e| format!("push record {task_id}: {e}"))?;
         if list.iter().any(|c| c.task_id != task_id) {
@@ -535,7 +536,7 @@ impl PushConfigs {
     }
 
     /// Stores a config (replacing one of the same id); refuses past the per-task bound.
-    pub fn put(&mut self, c: PushConfig) -> Result<(), WebhookError> {
+    pub(crate) fn put(&mut self, c: PushConfig) -> Result<(), WebhookError> {
         let task_id = c.task_id.clone();
         let list = self.by_task.entry(c.task_id.clone()).or_default();
         if let Some(old) = list.iter_mut().find(|o| o.id == c.id) {
@@ -551,16 +552,16 @@ impl PushConfigs {
         Ok(())
     }
 
-    pub fn get(&self, task_id: &str, id: &str) -> Option<&PushConfig> {
+    pub(crate) fn get(&self, task_id: &str, id: &str) -> Option<&PushConfig> {
         self.by_task.get(task_id)?.iter().find(|c| c.id == id)
     }
 
-    pub fn list(&self, task_id: &str) -> &[PushConfig] {
+    pub(crate) fn list(&self, task_id: &str) -> &[PushConfig] {
         self.by_task.get(task_id).map_or(&[], Vec::as_slice)
     }
 
     /// Removes a config; removing one that is not there is not an error (idempotent).
-    pub fn delete(&mut self, task_id: &str, id: &str) -> bool {
+    pub(crate) fn delete(&mut self, task_id: &str, id: &str) -> bool {
         let Some(list) = self.by_task.get_mut(task_id) else {
             return false;
         };
@@ -585,7 +586,7 @@ impl PushConfigs {
     }
 
     /// A task left the store: so do its configs.
-    pub fn forget_task(&mut self, task_id: &str) {
+    pub(crate) fn forget_task(&mut self, task_id: &str) {
         if self.by_task.remove(task_id).is_some() {
             self.touch(task_id);
         }
@@ -594,7 +595,7 @@ impl PushConfigs {
 
 /// The headers of one delivery: `Authorization` from the registered authentication, and the
 /// a2a-python courtesy header for the token.
-pub fn delivery_headers(c: &PushConfig) -> Vec<(String, String)> {
+pub(crate) fn delivery_headers(c: &PushConfig) -> Vec<(String, String)> {
     let mut h = vec![("content-type".to_owned(), "application/a2a+json".to_owned())];
     if let Some(a) = &c.authentication {
         let value = if a.credentials.is_empty() {
@@ -611,7 +612,7 @@ pub fn delivery_headers(c: &PushConfig) -> Vec<(String, String)> {
 }
 
 /// The JSON of a config list page.
-pub fn list_page(configs: &[PushConfig], next: &str) -> Value {
+pub(crate) fn list_page(configs: &[PushConfig], next: &str) -> Value {
     serde_json::json!({
         "configs": configs.iter().map(PushConfig::to_wire).collect::<Vec<_>>(),
         "nextPageToken": next,

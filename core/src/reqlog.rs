@@ -35,7 +35,7 @@ use crate::limits::Source;
 pub const LABEL_CAP: usize = 64;
 /// Largest principal label, in bytes: a configured principal's whole id (`agent:` and up to
 /// 128 bytes) fits.
-pub const PRINCIPAL_CAP: usize = 140;
+pub(crate) const PRINCIPAL_CAP: usize = 140;
 /// Records a connection queues before it drops new ones (a driver takes them after each
 /// call into the connection, so only a burst of pipelined requests answered in one call can
 /// reach it).
@@ -62,7 +62,7 @@ pub struct Label<const N: usize = LABEL_CAP> {
 }
 
 /// A principal's id, as a label.
-pub type PrincipalLabel = Label<PRINCIPAL_CAP>;
+pub(crate) type PrincipalLabel = Label<PRINCIPAL_CAP>;
 
 // A label's length is kept in a byte.
 const _: () = assert!(LABEL_CAP <= 255 && PRINCIPAL_CAP <= 255);
@@ -75,7 +75,7 @@ impl<const N: usize> Label<N> {
     };
 
     /// `text`, sanitized and cut to `N` bytes.
-    pub fn new(text: &str) -> Label<N> {
+    pub(crate) fn new(text: &str) -> Label<N> {
         let mut l = Label::EMPTY;
         l.push(text);
         l
@@ -121,10 +121,11 @@ impl<const N: usize> Label<N> {
         std::str::from_utf8(&self.bytes[..len]).unwrap_or_default()
     }
 
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         self.as_str_upto(usize::from(self.len))
     }
 
+    /// Whether nothing was recorded (the request never got that far).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -180,6 +181,7 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// The phase as log lines spell it.
     pub fn as_str(self) -> &'static str {
         match self {
             Phase::Answered => "answered",
@@ -205,6 +207,7 @@ pub enum Limiter {
 }
 
 impl Limiter {
+    /// The limiter as log lines spell it.
     pub fn as_str(self) -> &'static str {
         match self {
             Limiter::SourceFailures => "source-failures",
@@ -218,6 +221,7 @@ impl Limiter {
 /// A limiter's refusal of a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Refusal {
+    /// Which limiter refused it.
     pub limiter: Limiter,
     /// The `Retry-After` the answer carried.
     pub retry_after_s: u32,
@@ -229,6 +233,7 @@ pub struct Refusal {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RequestRecord {
+    /// Where in the request's life this record was taken.
     pub phase: Phase,
     /// HTTP method and path: `GET /.well-known/agent-card.json`, `POST /`,
     /// `POST /oauth2/token`. Empty for bytes that never made a request head (a framing
@@ -240,8 +245,9 @@ pub struct RequestRecord {
     /// The HTTP status (0: nothing was answered).
     pub status: u16,
     /// The JSON-RPC error the answer carried, if it refused the request (its code and reason
-    /// are in [`ErrorKind::row`]).
+    /// are [`RequestRecord::error_code`] and [`RequestRecord::error_reason`]).
     pub error: Option<ErrorKind>,
+    /// Milliseconds from the request's head to this record.
     pub duration_ms: u64,
     /// Who asked, as the principal's id (`operator`, `user:alice`, `agent:peer-a`); empty
     /// when it was not established.
@@ -251,7 +257,7 @@ pub struct RequestRecord {
     /// Set when a limiter refused the request.
     pub refusal: Option<Refusal>,
     /// The monotonic millisecond the request's head was read.
-    pub started_ms: u64,
+    pub(crate) started_ms: u64,
 }
 
 impl RequestRecord {
@@ -298,12 +304,14 @@ impl RequestRecord {
 /// Records a connection could not queue, since they were last taken.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Dropped {
+    /// Records dropped, refusals included.
     pub records: u32,
     /// Of them, limiter refusals.
     pub refusals: u32,
 }
 
 impl Dropped {
+    /// Whether nothing was dropped (no log line is owed).
     pub fn is_empty(&self) -> bool {
         self.records == 0
     }

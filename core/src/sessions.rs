@@ -15,34 +15,37 @@ use crate::auth::{Principal, Role};
 use crate::ids::{hex, Entropy};
 
 /// The prefix of every session token (never accepted as a configured secret).
-pub const TOKEN_PREFIX: &str = "agentd_at_";
+pub(crate) const TOKEN_PREFIX: &str = "agentd_at_";
 /// Seconds a polling device waits between polls.
-pub const POLL_INTERVAL_S: u64 = 5;
+pub(crate) const POLL_INTERVAL_S: u64 = 5;
 /// The user-code alphabet: no vowels, no look-alikes.
 const USER_CODE_ALPHABET: &[u8] = b"BCDFGHJKLMNPQRSTVWXZ";
 /// Pending codes held at once.
-pub const MAX_PENDING: usize = 64;
+pub(crate) const MAX_PENDING: usize = 64;
 /// Pending codes one source (an IPv4 address, an IPv6 /64, loopback) may hold.
-pub const MAX_PENDING_PER_SOURCE: usize = 4;
+pub(crate) const MAX_PENDING_PER_SOURCE: usize = 4;
 /// Pending codes one network (an IPv4 address, an IPv6 /48) may hold.
-pub const MAX_PENDING_PER_NETWORK: usize = 16;
+pub(crate) const MAX_PENDING_PER_NETWORK: usize = 16;
 
 /// Why a device got no code: an OAuth error code, and when a retry can succeed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AuthorizeRefusal {
-    pub error: &'static str,
+pub(crate) struct AuthorizeRefusal {
+    pub(crate) error: &'static str,
     /// Seconds until one of the codes in the way expires (a bound was reached).
-    pub retry_after_s: Option<u32>,
+    pub(crate) retry_after_s: Option<u32>,
 }
 
 /// The scope a device asks for and is approved with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
+    /// Sign in with the `user` role.
     User,
+    /// Sign in as the operator.
     Operator,
 }
 
 impl Scope {
+    /// The scope as the OAuth `scope` parameter and the configuration spell it.
     pub const fn as_str(self) -> &'static str {
         match self {
             Scope::User => "user",
@@ -50,6 +53,7 @@ impl Scope {
         }
     }
 
+    /// The scope of an OAuth `scope` value; `None` for any other.
     pub fn parse(s: &str) -> Option<Scope> {
         match s {
             "user" => Some(Scope::User),
@@ -62,10 +66,13 @@ impl Scope {
 /// `a2a.device_grant`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceGrantConfig {
+    /// Whether the device grant (the `/oauth2/*` endpoints and the sign-in ops) is served.
     pub enabled: bool,
     /// Scopes a device may be approved for.
     pub scopes: Vec<Scope>,
+    /// How long an issued session token lives, in milliseconds.
     pub token_ttl_ms: u64,
+    /// How long a device code waits for approval, in milliseconds.
     pub code_ttl_ms: u64,
     /// `a2a.device_grant.rate`: one bucket per device name (its principal), operators exempt.
     pub rate: Option<crate::limits::Rate>,
@@ -112,19 +119,19 @@ struct PendingCode {
 
 /// An open session.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Session {
-    pub sid: String,
-    pub name: String,
-    pub principal: Principal,
-    pub client_id: String,
-    pub scope: Scope,
-    pub created_at: u64,
-    pub expires_at: u64,
-    pub approved_by: String,
+pub(crate) struct Session {
+    pub(crate) sid: String,
+    pub(crate) name: String,
+    pub(crate) principal: Principal,
+    pub(crate) client_id: String,
+    pub(crate) scope: Scope,
+    pub(crate) created_at: u64,
+    pub(crate) expires_at: u64,
+    pub(crate) approved_by: String,
 }
 
 impl Session {
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         json!({
             "sid": self.sid,
             "kind": "device",
@@ -141,7 +148,7 @@ impl Session {
 
 /// What the token endpoint answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TokenAnswer {
+pub(crate) enum TokenAnswer {
     Issued {
         access_token: String,
         expires_in: u64,
@@ -154,14 +161,14 @@ pub enum TokenAnswer {
 
 /// Why an approval was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ApproveError {
+pub(crate) enum ApproveError {
     UnknownCode,
     ScopeNotAllowed,
 }
 
 /// Pending codes and open sessions.
 #[derive(Debug, Default)]
-pub struct Sessions {
+pub(crate) struct Sessions {
     pending: Vec<PendingCode>,
     /// Session token digest → session.
     by_token: HashMap<[u8; 32], Session>,
@@ -176,8 +183,8 @@ pub struct Sessions {
 
 /// The record kinds of sessions and approved names in the durable store. Pending device
 /// codes are not kept: they live minutes, and a device whose code is lost asks again.
-pub const SESSION_KIND: &str = "session";
-pub const SESSION_NAME_KIND: &str = "session.name";
+pub(crate) const SESSION_KIND: &str = "session";
+pub(crate) const SESSION_NAME_KIND: &str = "session.name";
 
 impl Sessions {
     fn expire(&mut self, now_ms: u64) {
@@ -245,7 +252,7 @@ impl Sessions {
 
     /// Puts back a session or an approved name read from the durable store. An expired
     /// session is dropped (and its removal recorded).
-    pub fn restore(
+    pub(crate) fn restore(
         &mut self,
         kind: &str,
         key: &str,
@@ -300,7 +307,7 @@ impl Sessions {
 
     /// A device asks for a code. Returns `(device_code, user_code)`.
     #[allow(clippy::too_many_arguments)]
-    pub fn authorize(
+    pub(crate) fn authorize(
         &mut self,
         entropy: &mut dyn Entropy,
         client_id: &str,
@@ -409,7 +416,7 @@ impl Sessions {
     }
 
     /// `auth.device.pending`: the codes waiting for a decision.
-    pub fn pending(&mut self, now_ms: u64) -> Value {
+    pub(crate) fn pending(&mut self, now_ms: u64) -> Value {
         self.expire(now_ms);
         let items: Vec<Value> = self
             .pending
@@ -426,7 +433,7 @@ impl Sessions {
     }
 
     /// `auth.device.approve`: the device will act as `user:<name>` (or the operator).
-    pub fn approve(
+    pub(crate) fn approve(
         &mut self,
         user_code: &str,
         name: &str,
@@ -475,7 +482,11 @@ impl Sessions {
 
     /// `auth.device.deny`: one code, or every pending one. Returns how many. A denied code
     /// stops counting against the pending bound at once; its device learns `access_denied`.
-    pub fn deny(&mut self, user_code: Option<&str>, now_ms: u64) -> Vec<(String, String, Scope)> {
+    pub(crate) fn deny(
+        &mut self,
+        user_code: Option<&str>,
+        now_ms: u64,
+    ) -> Vec<(String, String, Scope)> {
         self.expire(now_ms);
         let mut denied = Vec::new();
         for p in self.pending.iter_mut() {
@@ -490,7 +501,7 @@ impl Sessions {
     }
 
     /// The token endpoint: a polling device learns its fate.
-    pub fn exchange(
+    pub(crate) fn exchange(
         &mut self,
         entropy: &mut dyn Entropy,
         device_code: &str,
@@ -562,20 +573,20 @@ impl Sessions {
     }
 
     /// The session a token opens, if it is live.
-    pub fn session(&self, token: &[u8], now_ms: u64) -> Option<&Session> {
+    pub(crate) fn session(&self, token: &[u8], now_ms: u64) -> Option<&Session> {
         let digest = crate::digest::sha256(token);
         self.by_token.get(&digest).filter(|s| s.expires_at > now_ms)
     }
 
     /// Whether a session is still open.
-    pub fn is_live(&self, sid: &str, now_ms: u64) -> bool {
+    pub(crate) fn is_live(&self, sid: &str, now_ms: u64) -> bool {
         self.by_token
             .values()
             .any(|s| s.sid == sid && s.expires_at > now_ms)
     }
 
     /// `auth.sessions`.
-    pub fn list(&mut self, now_ms: u64) -> Value {
+    pub(crate) fn list(&mut self, now_ms: u64) -> Value {
         self.expire(now_ms);
         let mut sessions: Vec<&Session> = self.by_token.values().collect();
         sessions.sort_by(|a, b| (a.created_at, &a.sid).cmp(&(b.created_at, &b.sid)));
@@ -584,7 +595,12 @@ impl Sessions {
 
     /// Revokes by sid, by name, or all; returns the revoked sessions. Nothing the principal
     /// owns is deleted.
-    pub fn revoke(&mut self, sid: Option<&str>, name: Option<&str>, all: bool) -> Vec<Session> {
+    pub(crate) fn revoke(
+        &mut self,
+        sid: Option<&str>,
+        name: Option<&str>,
+        all: bool,
+    ) -> Vec<Session> {
         let mut gone = Vec::new();
         self.by_token.retain(|_, s| {
             let hit = all || sid.is_some_and(|x| x == s.sid) || name.is_some_and(|x| x == s.name);
@@ -598,7 +614,7 @@ impl Sessions {
     }
 
     /// `POST /oauth2/revoke`: ends the presented token's session.
-    pub fn revoke_token(&mut self, token: &str) -> Option<Session> {
+    pub(crate) fn revoke_token(&mut self, token: &str) -> Option<Session> {
         let gone = self
             .by_token
             .remove(&crate::digest::sha256(token.as_bytes()));
@@ -611,7 +627,7 @@ impl Sessions {
 
 /// Reads an `application/x-www-form-urlencoded` body: a duplicated parameter is refused,
 /// an empty value counts as absent.
-pub fn parse_form(body: &[u8]) -> Result<HashMap<String, String>, &'static str> {
+pub(crate) fn parse_form(body: &[u8]) -> Result<HashMap<String, String>, &'static str> {
     let text = core::str::from_utf8(body).map_err(|_| "invalid_request")?;
     let mut out = HashMap::new();
     for pair in text.split('&').filter(|p| !p.is_empty()) {

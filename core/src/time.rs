@@ -12,6 +12,7 @@ pub struct Now {
 }
 
 impl Now {
+    /// Both readings, taken together by the driver.
     pub const fn new(mono_ms: u64, epoch_ms: u64) -> Self {
         Now { mono_ms, epoch_ms }
     }
@@ -42,7 +43,7 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
 }
 
 /// `2026-01-01T00:00:00.000Z`: UTC, millisecond precision, as the A2A spec asks.
-pub fn rfc3339_ms(epoch_ms: u64) -> String {
+pub(crate) fn rfc3339_ms(epoch_ms: u64) -> String {
     let secs = (epoch_ms / 1000) as i64;
     let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
     let sod = secs.rem_euclid(86_400);
@@ -58,7 +59,7 @@ pub fn rfc3339_ms(epoch_ms: u64) -> String {
 /// Parses an RFC 3339 timestamp (`Z` or a numeric offset, 0–9 fractional digits) into epoch
 /// milliseconds. Sub-millisecond digits are truncated. `None` for anything malformed or
 /// before 1970.
-pub fn parse_rfc3339(s: &str) -> Option<u64> {
+pub(crate) fn parse_rfc3339(s: &str) -> Option<u64> {
     let b = s.as_bytes();
     if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't') {
         return None;
@@ -123,7 +124,7 @@ pub fn parse_rfc3339(s: &str) -> Option<u64> {
 }
 
 /// `Sun, 06 Nov 1994 08:49:37 GMT` (RFC 9110 IMF-fixdate).
-pub fn http_date(epoch_ms: u64) -> String {
+pub(crate) fn http_date(epoch_ms: u64) -> String {
     const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
     const MONTHS: [&str; 12] = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",

@@ -16,9 +16,9 @@ use crate::auth::Principal;
 /// A TLS listener's configuration.
 #[derive(Clone, Debug)]
 pub struct TlsListener {
-    pub config: Arc<rustls::ServerConfig>,
+    pub(crate) config: Arc<rustls::ServerConfig>,
     /// Client certificates are required and verified (mutual TLS).
-    pub client_auth: bool,
+    pub(crate) client_auth: bool,
 }
 
 /// Builds a listener's TLS configuration from PEM: the certificate chain, its key, and
@@ -82,7 +82,7 @@ pub struct ClientIdentity {
 
 impl ClientIdentity {
     /// Reads the names from a certificate's DER.
-    pub fn from_der(der: &[u8]) -> Option<ClientIdentity> {
+    pub(crate) fn from_der(der: &[u8]) -> Option<ClientIdentity> {
         use x509_parser::extensions::GeneralName;
         let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
         let cn = cert
@@ -109,10 +109,13 @@ impl ClientIdentity {
 /// A certificate rule: first match wins, in the order written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertRule {
+    /// What the client certificate must show.
     pub matcher: CertMatch,
+    /// Who a matching caller is.
     pub principal: Principal,
 }
 
+/// How a [`CertRule`] matches a verified client certificate.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CertMatch {
     /// A glob (`*` any run) over the SANs and the subject CN.
@@ -122,7 +125,7 @@ pub enum CertMatch {
 }
 
 impl CertRule {
-    pub fn matches(&self, id: &ClientIdentity) -> bool {
+    pub(crate) fn matches(&self, id: &ClientIdentity) -> bool {
         match &self.matcher {
             CertMatch::Sub(cn) => id.cn.as_deref() == Some(cn.as_str()),
             CertMatch::San(glob) => id
@@ -135,7 +138,7 @@ impl CertRule {
 }
 
 /// `*` matches any run of characters; everything else matches itself.
-pub fn glob_match(pattern: &str, text: &str) -> bool {
+pub(crate) fn glob_match(pattern: &str, text: &str) -> bool {
     let (p, t) = (pattern.as_bytes(), text.as_bytes());
     let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
     while ti < t.len() {

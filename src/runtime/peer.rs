@@ -222,6 +222,8 @@ impl From<A2aError> for PeerError {
             },
             A2aError::Malformed(why) => PeerError::Protocol(why),
             A2aError::Invalid(why) => PeerError::Config(why),
+            // A2aError is non-exhaustive: a reason added later reads as a protocol failure.
+            other => PeerError::Protocol(other.to_string()),
         }
     }
 }

@@ -5,62 +5,69 @@ use serde_json::Value;
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AgentCard {
-    pub capabilities: AgentCapabilities,
-    pub default_input_modes: Vec<String>,
-    pub default_output_modes: Vec<String>,
-    pub description: String,
-    pub name: String,
+pub(crate) struct AgentCard {
+    pub(crate) capabilities: AgentCapabilities,
+    pub(crate) default_input_modes: Vec<String>,
+    pub(crate) default_output_modes: Vec<String>,
+    pub(crate) description: String,
+    pub(crate) name: String,
     /// The schemes this listener enforces, by name.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub security_requirements: Option<Vec<Value>>,
+    pub(crate) security_requirements: Option<Vec<Value>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub security_schemes: Option<serde_json::Map<String, Value>>,
-    pub skills: Vec<AgentSkill>,
-    pub supported_interfaces: Vec<AgentInterface>,
-    pub version: String,
+    pub(crate) security_schemes: Option<serde_json::Map<String, Value>>,
+    pub(crate) skills: Vec<AgentSkill>,
+    pub(crate) supported_interfaces: Vec<AgentInterface>,
+    pub(crate) version: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AgentInterface {
-    pub protocol_binding: String,
-    pub protocol_version: String,
-    pub url: String,
+pub(crate) struct AgentInterface {
+    pub(crate) protocol_binding: String,
+    pub(crate) protocol_version: String,
+    pub(crate) url: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AgentCapabilities {
+pub(crate) struct AgentCapabilities {
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub extended_agent_card: Option<bool>,
+    pub(crate) extended_agent_card: Option<bool>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub extensions: Vec<AgentExtension>,
+    pub(crate) extensions: Vec<AgentExtension>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub push_notifications: Option<bool>,
+    pub(crate) push_notifications: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub streaming: Option<bool>,
+    pub(crate) streaming: Option<bool>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AgentExtension {
+pub(crate) struct AgentExtension {
     #[serde(skip_serializing_if = "String::is_empty")]
-    pub description: String,
+    pub(crate) description: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub params: Option<Value>,
+    pub(crate) params: Option<Value>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub required: bool,
-    pub uri: String,
+    pub(crate) required: bool,
+    pub(crate) uri: String,
 }
 
+/// One of the card's `skills`: something the agent can do, as a host declares it
+/// ([`crate::HostCapabilities::skills`]).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentSkill {
+    /// What the skill does, for a reader choosing an agent.
     pub description: String,
+    /// Example prompts that use it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub examples: Vec<String>,
+    /// Unique among the card's skills.
     pub id: String,
+    /// A short human-readable name.
     pub name: String,
+    /// Keywords for discovery.
     pub tags: Vec<String>,
 }

@@ -7,16 +7,27 @@ pub mod types;
 /// The eleven core JSON-RPC methods of A2A 1.0, by their exact wire names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CoreMethod {
+    /// Sends a message; answered with the task or a message.
     SendMessage,
+    /// Sends a message; answered with a Server-Sent Events stream of the task's events.
     SendStreamingMessage,
+    /// Reads a task.
     GetTask,
+    /// Lists the tasks the caller may see, a page at a time.
     ListTasks,
+    /// Asks a task to stop.
     CancelTask,
+    /// Streams the events of a task that is still going.
     SubscribeToTask,
+    /// Registers a webhook for a task's updates.
     CreateTaskPushNotificationConfig,
+    /// Reads one webhook of a task.
     GetTaskPushNotificationConfig,
+    /// Lists the webhooks of a task.
     ListTaskPushNotificationConfigs,
+    /// Removes a webhook of a task.
     DeleteTaskPushNotificationConfig,
+    /// The card as the authenticated caller may see it.
     GetExtendedAgentCard,
 }
 
@@ -36,6 +47,7 @@ impl CoreMethod {
         CoreMethod::GetExtendedAgentCard,
     ];
 
+    /// The exact wire name, as `method` carries it.
     pub const fn name(self) -> &'static str {
         match self {
             CoreMethod::SendMessage => "SendMessage",
@@ -56,22 +68,14 @@ impl CoreMethod {
     pub fn from_name(name: &str) -> Option<CoreMethod> {
         CoreMethod::ALL.into_iter().find(|m| m.name() == name)
     }
-
-    /// Whether the answer is a Server-Sent Events stream.
-    pub const fn is_streaming(self) -> bool {
-        matches!(
-            self,
-            CoreMethod::SendStreamingMessage | CoreMethod::SubscribeToTask
-        )
-    }
 }
 
 /// The protocol version this listener speaks, as `A2A-Version` and the card name it.
-pub const PROTOCOL_VERSION: &str = "1.0";
+pub(crate) const PROTOCOL_VERSION: &str = "1.0";
 
 /// Whether an `A2A-Version` value is one this listener serves: major 1, minor 0, any patch.
 /// A missing or empty header means 0.3 under the specification, so it is not served.
-pub fn version_supported(value: &[u8]) -> bool {
+pub(crate) fn version_supported(value: &[u8]) -> bool {
     let Ok(s) = core::str::from_utf8(value) else {
         return false;
     };

@@ -74,7 +74,7 @@ enum Fragment {
 
 impl TaskJson {
     /// `prefix`, then `task`, then `suffix`. `weight` is the store's count of the task's
-    /// bytes (see [`TaskJson::likely_large`]).
+    /// bytes, which decides whether the answer is worth writing piecewise.
     pub fn new(task: Task, prefix: Vec<u8>, suffix: Vec<u8>, weight: usize) -> Self {
         TaskJson {
             task,
@@ -89,7 +89,7 @@ impl TaskJson {
 
     /// Puts `prefix` before everything not yet written and `suffix` after everything.
     /// Only before the first [`TaskJson::fill`].
-    pub fn wrap(&mut self, prefix: &[u8], suffix: &[u8]) {
+    pub(crate) fn wrap(&mut self, prefix: &[u8], suffix: &[u8]) {
         debug_assert_eq!(self.at, At::Start);
         self.prefix.splice(0..0, prefix.iter().copied());
         self.suffix.extend_from_slice(suffix);
@@ -97,12 +97,12 @@ impl TaskJson {
 
     /// Whether the answer may be larger than `bound` bytes (so it is worth writing in
     /// slices): the store's weight of the task is close to its JSON size.
-    pub fn likely_large(&self, bound: usize) -> bool {
+    pub(crate) fn likely_large(&self, bound: usize) -> bool {
         self.weight.saturating_add(self.suffix.len()) > bound / 2
     }
 
     /// The task being written.
-    pub fn task(&self) -> &Task {
+    pub(crate) fn task(&self) -> &Task {
         &self.task
     }
 
@@ -135,7 +135,7 @@ impl TaskJson {
     }
 
     /// Whether everything was written.
-    pub fn is_done(&self) -> bool {
+    pub(crate) fn is_done(&self) -> bool {
         self.at == At::Done && self.queue.is_empty()
     }
 

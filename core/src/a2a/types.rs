@@ -9,25 +9,30 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 
-pub type Struct = Map<String, Value>;
+pub(crate) type Struct = Map<String, Value>;
 
 macro_rules! proto_enum {
-    ($(#[$m:meta])* $name:ident { $($variant:ident = $num:literal => $text:literal),* $(,)? }) => {
+    ($(#[$m:meta])* $name:ident {
+        $($(#[$vm:meta])* $variant:ident = $num:literal => $text:literal),* $(,)?
+    }) => {
         $(#[$m])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
         pub enum $name {
             #[default]
-            $($variant),*
+            $($(#[$vm])* $variant),*
         }
 
         impl $name {
+            /// The proto name, as ProtoJSON writes it.
             pub const fn as_str(self) -> &'static str {
                 match self { $($name::$variant => $text),* }
             }
+            /// The value of a proto name; `None` for a name the enum does not have.
             pub fn from_name(s: &str) -> Option<Self> {
                 match s { $($text => Some($name::$variant),)* _ => None }
             }
-            pub fn from_number(n: i64) -> Option<Self> {
+            /// The value of a proto number (ProtoJSON accepts them on input).
+            pub(crate) fn from_number(n: i64) -> Option<Self> {
                 match n { $($num => Some($name::$variant),)* _ => None }
             }
         }
@@ -57,8 +62,11 @@ macro_rules! proto_enum {
 proto_enum!(
     /// Who wrote a message.
     Role {
+        /// Not set; what a message without a role reads as.
         Unspecified = 0 => "ROLE_UNSPECIFIED",
+        /// The client's side of the conversation.
         User = 1 => "ROLE_USER",
+        /// The agent's side of the conversation.
         Agent = 2 => "ROLE_AGENT",
     }
 );
@@ -66,14 +74,23 @@ proto_enum!(
 proto_enum!(
     /// Where a task is in its lifecycle.
     TaskState {
+        /// Not set; no task the core keeps is in it.
         Unspecified = 0 => "TASK_STATE_UNSPECIFIED",
+        /// Accepted, not yet started.
         Submitted = 1 => "TASK_STATE_SUBMITTED",
+        /// The agent is at work on it.
         Working = 2 => "TASK_STATE_WORKING",
+        /// Finished with a result (terminal).
         Completed = 3 => "TASK_STATE_COMPLETED",
+        /// Finished without one (terminal).
         Failed = 4 => "TASK_STATE_FAILED",
+        /// Stopped at a client's or operator's request (terminal).
         Canceled = 5 => "TASK_STATE_CANCELED",
+        /// Waiting for the client's next message.
         InputRequired = 6 => "TASK_STATE_INPUT_REQUIRED",
+        /// The agent declined it (terminal).
         Rejected = 7 => "TASK_STATE_REJECTED",
+        /// Waiting for the client to authenticate further.
         AuthRequired = 8 => "TASK_STATE_AUTH_REQUIRED",
     }
 );
@@ -88,7 +105,7 @@ impl TaskState {
     }
 
     /// The client must act before the task goes on.
-    pub const fn is_interrupted(self) -> bool {
+    pub(crate) const fn is_interrupted(self) -> bool {
         matches!(self, TaskState::InputRequired | TaskState::AuthRequired)
     }
 
@@ -140,20 +157,24 @@ fn is_false(b: &bool) -> bool {
 /// What a part holds: exactly one of the `content` oneof.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PartContent {
+    /// Plain text.
     Text(String),
     /// Bytes, as the base64 text the client sent.
     Raw(String),
+    /// A file by reference: its URL, not fetched by the core.
     Url(String),
+    /// Structured JSON (the command extension's envelope travels as one).
     Data(Value),
 }
 
 /// A piece of a message or artifact.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Part {
+    /// The part's payload.
     pub content: PartContent,
-    pub metadata: Option<Struct>,
-    pub filename: String,
-    pub media_type: String,
+    pub(crate) metadata: Option<Struct>,
+    pub(crate) filename: String,
+    pub(crate) media_type: String,
 }
 
 impl Part {
@@ -169,6 +190,7 @@ impl Part {
             .join("\n")
     }
 
+    /// A text part with no metadata, filename or media type.
     pub fn text(text: impl Into<String>) -> Self {
         Part {
             content: PartContent::Text(text.into()),
@@ -178,6 +200,7 @@ impl Part {
         }
     }
 
+    /// A data part with no metadata, filename or media type.
     pub fn data(value: Value) -> Self {
         Part {
             content: PartContent::Data(value),
@@ -288,6 +311,7 @@ fn is_base64(s: &str) -> bool {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct Message {
+    /// The conversation the message belongs to; empty lets the core choose one.
     #[serde(
         default,
         alias = "context_id",
@@ -295,18 +319,23 @@ pub struct Message {
         skip_serializing_if = "String::is_empty"
     )]
     pub context_id: String,
+    /// Extension URIs the message uses.
     #[serde(
         default,
         deserialize_with = "de_strings",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub extensions: Vec<String>,
+    /// The sender's id for the message; a resend with the same id is the same message.
     #[serde(default, alias = "message_id", deserialize_with = "de_string")]
     pub message_id: String,
+    /// Free-form metadata, carried as sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Struct>,
+    /// The content.
     #[serde(default)]
     pub parts: Vec<Part>,
+    /// Other tasks the message refers to.
     #[serde(
         default,
         alias = "reference_task_ids",
@@ -314,8 +343,10 @@ pub struct Message {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub reference_task_ids: Vec<String>,
+    /// Who wrote it.
     #[serde(default)]
     pub role: Role,
+    /// The task the message continues; empty starts a new one.
     #[serde(
         default,
         alias = "task_id",
@@ -329,9 +360,12 @@ pub struct Message {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskStatus {
+    /// The agent's message with the state, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<Arc<Message>>,
+    /// Where the task is.
     pub state: TaskState,
+    /// When it got there, RFC 3339.
     pub timestamp: String,
 }
 
@@ -339,15 +373,21 @@ pub struct TaskStatus {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Artifact {
+    /// Unique within its task.
     pub artifact_id: String,
+    /// A human-readable description.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub description: String,
+    /// Extension URIs the artifact uses.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extensions: Vec<String>,
+    /// Free-form metadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Struct>,
+    /// A human-readable name.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
+    /// The content.
     pub parts: Vec<Part>,
 }
 
@@ -358,48 +398,63 @@ pub struct Artifact {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Task {
+    /// Its outputs so far.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub artifacts: Vec<Arc<Artifact>>,
+    /// The conversation it belongs to.
     pub context_id: String,
+    /// Its messages, oldest first (as many as the request asked for).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<Arc<Message>>,
+    /// The id the core gave it.
     pub id: String,
+    /// Free-form metadata.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Struct>,
+    /// Its current state.
     pub status: TaskStatus,
 }
 
+/// A stream event: a task changed state.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskStatusUpdateEvent {
+    /// The task's conversation.
     pub context_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<Struct>,
+    pub(crate) metadata: Option<Struct>,
+    /// The new status.
     pub status: TaskStatus,
+    /// The task that changed.
     pub task_id: String,
 }
 
+/// A stream event: a task produced an artifact, or another chunk of one.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TaskArtifactUpdateEvent {
     #[serde(skip_serializing_if = "is_false")]
-    pub append: bool,
-    pub artifact: Artifact,
-    pub context_id: String,
+    pub(crate) append: bool,
+    pub(crate) artifact: Artifact,
+    pub(crate) context_id: String,
     #[serde(skip_serializing_if = "is_false")]
-    pub last_chunk: bool,
+    pub(crate) last_chunk: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<Struct>,
-    pub task_id: String,
+    pub(crate) metadata: Option<Struct>,
+    pub(crate) task_id: String,
 }
 
 /// One event of a stream, and the result of a send: exactly one member.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub enum StreamResponse {
+    /// The task, as it stands.
     Task(Task),
+    /// A message that answers without a task.
     Message(Message),
+    /// A change of state.
     StatusUpdate(TaskStatusUpdateEvent),
+    /// A new artifact, or a chunk of one.
     ArtifactUpdate(TaskArtifactUpdateEvent),
 }
 
@@ -407,84 +462,79 @@ pub enum StreamResponse {
 #[derive(Clone, Debug, PartialEq, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct SendMessageConfiguration {
+    /// Media types the client accepts in the answer; empty accepts any.
     #[serde(
         default,
         alias = "accepted_output_modes",
         deserialize_with = "de_strings"
     )]
     pub accepted_output_modes: Vec<String>,
+    /// A webhook to register for the task with the send, unparsed.
     #[serde(default, alias = "task_push_notification_config")]
     pub task_push_notification_config: Option<Value>,
+    /// At most this many messages of history in the answered task.
     #[serde(default, alias = "history_length", deserialize_with = "de_opt_i32")]
     pub history_length: Option<i32>,
+    /// Answer with the task at once instead of waiting for the turn to end.
     #[serde(default, alias = "return_immediately")]
     pub return_immediately: Option<bool>,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct SendMessageRequest {
+pub(crate) struct SendMessageRequest {
     #[serde(default, deserialize_with = "de_string")]
-    pub tenant: String,
+    pub(crate) tenant: String,
     #[serde(default)]
-    pub message: Option<Message>,
+    pub(crate) message: Option<Message>,
     #[serde(default)]
-    pub configuration: Option<SendMessageConfiguration>,
+    pub(crate) configuration: Option<SendMessageConfiguration>,
     #[serde(default)]
-    pub metadata: Option<Struct>,
+    pub(crate) metadata: Option<Struct>,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct GetTaskRequest {
+pub(crate) struct GetTaskRequest {
     #[serde(default, deserialize_with = "de_string")]
-    pub tenant: String,
+    pub(crate) tenant: String,
     #[serde(default, deserialize_with = "de_string")]
-    pub id: String,
+    pub(crate) id: String,
     #[serde(default, alias = "history_length", deserialize_with = "de_opt_i32")]
-    pub history_length: Option<i32>,
+    pub(crate) history_length: Option<i32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct ListTasksRequest {
+pub(crate) struct ListTasksRequest {
     #[serde(default, deserialize_with = "de_string")]
-    pub tenant: String,
+    pub(crate) tenant: String,
     #[serde(default, alias = "context_id", deserialize_with = "de_string")]
-    pub context_id: String,
+    pub(crate) context_id: String,
     #[serde(default)]
-    pub status: Option<TaskState>,
+    pub(crate) status: Option<TaskState>,
     #[serde(default, alias = "page_size", deserialize_with = "de_opt_i32")]
-    pub page_size: Option<i32>,
+    pub(crate) page_size: Option<i32>,
     #[serde(default, alias = "page_token", deserialize_with = "de_string")]
-    pub page_token: String,
+    pub(crate) page_token: String,
     #[serde(default, alias = "history_length", deserialize_with = "de_opt_i32")]
-    pub history_length: Option<i32>,
+    pub(crate) history_length: Option<i32>,
     #[serde(default, alias = "status_timestamp_after")]
-    pub status_timestamp_after: Option<String>,
+    pub(crate) status_timestamp_after: Option<String>,
     #[serde(default, alias = "include_artifacts")]
-    pub include_artifacts: Option<bool>,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ListTasksResponse {
-    pub next_page_token: String,
-    pub page_size: i32,
-    pub tasks: Vec<Task>,
-    pub total_size: i32,
+    pub(crate) include_artifacts: Option<bool>,
 }
 
 /// The params of CancelTask and SubscribeToTask (and the task-id part of others).
 #[derive(Clone, Debug, PartialEq, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct TaskIdRequest {
+pub(crate) struct TaskIdRequest {
     #[serde(default, deserialize_with = "de_string")]
-    pub tenant: String,
+    pub(crate) tenant: String,
     #[serde(default, deserialize_with = "de_string")]
-    pub id: String,
+    pub(crate) id: String,
     #[serde(default)]
-    pub metadata: Option<Struct>,
+    pub(crate) metadata: Option<Struct>,
 }
 
 #[cfg(test)]

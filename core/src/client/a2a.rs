@@ -21,24 +21,25 @@ use crate::ext::registry::{Ext, COMMAND_URI, UNIX_BINDING_URI};
 /// Where a peer serves its public card, under its origin.
 pub const CARD_PATH: &str = "/.well-known/agent-card.json";
 /// The protocol binding name of JSON-RPC over HTTP on a card.
-pub const JSONRPC_BINDING: &str = "JSONRPC";
+pub(crate) const JSONRPC_BINDING: &str = "JSONRPC";
 /// The header that activates extensions on a request.
-pub const EXTENSIONS_HEADER: &str = "A2A-Extensions";
+pub(crate) const EXTENSIONS_HEADER: &str = "A2A-Extensions";
 /// The key of a command envelope in a message's data part (surface §3.1).
-pub const COMMAND_KEY: &str = "agentd";
+pub(crate) const COMMAND_KEY: &str = "agentd";
 
 /// Longest a cached card is trusted, whatever the peer says (seconds).
-pub const CARD_TTL_MAX_SECS: u64 = 300;
+pub(crate) const CARD_TTL_MAX_SECS: u64 = 300;
 /// How long a card is cached when the peer names no max-age.
-pub const CARD_TTL_DEFAULT_SECS: u64 = 60;
+pub(crate) const CARD_TTL_DEFAULT_SECS: u64 = 60;
 /// Cap for a peer on the same host (loopback, unix): it may be restarted with a new card.
-pub const CARD_TTL_SAME_HOST_SECS: u64 = 5;
+pub(crate) const CARD_TTL_SAME_HOST_SECS: u64 = 5;
 
 // ---------------------------------------------------------------------------------------
 // Requests
 
-/// `GET /.well-known/agent-card.json` on `host`.
-pub fn card_request(host: &str) -> OutRequest {
+/// `GET /.well-known/agent-card.json` on `host` (the tests' oracle for the card path).
+#[cfg(test)]
+pub(crate) fn card_request(host: &str) -> OutRequest {
     OutRequest::new("GET", host, CARD_PATH).header("Accept", "application/json")
 }
 
@@ -179,13 +180,17 @@ pub fn command_message(
 /// A JSON-RPC error object from the peer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RpcErrorReply {
+    /// The JSON-RPC error code (A2A's own are -32001 to -32099).
     pub code: i64,
+    /// The peer's message, as sent.
     pub message: String,
+    /// The error's `data` member, if any (A2A puts its `ErrorInfo` details there).
     pub data: Option<Value>,
 }
 
 /// Why an answer could not be turned into a result.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum A2aError {
     /// The peer answered with a JSON-RPC error.
     Rpc(RpcErrorReply),
@@ -205,10 +210,14 @@ impl fmt::Display for A2aError {
     }
 }
 
+impl std::error::Error for A2aError {}
+
 /// What a send answered: a task to follow, or a message that is the whole answer.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SendResult {
+    /// The task the send started or continued.
     Task(Task),
+    /// A message that answers without a task.
     Message(Message),
 }
 
@@ -265,7 +274,7 @@ struct RpcErrorWire {
 }
 
 /// The `result` of a JSON-RPC response to request `id`, or its error.
-pub fn rpc_result(body: &[u8], id: u64) -> Result<Value, A2aError> {
+pub(crate) fn rpc_result(body: &[u8], id: u64) -> Result<Value, A2aError> {
     let r: RpcResponseWire = serde_json::from_slice(body)
         .map_err(|e| A2aError::Malformed(format!("the answer is not a JSON-RPC response: {e}")))?;
     if r.jsonrpc.as_deref() != Some("2.0") {
@@ -439,7 +448,7 @@ fn task_from(w: TaskWire) -> Result<Task, A2aError> {
 }
 
 /// A StreamResponse (exactly one of task, message, statusUpdate, artifactUpdate).
-pub fn decode_stream_response(v: Value) -> Result<StreamResponse, A2aError> {
+pub(crate) fn decode_stream_response(v: Value) -> Result<StreamResponse, A2aError> {
     let w: StreamResponseWire = from_value(v, "StreamResponse")?;
     let present = usize::from(w.task.is_some())
         + usize::from(w.message.is_some())
@@ -526,56 +535,59 @@ pub fn apply_update(task: &mut Task, event: &StreamResponse) -> bool {
 #[serde(rename_all = "camelCase")]
 pub struct PeerCard {
     #[serde(default, deserialize_with = "null_default")]
-    pub name: String,
+    pub(crate) name: String,
     #[serde(
         default,
         alias = "supported_interfaces",
         deserialize_with = "null_default"
     )]
-    pub supported_interfaces: Vec<PeerInterface>,
+    pub(crate) supported_interfaces: Vec<PeerInterface>,
     #[serde(default, deserialize_with = "null_default")]
-    pub capabilities: PeerCapabilities,
+    pub(crate) capabilities: PeerCapabilities,
     /// A 0.3 card names its version at the top.
     #[serde(default, alias = "protocol_version", deserialize_with = "null_default")]
-    pub protocol_version: String,
+    pub(crate) protocol_version: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PeerInterface {
+pub(crate) struct PeerInterface {
     #[serde(default, deserialize_with = "null_default")]
-    pub url: String,
+    pub(crate) url: String,
     #[serde(default, alias = "protocol_binding", deserialize_with = "null_default")]
-    pub protocol_binding: String,
+    pub(crate) protocol_binding: String,
     #[serde(default, alias = "protocol_version", deserialize_with = "null_default")]
-    pub protocol_version: String,
+    pub(crate) protocol_version: String,
     #[serde(default, deserialize_with = "null_default")]
-    pub tenant: String,
+    pub(crate) tenant: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct PeerCapabilities {
+pub(crate) struct PeerCapabilities {
     #[serde(default)]
-    pub streaming: Option<bool>,
+    pub(crate) streaming: Option<bool>,
     #[serde(default, deserialize_with = "null_default")]
-    pub extensions: Vec<PeerExtension>,
+    pub(crate) extensions: Vec<PeerExtension>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-pub struct PeerExtension {
+pub(crate) struct PeerExtension {
     #[serde(default, deserialize_with = "null_default")]
-    pub uri: String,
+    pub(crate) uri: String,
     #[serde(default, deserialize_with = "null_default")]
-    pub required: bool,
+    pub(crate) required: bool,
 }
 
 /// Why a peer's card does not let agentd talk to it.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CardError {
+    /// The body is not a card agentd can read: why.
     Malformed(String),
     /// No interface agentd can use: the bindings and versions the card names instead.
     NoInterface {
+        /// Each interface the card offers, as `binding version`.
         offered: Vec<String>,
     },
     /// The peer requires an extension agentd does not know.
@@ -604,6 +616,8 @@ impl fmt::Display for CardError {
     }
 }
 
+impl std::error::Error for CardError {}
+
 /// Reads a card body.
 pub fn parse_card(body: &[u8]) -> Result<PeerCard, CardError> {
     serde_json::from_slice(body).map_err(|e| CardError::Malformed(e.to_string()))
@@ -613,7 +627,7 @@ pub fn parse_card(body: &[u8]) -> Result<PeerCard, CardError> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SelectedInterface {
     /// The URL the card names (informational: the dial always goes to the configured URL).
-    pub url: String,
+    pub(crate) url: String,
     /// Echoed as `tenant` on every request, when the interface has one.
     pub tenant: Option<String>,
     /// The card says the peer streams.
@@ -665,8 +679,8 @@ pub fn select_interface(card: &PeerCard, endpoint: &str) -> Result<SelectedInter
 }
 
 /// How long a card answered with `head` may be cached, in seconds: its `max-age` capped at
-/// [`CARD_TTL_MAX_SECS`], [`CARD_TTL_DEFAULT_SECS`] without one, 0 for `no-store` or
-/// `no-cache`, and at most [`CARD_TTL_SAME_HOST_SECS`] for a peer on the same host.
+/// 300, 60 without one, 0 for `no-store` or `no-cache`, and at most 5 for a peer on the same
+/// host.
 pub fn card_ttl_secs(head: &ResponseHead, same_host: bool) -> u64 {
     let mut max_age = None;
     for (_, v) in head.headers.iter().filter(|(n, _)| n == "cache-control") {

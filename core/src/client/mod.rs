@@ -1,15 +1,15 @@
 //! A sans-io HTTP/1.1 + Server-Sent Events client, for agentd's outbound calls (the
 //! `a2a.send` / `a2a.delegate` steps, webhooks).
 //!
-//! Like the server side it owns no socket and no clock: [`request`] writes request bytes,
-//! [`response`] parses response bytes fed in any split, [`sse`] decodes an event stream out
-//! of a body, and [`a2a`] builds and reads the A2A JSON-RPC documents and picks the
+//! Like the server side it owns no socket and no clock: [`OutRequest`] writes request bytes,
+//! [`ResponseParser`] parses response bytes fed in any split, [`SseDecoder`] decodes an event
+//! stream out of a body, and [`a2a`] builds and reads the A2A JSON-RPC documents and picks the
 //! interface of a peer's card. A driver moves the bytes and keeps the time.
 
 pub mod a2a;
-pub mod request;
-pub mod response;
-pub mod sse;
+pub(crate) mod request;
+pub(crate) mod response;
+pub(crate) mod sse;
 
 pub use request::{OutRequest, RequestError};
 pub use response::{

@@ -9,18 +9,19 @@ use core::fmt;
 /// POST/PUT, `Content-Length`; callers may not set those (or `Transfer-Encoding`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutRequest {
-    pub method: String,
+    pub(crate) method: String,
     /// Origin-form target: starts with `/`.
-    pub path: String,
+    pub(crate) path: String,
     /// The `Host` header's value.
-    pub host: String,
+    pub(crate) host: String,
     /// Further header fields, written in this order.
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Vec<u8>,
 }
 
 /// Why a request was not written.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RequestError {
     /// The method is not an HTTP token.
     BadMethod,
@@ -58,7 +59,11 @@ impl fmt::Display for RequestError {
     }
 }
 
+impl std::error::Error for RequestError {}
+
 impl OutRequest {
+    /// A request with no header but `Host` and no body; `method`, `host` and `path` are checked
+    /// when it is encoded.
     pub fn new(method: &str, host: &str, path: &str) -> Self {
         OutRequest {
             method: method.to_owned(),
@@ -75,13 +80,15 @@ impl OutRequest {
         self
     }
 
+    /// Sets the body; its `Content-Length` is written with it.
     pub fn body(mut self, body: Vec<u8>) -> Self {
         self.body = body;
         self
     }
 
     /// The value of a header set on this request, by case-insensitive name.
-    pub fn header_value(&self, name: &str) -> Option<&str> {
+    #[cfg(test)]
+    pub(crate) fn header_value(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))

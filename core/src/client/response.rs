@@ -44,8 +44,11 @@ impl Default for ResponseLimits {
 /// How the body of a response is delimited.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Framing {
+    /// No body (a `HEAD` answer, 1xx, 204 or 304).
     None,
+    /// `Content-Length` bytes.
     Length(u64),
+    /// `Transfer-Encoding: chunked`.
     Chunked,
     /// Everything until the server closes the connection.
     UntilClose,
@@ -54,20 +57,23 @@ pub enum Framing {
 /// A parsed status line and header block.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResponseHead {
+    /// The status code.
     pub status: u16,
+    /// The reason phrase, as sent.
     pub reason: String,
     /// 0 for HTTP/1.0, 1 for HTTP/1.1.
-    pub minor_version: u8,
+    pub(crate) minor_version: u8,
     /// Header fields in arrival order; names lower-cased, values as sent.
     pub headers: Vec<(String, Vec<u8>)>,
+    /// How the body that follows is delimited.
     pub framing: Framing,
     /// Whether the connection may carry another request after this response.
-    pub keep_alive: bool,
+    pub(crate) keep_alive: bool,
 }
 
 impl ResponseHead {
     /// The first value of a header, by lower-case name.
-    pub fn header(&self, name: &str) -> Option<&[u8]> {
+    pub(crate) fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers
             .iter()
             .find(|(n, _)| n == name)
@@ -75,7 +81,7 @@ impl ResponseHead {
     }
 
     /// The first value of a header as text, by lower-case name (None if not UTF-8).
-    pub fn header_str(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header_str(&self, name: &str) -> Option<&str> {
         self.header(name).and_then(|v| core::str::from_utf8(v).ok())
     }
 
@@ -95,16 +101,23 @@ pub enum ResponseEvent {
     /// The next piece of the decoded body.
     Data(Vec<u8>),
     /// The body is complete; trailer fields of a chunked body, names lower-cased.
-    End { trailers: Vec<(String, Vec<u8>)> },
+    End {
+        /// The trailer fields, names lower-cased; empty unless the body was chunked.
+        trailers: Vec<(String, Vec<u8>)>,
+    },
 }
 
 /// Why a response cannot be read. Final: the connection must be closed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ResponseError {
     /// The status line or a header field is malformed.
     BadHead(&'static str),
+    /// The head exceeded [`ResponseLimits`]' header bytes.
     HeadTooLarge,
+    /// The head has more fields than [`ResponseLimits`] allows.
     TooManyHeaders,
+    /// The body exceeded [`ResponseLimits`]' body bytes.
     BodyTooLarge,
     /// A chunk-size line, a chunk's end or a trailer is malformed.
     BadChunk(&'static str),
@@ -173,6 +186,7 @@ pub struct ResponseParser {
 }
 
 impl ResponseParser {
+    /// A parser for one connection's responses, within `limits`.
     pub fn new(limits: ResponseLimits) -> Self {
         ResponseParser {
             limits,
@@ -218,14 +232,9 @@ impl ResponseParser {
         self.eof = true;
     }
 
-    /// True when no response is under way: before the first byte of a head, or after an
-    /// `End` on a keep-alive connection.
-    pub fn is_idle(&self) -> bool {
-        matches!(self.state, State::Head { .. }) && self.pos == self.buf.len()
-    }
-
     /// True once a response said the connection closes after it (or a framing error).
-    pub fn is_closed(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_closed(&self) -> bool {
         matches!(self.state, State::Closed | State::Failed)
     }
 

@@ -10,20 +10,24 @@ use std::fmt;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SseEvent {
     /// The `event:` field; empty means the default type, `message`.
-    pub event: String,
+    pub(crate) event: String,
     /// The `data:` lines joined with `\n`.
     pub data: String,
     /// The last event id seen on the stream so far (it carries over to later events).
-    pub id: Option<String>,
+    pub(crate) id: Option<String>,
     /// A `retry:` reconnection time in milliseconds, if this event set one.
-    pub retry: Option<u64>,
+    pub(crate) retry: Option<u64>,
 }
 
 /// Why a stream was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SseError {
     /// One line, or one event's data, exceeded the bound.
-    EventTooLarge { limit: usize },
+    EventTooLarge {
+        /// The bound, in bytes.
+        limit: usize,
+    },
 }
 
 impl fmt::Display for SseError {
@@ -35,6 +39,8 @@ impl fmt::Display for SseError {
         }
     }
 }
+
+impl std::error::Error for SseError {}
 
 /// The decoder of one event stream.
 #[derive(Debug)]
@@ -217,7 +223,8 @@ impl SseDecoder {
 
     /// True when the stream stands between events (nothing half-received). An event not
     /// ended by a blank line when the stream closes is discarded, as the standard says.
-    pub fn is_between_events(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_between_events(&self) -> bool {
         self.line.is_empty() && !self.has_data
     }
 }

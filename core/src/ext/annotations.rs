@@ -11,7 +11,7 @@ use crate::time::rfc3339_ms;
 pub use crate::tasks::{Link, LinkKind};
 
 /// The annotations object of a task.
-pub fn object(rec: &TaskRecord) -> Value {
+pub(crate) fn object(rec: &TaskRecord) -> Value {
     let mut a = Map::new();
     a.insert(
         "link".into(),
@@ -41,14 +41,14 @@ pub fn object(rec: &TaskRecord) -> Value {
 }
 
 /// Puts the annotations into `task.metadata`.
-pub fn annotate(task: &mut Task, rec: &TaskRecord) {
+pub(crate) fn annotate(task: &mut Task, rec: &TaskRecord) {
     task.metadata
         .get_or_insert_with(Map::new)
         .insert(TASK_ANNOTATIONS_URI.into(), object(rec));
 }
 
 /// The JSON Schema of the annotations object: what [`object`] writes.
-pub fn schema() -> Value {
+pub(crate) fn schema() -> Value {
     let date_time = json!({"type": "string", "format": "date-time"});
     json!({
         "type": "object",
@@ -97,7 +97,7 @@ pub fn schema() -> Value {
 /// depend on the extensions.
 impl TaskRecord {
     /// The task as the wire shows it, with its annotations when the request activated them.
-    pub fn view(
+    pub(crate) fn view(
         &self,
         history_length: Option<usize>,
         include_artifacts: bool,

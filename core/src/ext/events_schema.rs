@@ -21,7 +21,7 @@ pub const URI: &str = "https://agentd.dev/a2a/ext/events";
 pub const SCHEMA_ID: &str = "https://agentd.dev/a2a/ext/events/schema.json";
 
 /// The draft every agentd bundle is written in.
-pub const DRAFT: &str = "https://json-schema.org/draft/2020-12/schema";
+pub(crate) const DRAFT: &str = "https://json-schema.org/draft/2020-12/schema";
 
 /// Kinds that were once pushed and must never reappear (a closed vocabulary only grows by a
 /// deliberate change; these names are retired, not free).
@@ -41,27 +41,22 @@ pub enum Audience {
 }
 
 impl Audience {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Audience::All => "all",
-            Audience::Owner => "owner",
-            Audience::Operator => "operator",
-        }
-    }
-
     /// Whether a non-operator's feed can carry this kind at all (the extended card's `kinds`).
-    pub const fn reaches_non_operator(self) -> bool {
+    pub(crate) const fn reaches_non_operator(self) -> bool {
         matches!(self, Audience::All | Audience::Owner)
     }
 }
 
 /// One event kind: its name on the wire, who receives it, and the schema of its `data`.
 pub struct KindSpec {
+    /// The kind's name, as an event's `kind` member carries it.
     pub kind: &'static str,
+    /// Whose feeds receive it.
     pub audience: Audience,
     /// Pushed only while `a2a.introspection.enabled` is on (and so listed on an operator's
     /// extended card only then).
     pub introspection_only: bool,
+    /// One line, for the bundle and the docs.
     pub description: &'static str,
     /// The JSON Schema of the event's `data`.
     pub data: fn() -> Value,
@@ -410,7 +405,7 @@ pub fn goodbye() -> Value {
 
 /// One frame: `{"hello": …}`, `{"event": …}` or `{"goodbye": …}`, the `result` of each SSE
 /// event's JSON-RPC response.
-pub fn frame() -> Value {
+pub(crate) fn frame() -> Value {
     let wrap = |name: &str| {
         closed(
             vec![(name, json!({"$ref": format!("#/$defs/{name}")}))],
@@ -687,7 +682,7 @@ fn described(schema: Value, description: &str) -> Value {
 }
 
 /// Every kind's `data` schema, keyed by kind, each described.
-pub fn kinds() -> Value {
+pub(crate) fn kinds() -> Value {
     let defs: Map<String, Value> = KINDS
         .iter()
         .map(|k| (k.kind.to_owned(), described((k.data)(), k.description)))

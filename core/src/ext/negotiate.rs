@@ -13,6 +13,7 @@ pub const MAX_TOKEN_BYTES: usize = 512;
 pub struct ExtSet(u8);
 
 impl ExtSet {
+    /// No extension: what a request without `A2A-Extensions` activates.
     pub const EMPTY: ExtSet = ExtSet(0);
 
     fn bit(e: Ext) -> u8 {
@@ -23,15 +24,18 @@ impl ExtSet {
         }
     }
 
+    /// The set with `e` added.
     pub fn with(mut self, e: Ext) -> Self {
         self.0 |= Self::bit(e);
         self
     }
 
+    /// Whether `e` is in the set.
     pub fn contains(self, e: Ext) -> bool {
         self.0 & Self::bit(e) != 0
     }
 
+    /// Whether no extension is in the set (the answer then echoes no header).
     pub fn is_empty(self) -> bool {
         self.0 == 0
     }

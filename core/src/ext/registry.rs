@@ -6,8 +6,11 @@ use serde_json::{json, Value};
 
 use crate::a2a::CoreMethod;
 
+/// The command extension: typed ops in a DataPart of a message.
 pub const COMMAND_URI: &str = "https://agentd.dev/a2a/ext/command";
+/// The events extension: the instance's live event feed as a streaming method.
 pub const EVENTS_URI: &str = "https://agentd.dev/a2a/ext/events";
+/// The task-annotations extension: links and labels on tasks, in their metadata.
 pub const TASK_ANNOTATIONS_URI: &str = "https://agentd.dev/a2a/ext/task-annotations";
 /// Named by a unix listener's card interface; never activated.
 pub const UNIX_BINDING_URI: &str = "https://agentd.dev/a2a/binding/jsonrpc-unix";
@@ -18,7 +21,9 @@ pub const EVENTS_METHOD: &str = "agentd.events/SubscribeToEvents";
 /// A method the route table serves: a core method or an extension's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
+    /// One of A2A's eleven methods.
     Core(CoreMethod),
+    /// The events extension's [`EVENTS_METHOD`].
     Events,
 }
 
@@ -31,7 +36,7 @@ impl Route {
         CoreMethod::from_name(name).map(Route::Core)
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Route::Core(m) => m.name(),
             Route::Events => EVENTS_METHOD,
@@ -42,14 +47,19 @@ impl Route {
 /// agentd's extensions, in registry order (the card's order and the echo's order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Ext {
+    /// [`COMMAND_URI`].
     Command,
+    /// [`EVENTS_URI`].
     Events,
+    /// [`TASK_ANNOTATIONS_URI`].
     TaskAnnotations,
 }
 
 impl Ext {
+    /// Every extension, in registry order.
     pub const ALL: [Ext; 3] = [Ext::Command, Ext::Events, Ext::TaskAnnotations];
 
+    /// The URI the card declares and `A2A-Extensions` names.
     pub const fn uri(self) -> &'static str {
         match self {
             Ext::Command => COMMAND_URI,
@@ -68,17 +78,19 @@ impl Ext {
     }
 
     /// A2A's kind of extension.
-    pub const fn kind(self) -> &'static str {
+    pub(crate) const fn kind(self) -> &'static str {
         match self {
             Ext::Command | Ext::TaskAnnotations => "profile",
             Ext::Events => "method",
         }
     }
 
+    /// The extension of a URI; `None` for one agentd does not know.
     pub fn from_uri(uri: &str) -> Option<Ext> {
         Ext::ALL.into_iter().find(|e| e.uri() == uri)
     }
 
+    /// The extension of a [`Ext::name`], as `--extension-schema` takes it.
     pub fn from_name(name: &str) -> Option<Ext> {
         Ext::ALL.into_iter().find(|e| e.name() == name)
     }
@@ -111,7 +123,7 @@ impl Ext {
         format!("{}/schema.json", self.uri())
     }
 
-    pub const fn description(self) -> &'static str {
+    pub(crate) const fn description(self) -> &'static str {
         match self {
             Ext::Command => {
                 "Structured operations sent as one DataPart {\"data\":{\"agentd\":{\"op\":…}}} in \

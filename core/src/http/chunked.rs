@@ -11,11 +11,11 @@
 use super::parser::trim;
 
 /// A chunk-size line, or a trailer field line, longer than this is refused.
-pub const MAX_LINE: usize = 1024;
+pub(crate) const MAX_LINE: usize = 1024;
 
 /// Why a chunked body is refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChunkError {
+pub(crate) enum ChunkError {
     /// A size or trailer line past [`MAX_LINE`].
     LineTooLong,
     /// A chunk size that is not 1 to 16 hex digits (with optional extensions).
@@ -31,7 +31,7 @@ pub enum ChunkError {
 }
 
 impl ChunkError {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ChunkError::LineTooLong => "chunk line too long",
             ChunkError::BadSize => "malformed chunk size",
@@ -53,7 +53,7 @@ impl std::error::Error for ChunkError {}
 
 /// What one [`Decoder::step`] found, after taking `taken` bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Nothing can be decided without more bytes.
     NeedMore,
     /// Body bytes: the first `len` bytes of the input.
@@ -77,7 +77,7 @@ enum At {
 
 /// Where a chunked body's decoding is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Decoder {
+pub(crate) struct Decoder {
     at: At,
     decoded: u64,
     trailers: usize,
@@ -88,7 +88,7 @@ pub struct Decoder {
 impl Decoder {
     /// A decoder for one body of at most `max_body` decoded bytes and `max_trailers`
     /// trailer fields.
-    pub fn new(max_body: u64, max_trailers: usize) -> Self {
+    pub(crate) fn new(max_body: u64, max_trailers: usize) -> Self {
         Decoder {
             at: At::Size,
             decoded: 0,
@@ -99,13 +99,14 @@ impl Decoder {
     }
 
     /// Whether the body has ended.
-    pub fn is_done(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_done(&self) -> bool {
         self.at == At::Done
     }
 
     /// Decodes from the start of `input` (what the caller has not consumed yet): returns
     /// how many bytes to consume and what they were. Call again while it takes bytes.
-    pub fn step(&mut self, input: &[u8]) -> Result<(usize, Step), ChunkError> {
+    pub(crate) fn step(&mut self, input: &[u8]) -> Result<(usize, Step), ChunkError> {
         match self.at {
             At::Size => {
                 let Some(line) = take_line(input)? else {

@@ -5,18 +5,18 @@
 use crate::errors::ConfigError;
 
 /// Response headers a page may read.
-pub const EXPOSE_HEADERS: &str = "a2a-extensions, retry-after, www-authenticate";
+pub(crate) const EXPOSE_HEADERS: &str = "a2a-extensions, retry-after, www-authenticate";
 /// Request headers a page may send, named in the preflight.
-pub const ALLOW_HEADERS: &str =
+pub(crate) const ALLOW_HEADERS: &str =
     "content-type, authorization, last-event-id, a2a-extensions, a2a-version";
 /// Methods the JSON-RPC route's preflight allows (what `POST /` and `OPTIONS /` answer).
-pub const ALLOW_METHODS: &str = "POST, OPTIONS";
+pub(crate) const ALLOW_METHODS: &str = "POST, OPTIONS";
 /// Seconds a browser may cache a preflight.
-pub const MAX_AGE: &str = "600";
+pub(crate) const MAX_AGE: &str = "600";
 
 /// An origin: scheme, lower-case host (brackets stripped), port (the default applied).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Origin {
+pub(crate) struct Origin {
     scheme: String,
     host: String,
     port: u16,
@@ -25,7 +25,7 @@ pub struct Origin {
 impl Origin {
     /// `scheme://host[:port]` and nothing more; `null` and anything with a path, query,
     /// credentials or wildcard is not an origin.
-    pub fn parse(text: &str) -> Option<Origin> {
+    pub(crate) fn parse(text: &str) -> Option<Origin> {
         let (scheme, rest) = text.split_once("://")?;
         let scheme = scheme.to_ascii_lowercase();
         let default_port = match scheme.as_str() {
@@ -79,7 +79,7 @@ impl CorsPolicy {
     }
 
     /// Whether an `Origin` header names a listed origin.
-    pub fn admits(&self, header: &[u8]) -> bool {
+    pub(crate) fn admits(&self, header: &[u8]) -> bool {
         let Ok(text) = core::str::from_utf8(header) else {
             return false;
         };

@@ -1,12 +1,14 @@
-//! HTTP/1.1 as the core speaks it: an incremental request parser ([`parser`]) and the
-//! response and Server-Sent Events writer ([`response`]). No sockets: bytes in, bytes out.
+//! HTTP/1.1 as the core speaks it: an incremental request parser ([`RequestParser`]) and the
+//! response and Server-Sent Events writer the connection uses. No sockets: bytes in, bytes
+//! out.
 
-pub mod chunked;
+pub(crate) mod chunked;
 pub mod cors;
-pub mod parser;
-pub mod response;
+pub(crate) mod parser;
+pub(crate) mod response;
 
-pub use parser::{BodyKind, Event, HttpError, Method, RequestHead, RequestParser};
+pub(crate) use parser::Method;
+pub use parser::{BodyKind, Event, HttpError, RequestHead, RequestParser};
 
 /// The `Connection` header's persistence tokens over a message's fields, both parsers'
 /// rule (RFC 9112 §9.3): `close` ends the connection after the message; HTTP/1.0 persists
@@ -58,7 +60,7 @@ impl HttpLimits {
 
     /// How many unprocessed input bytes a connection buffers before it stops reading: one
     /// whole request of the largest size, plus the framing a chunked body may add.
-    pub fn input_capacity(&self) -> usize {
+    pub(crate) fn input_capacity(&self) -> usize {
         self.max_header_bytes + self.max_body_bytes + self.max_body_bytes / 8 + 4096
     }
 }

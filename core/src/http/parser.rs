@@ -11,7 +11,7 @@ use super::HttpLimits;
 
 /// The request methods agentd routes; anything else is kept by name for a 405.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Method {
+pub(crate) enum Method {
     Get,
     Head,
     Post,
@@ -34,31 +34,35 @@ impl Method {
 /// How the body of a request is delimited.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BodyKind {
+    /// No body.
     None,
+    /// `Content-Length` bytes.
     Length(usize),
+    /// `Transfer-Encoding: chunked`.
     Chunked,
 }
 
 /// A parsed request line and header block.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RequestHead {
-    pub method: Method,
+    pub(crate) method: Method,
     /// The path, without the query string.
     pub path: String,
     /// 0 for HTTP/1.0, 1 for HTTP/1.1.
     pub minor_version: u8,
     /// Header fields in arrival order; names lower-cased, values as sent.
     pub headers: Vec<(String, Vec<u8>)>,
+    /// How the body that follows is delimited.
     pub body: BodyKind,
     /// Whether the client allows the connection to stay open after this request.
-    pub keep_alive: bool,
+    pub(crate) keep_alive: bool,
     /// The client sent `Expect: 100-continue` and has a body to send.
-    pub expect_continue: bool,
+    pub(crate) expect_continue: bool,
 }
 
 impl RequestHead {
     /// The first value of a header, by lower-case name.
-    pub fn header(&self, name: &str) -> Option<&[u8]> {
+    pub(crate) fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers
             .iter()
             .find(|(n, _)| n == name)
@@ -66,14 +70,14 @@ impl RequestHead {
     }
 
     /// Every value of a header, in arrival order.
-    pub fn header_all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+    pub(crate) fn header_all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
         self.headers
             .iter()
             .filter(move |(n, _)| n == name)
             .map(|(_, v)| v.as_slice())
     }
 
-    pub fn has_body(&self) -> bool {
+    pub(crate) fn has_body(&self) -> bool {
         !matches!(self.body, BodyKind::None | BodyKind::Length(0))
     }
 }
@@ -90,8 +94,8 @@ pub enum Event {
 /// A framing refusal: the status to answer with; the connection closes after it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HttpError {
-    pub status: u16,
-    pub reason: &'static str,
+    pub(crate) status: u16,
+    pub(crate) reason: &'static str,
 }
 
 impl HttpError {
@@ -135,6 +139,7 @@ pub struct RequestParser {
 }
 
 impl RequestParser {
+    /// A parser for one connection's requests, within `limits`.
     pub fn new(limits: HttpLimits) -> Self {
         RequestParser {
             limits,
@@ -153,23 +158,23 @@ impl RequestParser {
     }
 
     /// Bytes received and not yet delivered as part of a request.
-    pub fn buffered(&self) -> usize {
+    pub(crate) fn buffered(&self) -> usize {
         self.buf.len() - self.pos
     }
 
     /// True between requests with nothing buffered: a clean place for the peer to hang up.
-    pub fn is_idle(&self) -> bool {
+    pub(crate) fn is_idle(&self) -> bool {
         matches!(self.state, State::Head { .. })
             && self.buf.iter().all(|b| matches!(b, b'\r' | b'\n'))
     }
 
     /// True once a head has arrived and its body is still incomplete.
-    pub fn in_body(&self) -> bool {
+    pub(crate) fn in_body(&self) -> bool {
         matches!(self.state, State::Length { .. } | State::Chunked(_))
     }
 
     /// True while part of a head has arrived.
-    pub fn in_head(&self) -> bool {
+    pub(crate) fn in_head(&self) -> bool {
         matches!(self.state, State::Head { .. }) && !self.is_idle()
     }
 

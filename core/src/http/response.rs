@@ -5,7 +5,7 @@
 use std::io::Write as _;
 
 /// The reason phrase of every status agentd sends.
-pub fn reason_phrase(status: u16) -> &'static str {
+pub(crate) fn reason_phrase(status: u16) -> &'static str {
     match status {
         100 => "Continue",
         200 => "OK",
@@ -31,18 +31,18 @@ pub fn reason_phrase(status: u16) -> &'static str {
 }
 
 /// A response head under construction.
-pub struct Head<'a> {
-    pub status: u16,
+pub(crate) struct Head<'a> {
+    pub(crate) status: u16,
     /// Lower-case header names with their values.
-    pub headers: Vec<(&'static str, std::borrow::Cow<'a, str>)>,
+    pub(crate) headers: Vec<(&'static str, std::borrow::Cow<'a, str>)>,
     /// Close the connection after this response.
-    pub close: bool,
+    pub(crate) close: bool,
     /// The `Date` header's value.
-    pub date: &'a str,
+    pub(crate) date: &'a str,
 }
 
 impl<'a> Head<'a> {
-    pub fn new(status: u16, date: &'a str) -> Self {
+    pub(crate) fn new(status: u16, date: &'a str) -> Self {
         Head {
             status,
             headers: Vec::new(),
@@ -51,7 +51,7 @@ impl<'a> Head<'a> {
         }
     }
 
-    pub fn header(
+    pub(crate) fn header(
         mut self,
         name: &'static str,
         value: impl Into<std::borrow::Cow<'a, str>>,
@@ -83,7 +83,7 @@ impl<'a> Head<'a> {
 
     /// A whole response. `head_only` answers a HEAD request: the length of the body that a
     /// GET would carry, and no body.
-    pub fn write_full(&self, out: &mut Vec<u8>, body: &[u8], head_only: bool) {
+    pub(crate) fn write_full(&self, out: &mut Vec<u8>, body: &[u8], head_only: bool) {
         self.write_start(out);
         if self.status != 304 && self.status != 204 {
             let _ = write!(out, "content-length: {}\r\n", body.len());
@@ -95,14 +95,14 @@ impl<'a> Head<'a> {
     }
 
     /// The head of a response whose `len`-byte body the caller writes after it.
-    pub fn write_sized(&self, out: &mut Vec<u8>, len: usize) {
+    pub(crate) fn write_sized(&self, out: &mut Vec<u8>, len: usize) {
         self.write_start(out);
         let _ = write!(out, "content-length: {len}\r\n\r\n");
     }
 
     /// The head of an SSE stream. `chunked` is false for an HTTP/1.0 client: its stream is
     /// delimited by closing the connection.
-    pub fn write_sse_start(&self, out: &mut Vec<u8>, chunked: bool) {
+    pub(crate) fn write_sse_start(&self, out: &mut Vec<u8>, chunked: bool) {
         self.write_start(out);
         out.extend_from_slice(b"content-type: text/event-stream\r\ncache-control: no-store\r\n");
         if chunked {
@@ -114,13 +114,18 @@ impl<'a> Head<'a> {
 
 /// One SSE event holding one JSON document on a single `data:` line. JSON text from
 /// serde_json never contains a raw newline, so one line always suffices.
-pub fn write_sse_event(out: &mut Vec<u8>, json: &[u8], chunked: bool) {
+pub(crate) fn write_sse_event(out: &mut Vec<u8>, json: &[u8], chunked: bool) {
     write_sse_event_with_id(out, None, json, chunked)
 }
 
 /// An SSE event with an `id:` line first when `id` is given (a task stream's frame, so that a
 /// client can reconnect with `Last-Event-ID`). The id holds no line break.
-pub fn write_sse_event_with_id(out: &mut Vec<u8>, id: Option<&str>, json: &[u8], chunked: bool) {
+pub(crate) fn write_sse_event_with_id(
+    out: &mut Vec<u8>,
+    id: Option<&str>,
+    json: &[u8],
+    chunked: bool,
+) {
     debug_assert!(!json.contains(&b'\n'));
     debug_assert!(id.is_none_or(|i| !i.contains(['\n', '\r'])));
     let id_len = id.map_or(0, |i| i.len() + b"id: \n".len());
@@ -142,7 +147,7 @@ pub fn write_sse_event_with_id(out: &mut Vec<u8>, id: Option<&str>, json: &[u8],
 }
 
 /// An SSE comment: a keep-alive that every client ignores.
-pub fn write_sse_comment(out: &mut Vec<u8>, text: &str, chunked: bool) {
+pub(crate) fn write_sse_comment(out: &mut Vec<u8>, text: &str, chunked: bool) {
     let len = text.len() + b": \n\n".len();
     if chunked {
         let _ = write!(out, "{len:x}\r\n");
@@ -156,7 +161,7 @@ pub fn write_sse_comment(out: &mut Vec<u8>, text: &str, chunked: bool) {
 }
 
 /// The end of a chunked stream.
-pub fn write_chunked_end(out: &mut Vec<u8>) {
+pub(crate) fn write_chunked_end(out: &mut Vec<u8>) {
     out.extend_from_slice(b"0\r\n\r\n");
 }
 

@@ -17,7 +17,7 @@ use crate::errors::RpcError;
 /// member: `agentd` itself, a member of the envelope (`op`, an argument), or a member of any
 /// object inside it. Names the first repeat, as `message.parts[0].data.agentd.op`. Params
 /// that are not JSON, or not of the shape a send has, are left to the params parser.
-pub fn refuse_duplicate_members(params: &str) -> Result<(), RpcError> {
+pub(crate) fn refuse_duplicate_members(params: &str) -> Result<(), RpcError> {
     let mut found = None;
     let mut de = serde_json::Deserializer::from_str(params);
     // Any error other than the repeat itself is the params parser's to answer.

@@ -5,7 +5,7 @@
 mod duplicates;
 pub mod table;
 
-pub use self::duplicates::refuse_duplicate_members;
+pub(crate) use self::duplicates::refuse_duplicate_members;
 
 use std::collections::HashMap;
 
@@ -24,7 +24,9 @@ pub const DATA_PART_KEY: &str = "agentd";
 /// A command op a host registered for a workflow whose start step declares it.
 #[derive(Clone, Debug)]
 pub struct DeclaredCommand {
+    /// The op name callers send; must not be a built-in or removed op.
     pub op: String,
+    /// The workflow a command of this op starts.
     pub workflow: String,
     /// The arguments' JSON Schema (without `op`).
     pub schema: Value,
@@ -34,13 +36,32 @@ pub struct DeclaredCommand {
 
 /// Why a registration was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RegisterError {
     /// Built-in op names are reserved, so a workflow can never shadow an operator control.
     Reserved(String),
+    /// Another declared command already has the name.
     Duplicate(String),
+    /// The op name is empty.
     EmptyName,
+    /// The arguments' schema does not compile: the validator's reason.
     InvalidSchema(String),
 }
+
+impl std::fmt::Display for RegisterError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RegisterError::Reserved(op) => write!(f, "{op:?} is a built-in op name"),
+            RegisterError::Duplicate(op) => write!(f, "{op:?} is already declared"),
+            RegisterError::EmptyName => f.write_str("the op name is empty"),
+            RegisterError::InvalidSchema(why) => {
+                write!(f, "the arguments' schema is invalid: {why}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for RegisterError {}
 
 /// The compiled validators of the declared commands. The built-in ops' validators come from
 /// the static table, so one process-wide set serves every instance; it is compiled on the
@@ -72,6 +93,7 @@ impl Default for Commands {
 }
 
 impl Commands {
+    /// No declared command; the built-in ops need no registration.
     pub fn new() -> Self {
         Commands {
             declared: HashMap::new(),
@@ -95,7 +117,7 @@ impl Commands {
         Ok(())
     }
 
-    pub fn declared(&self) -> impl Iterator<Item = &DeclaredCommand> {
+    pub(crate) fn declared(&self) -> impl Iterator<Item = &DeclaredCommand> {
         self.declared.values().map(|(d, _)| d)
     }
 }
@@ -103,8 +125,11 @@ impl Commands {
 /// Where the instance stands on the switches that gate ops.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Switches {
+    /// `a2a.introspection.enabled`: serves the introspection ops.
     pub introspection: bool,
+    /// `a2a.device_grant.enabled`: serves the device sign-in ops.
     pub device_grant: bool,
+    /// Whether the request came on a TCP listener (the session ops are served only there).
     pub tcp_listener: bool,
     /// The host-served ops the host declares ([`crate::host::HostCapabilities::ops`]).
     pub host_ops: crate::host::OpSet,
@@ -113,9 +138,11 @@ pub struct Switches {
 /// A command that passed every check.
 #[derive(Clone, Debug)]
 pub struct Checked {
+    /// The op name, as sent.
     pub op: String,
     /// The envelope without `op`.
     pub args: Map<String, Value>,
+    /// Whether the answer is a message or a task.
     pub reply: ReplyKind,
     /// The built-in op, or `None` for a workflow-declared command.
     pub builtin: Option<&'static OpSpec>,
@@ -125,7 +152,7 @@ pub struct Checked {
 
 /// Where a command message carries its envelope: `message.parts[<i>].data.agentd`, `i` the
 /// first part with one (a message with more is refused before it runs).
-pub fn envelope_path(message: &Message) -> String {
+pub(crate) fn envelope_path(message: &Message) -> String {
     let index = message
         .parts
         .iter()
@@ -468,7 +495,7 @@ pub fn public_params(host: &crate::host::HostCapabilities) -> Value {
 }
 
 /// The reply Message of a message op: the result document as its one DataPart.
-pub fn reply_message(message_id: String, context_id: String, result: Value) -> Message {
+pub(crate) fn reply_message(message_id: String, context_id: String, result: Value) -> Message {
     let mut part = crate::a2a::types::Part::data(result);
     part.media_type = "application/json".into();
     Message {

@@ -17,6 +17,7 @@ pub enum ReplyKind {
 }
 
 impl ReplyKind {
+    /// The kind as the card's `params.ops` and the bundle name it.
     pub const fn as_str(self) -> &'static str {
         match self {
             ReplyKind::Message => "message",
@@ -39,6 +40,7 @@ pub enum Floor {
 /// The switch that serves an op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Gate {
+    /// Served whatever the switches say.
     Always,
     /// While `a2a.introspection.enabled`; closed answers -32004 INTROSPECTION_DISABLED.
     Introspection,
@@ -64,37 +66,66 @@ pub enum ServedBy {
 /// ([`crate::host::Op`]) names its row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum OpId {
+    /// `status`: Liveness and a snapshot of this instance as the caller may see it.
     Status,
+    /// `config`: The effective configuration, credentials redacted to their secret references.
     Config,
+    /// `workflow.run`: Start a workflow run; the result is the run's output once it finishes.
     WorkflowRun,
+    /// `workflow.status`: One run's state, or every run the caller may see.
     WorkflowStatus,
+    /// `workflow.cancel`: Cancel a run the caller owns.
     WorkflowCancel,
+    /// `workflow.signal`: Deliver a named signal to one run, or to every waiter the caller owns.
     WorkflowSignal,
+    /// `subagent.send`: Send a message to a subagent the caller owns.
     SubagentSend,
+    /// `subagent.kill`: Stop a subagent the caller owns.
     SubagentKill,
+    /// `subagent.status`: A subagent's state and, once it has one, its result.
     SubagentStatus,
+    /// `plan.get`: A conversation's plan and progress; the root conversation without id.
     PlanGet,
+    /// `conversation.get`: A conversation's state and its newest messages.
     ConversationGet,
+    /// `run.get`: A run in detail: every step's state and the run's variables.
     RunGet,
+    /// `subagent.get`: A subagent in detail: its instruction, attempts, tokens and result.
     SubagentGet,
+    /// `debug.events`: Lines of the live log ring, across every principal.
     DebugEvents,
+    /// `admin.drain`: Drain gracefully, then exit 0.
     AdminDrain,
+    /// `admin.pause`: Pause one run, or the whole instance without run.
     AdminPause,
+    /// `admin.resume`: Resume one paused run, or the whole instance without run.
     AdminResume,
+    /// `admin.cancel`: Cancel any run, whoever started it.
     AdminCancel,
+    /// `admin.set`: Change one live setting until the next reload.
     AdminSet,
+    /// `auth.device.pending`: The device sign-ins waiting for approval.
     AuthDevicePending,
+    /// `auth.device.approve`: Approve a device sign-in by its user code, naming the
+    /// principal it becomes.
     AuthDeviceApprove,
+    /// `auth.device.deny`: Deny one pending device sign-in, or all of them.
     AuthDeviceDeny,
+    /// `auth.sessions`: The live sign-in sessions.
     AuthSessions,
+    /// `auth.sessions.revoke`: Revoke one session by sid, every session of a name, or all of them.
     AuthSessionsRevoke,
+    /// `_instance.result` (reserved): a `mode: sync` child's first result, recorded on the
+    /// parent's handle.
     InstanceResult,
+    /// `_instance.emit` (reserved): one event of a child's `mirror_streams` stream, appended
+    /// to the parent's stream.
     InstanceEmit,
 }
 
 impl OpId {
     /// How many ops the table has.
-    pub const COUNT: usize = 26;
+    pub(crate) const COUNT: usize = 26;
 
     /// Every op, in table order.
     pub const ALL: [OpId; OpId::COUNT] = [
@@ -127,23 +158,18 @@ impl OpId {
     ];
 
     /// The op's row of the table.
-    pub fn spec(self) -> &'static OpSpec {
+    pub(crate) fn spec(self) -> &'static OpSpec {
         // `OPS` has one row per variant in variant order (a compile-time check below).
         &OPS[self as usize]
     }
 
     /// The op's name on the wire (`"workflow.run"`).
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         self.spec().op
     }
 
-    /// The op of this name, if the table has it.
-    pub fn from_name(name: &str) -> Option<OpId> {
-        find(name).map(|s| s.id)
-    }
-
     /// Whether the host answers it (else the core does).
-    pub fn host_served(self) -> bool {
+    pub(crate) fn host_served(self) -> bool {
         self.spec().served_by == ServedBy::Host
     }
 }
@@ -164,13 +190,17 @@ const _: () = {
 pub struct OpSpec {
     /// Its identity; `OPS[id as usize]` is this row.
     pub id: OpId,
+    /// The op's wire name, as the envelope's `op` carries it.
     pub op: &'static str,
     /// Whether the core or the host answers it.
     pub served_by: ServedBy,
+    /// Whether it answers with a message or a task.
     pub reply: ReplyKind,
+    /// Who may call it at all.
     pub floor: Floor,
     /// Roles that may call a `Granted` op without a grant.
     pub defaults: &'static [Role],
+    /// The switch that serves it.
     pub gate: Gate,
     /// Listed in the card's `params.ops`; false for the reserved `_instance.*` reports.
     pub listed: bool,
@@ -187,7 +217,7 @@ pub struct OpSpec {
 pub const RESERVED_PREFIX: &str = "_instance.";
 
 /// Reserved names that are never served over A2A.
-pub const RESERVED_UNSERVED: &[&str] = &["ask_human"];
+pub(crate) const RESERVED_UNSERVED: &[&str] = &["ask_human"];
 
 /// Op names that once existed, with what to use instead (UNKNOWN_OP carries the hint).
 pub const REMOVED_OPS: &[(&str, &str)] = &[
@@ -201,7 +231,7 @@ pub const REMOVED_OPS: &[(&str, &str)] = &[
 ];
 
 /// What `auth.device.approve`'s `as` must match.
-pub const PRINCIPAL_NAME_PATTERN: &str = "^[a-z0-9][a-z0-9._-]{0,63}$";
+pub(crate) const PRINCIPAL_NAME_PATTERN: &str = "^[a-z0-9][a-z0-9._-]{0,63}$";
 
 /// Names `auth.device.approve`'s `as` may never take.
 pub const RESERVED_PRINCIPAL_NAMES: &[&str] = &[
@@ -214,7 +244,7 @@ pub const RESERVED_PRINCIPAL_NAMES: &[&str] = &[
 ];
 
 /// The paths `admin.set` accepts.
-pub const SETTABLE_PATHS: &[&str] = &["agent.approval", "a2a.introspection.enabled"];
+pub(crate) const SETTABLE_PATHS: &[&str] = &["agent.approval", "a2a.introspection.enabled"];
 
 const NONE: &[Role] = &[];
 const USER: &[Role] = &[Role::User];
