@@ -8,7 +8,6 @@ mod support;
 use agentd_core::a2a::types::TaskState;
 use agentd_core::auth::{Principal, Role};
 use agentd_core::ext::COMMAND_URI;
-use agentd_core::time::rfc3339_ms;
 use agentd_core::Effect;
 use serde_json::{json, Value};
 use support::*;
@@ -261,4 +260,21 @@ fn status_counts_are_the_callers_tasks_by_state() {
         }
         assert_eq!(counts["tasksByState"], Value::Object(by_state), "{}", p.id);
     }
+}
+
+/// RFC 3339 at millisecond precision, for the first day after `T0` (2026-01-01T00:00:00Z),
+/// which is all this test's clock covers.
+fn rfc3339_ms(epoch_ms: u64) -> String {
+    let ms = epoch_ms - T0;
+    assert!(
+        ms < 86_400_000,
+        "the test's clock stays within its first day"
+    );
+    format!(
+        "2026-01-01T{:02}:{:02}:{:02}.{:03}Z",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+        ms % 1000
+    )
 }

@@ -55,7 +55,7 @@ pub(crate) struct AgentExtension {
 }
 
 /// One of the card's `skills`: something the agent can do, as a host declares it
-/// ([`crate::HostCapabilities::skills`]).
+/// (`HostCapabilities::skills`).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentSkill {
