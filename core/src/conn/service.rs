@@ -482,9 +482,23 @@ impl Connection {
                     self.note_task(task);
                 }
                 // A refused request echoes nothing.
-                self.write_error_reply(&err, &id, keep_alive, minor, now);
-                if let Some(seq) = changed {
-                    self.hold_from(inst, start, seq, Instead::Rpc { id, minor });
+                let instead = changed.map(|seq| {
+                    (
+                        seq,
+                        Instead::Rpc {
+                            id: id.clone(),
+                            minor,
+                        },
+                    )
+                });
+                self.deferred = Some(Deferred::Error {
+                    err: Box::new(err),
+                    id,
+                    keep_alive,
+                    minor,
+                });
+                if let Some((seq, instead)) = instead {
+                    self.hold_from(inst, start, seq, instead);
                 }
                 false
             }

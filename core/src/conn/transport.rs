@@ -336,6 +336,12 @@ impl Connection {
                 self.write_json_keep(200, &doc, keep_alive, minor, echo, now);
             }
             Deferred::Task(answer) => self.write_task_result(answer, now),
+            Deferred::Error {
+                err,
+                id,
+                keep_alive,
+                minor,
+            } => self.write_error_reply(&err, &id, keep_alive, minor, now),
         }
         true
     }
