@@ -30,6 +30,8 @@ use crate::time::Now;
 /// What kind of socket a listener serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ListenerKind {
+    /// A TCP listener, plain or TLS: the only kind that can declare an authentication scheme
+    /// and so serve an extended card.
     Tcp,
     /// A unix domain socket at this path.
     Unix(String),
@@ -38,6 +40,8 @@ pub enum ListenerKind {
 /// One listener as the core sees it: what its card advertises.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ListenerInfo {
+    /// The socket kind: decides whether the listener can be loopback-trusted or advertise a
+    /// scheme.
     pub kind: ListenerKind,
     /// The URL the card's interface names: `http://127.0.0.1:8420/` or `unix:///path`.
     pub url: String,
@@ -56,6 +60,8 @@ impl ListenerInfo {
 /// Deadlines and bounds of one connection, in milliseconds where they are times.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnLimits {
+    /// Bounds of the HTTP/1.1 parser (head and body sizes) applied to every request on the
+    /// connection.
     pub http: HttpLimits,
     /// A keep-alive connection with no request in progress closes after this.
     pub idle_timeout_ms: u64,
@@ -81,6 +87,8 @@ pub struct ConnLimits {
 }
 
 impl ConnLimits {
+    /// The limits the daemon uses when its configuration sets none; a `const` so other defaults
+    /// can be built from it.
     pub const DEFAULT: ConnLimits = ConnLimits {
         http: HttpLimits::DEFAULT,
         idle_timeout_ms: 60_000,
@@ -100,11 +108,16 @@ impl ConnLimits {
 pub struct InstanceConfig {
     /// The card's `name`.
     pub name: String,
+    /// The card's `description`: what callers are told the agent does.
     pub description: String,
     /// The build, as the card's `version`.
     pub version: String,
+    /// Every listener the driver serves, by the index a driver passes to
+    /// [`crate::Connection::new`]: each is an interface on the card.
     pub listeners: Vec<ListenerInfo>,
+    /// Deadlines and bounds the driver passes to each [`crate::Connection::new`].
     pub conn: ConnLimits,
+    /// Bounds of the task store: history, artifacts, task count and total bytes.
     pub tasks: TaskLimits,
     /// Stream events kept for SSE reconnection (`Last-Event-ID`).
     pub replay: crate::tasks::replay::ReplayLimits,
@@ -153,6 +166,8 @@ impl InstanceConfig {
 }
 
 impl InstanceConfig {
+    /// A configuration with the daemon's defaults for the given listeners: no credentials, no
+    /// extensions enabled, no host ops; a driver then overrides what its configuration sets.
     pub fn new(listeners: Vec<ListenerInfo>) -> Self {
         InstanceConfig {
             name: "agentd".into(),
@@ -198,25 +213,38 @@ pub struct Reloadable {
 pub enum Effect {
     /// A conversation turn: answer `message` on task `task_id` with completions.
     Turn {
+        /// The task the turn belongs to; the completions must name it.
         task_id: String,
         /// The conversation's internal key (§7.6): `ctx-<32 hex>` for a non-operator's, so
         /// two owners' same-named contexts never meet. `message.contextId` carries it too.
         context_id: String,
         /// The owner's own name for the context, for showing back to the owner.
         context_name: String,
+        /// The caller's message to answer, as stored in the task's history.
         message: Box<Message>,
+        /// Who sent it: the host acts on their behalf and may scope what it does by it.
         owner: Principal,
     },
     /// The task was canceled: stop working on it. Completions for it are refused from now.
-    Cancel { task_id: String },
+    Cancel {
+        /// The task to stop.
+        task_id: String,
+    },
     /// POST `body` to a task's webhook. The host resolves the URL's host, connects only to
     /// an address [`crate::push::check_address`] admits, retries with backoff and gives up
     /// after a bound. The body never carries task annotations or history.
     Deliver {
+        /// The task whose change the delivery reports.
         task_id: String,
+        /// The id of the push notification config that asked for the delivery.
         config_id: String,
+        /// The webhook URL as registration judged it (WHATWG host rules, explicit port): dial
+        /// exactly this address.
         url: String,
+        /// Headers to send: the content type, and the configured `authorization` and
+        /// notification token if any.
         headers: Vec<(String, String)>,
+        /// The JSON body to POST, already serialized.
         body: Vec<u8>,
     },
     /// A command that passed every check: run it and answer with
@@ -226,13 +254,18 @@ pub enum Effect {
     /// Only an op the host declared ([`InstanceConfig::host`]) or a workflow-declared
     /// command it registered comes here; any other is refused before it is handed out.
     Command {
+        /// Names the call in the host's [`Completion::CommandResult`] or
+        /// [`Completion::CommandStarted`].
         call: CallId,
         /// The op with its typed arguments.
         op: crate::host::Op,
         /// The envelope without `op`, validated against the op's schema, as sent: for the
         /// audit trail (its target) and for logging.
         args: serde_json::Map<String, serde_json::Value>,
+        /// Whether the op answers with a message or starts a task: decides which completion the
+        /// host must send.
         reply: ReplyKind,
+        /// Who called: the host authorizes and audits the op by it.
         principal: Principal,
         /// The caller's session, if it called with a session token: the host's audit event
         /// of the command carries it.
@@ -252,18 +285,36 @@ pub enum Effect {
 pub enum Completion {
     /// The task moved to `state`, optionally with an agent message explaining it.
     Status {
+        /// The task that moved.
         task_id: String,
+        /// Its new state; never unspecified or submitted ([`CompletionError::InvalidState`]).
         state: TaskState,
+        /// The parts of an agent message to make the task's status message, if any.
         message: Option<Vec<Part>>,
     },
     /// The answer to a command call.
-    CommandResult { call: CallId, answer: CommandAnswer },
+    CommandResult {
+        /// The call answered, as [`Effect::Command`] named it.
+        call: CallId,
+        /// The result document or the refusal.
+        answer: CommandAnswer,
+    },
     /// A task op was accepted: its task exists from now, tracking `link`.
-    CommandStarted { call: CallId, link: Link },
+    CommandStarted {
+        /// The call answered, as [`Effect::Command`] named it.
+        call: CallId,
+        /// The work the new task follows.
+        link: Link,
+    },
     /// An input-required gate's facts, for task annotations (set before the status).
     Ask {
+        /// The task waiting on the gate.
         task_id: String,
+        /// The JSON Schema an answer must satisfy; clients see it as the task's `askSchema`
+        /// annotation.
         schema: Option<serde_json::Value>,
+        /// The channel the question was also asked on; clients see it as the `askChannel`
+        /// annotation, so they know where else it may be answered.
         channel: Option<String>,
         /// Only an operator may answer (an approval the owner must not give itself).
         operator_only: bool,
@@ -273,15 +324,22 @@ pub enum Completion {
     /// a text part; `None` or `null` leaves no artifact) and completes, with `message` as
     /// its status message.
     CommandDone {
+        /// The task the op started.
         task_id: String,
+        /// The op's result, made the task's result artifact.
         result: Option<serde_json::Value>,
+        /// Text of the task's final status message.
         message: Option<String>,
     },
     /// The task produced (a chunk of) an artifact.
     Artifact {
+        /// The task the artifact belongs to.
         task_id: String,
+        /// The artifact, or the chunk of it to add.
         artifact: Artifact,
+        /// Whether the parts extend the artifact of the same id rather than replace it.
         append: bool,
+        /// Whether this is the artifact's last chunk: streams tell their readers so.
         last_chunk: bool,
     },
 }
@@ -305,11 +363,13 @@ pub enum CommandAnswer {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CompletionError {
+    /// No task of that id is in the store (never made, or dropped as the oldest finished).
     UnknownTask,
     /// A terminal task never changes again.
     TaskTerminal(TaskState),
     /// `TASK_STATE_UNSPECIFIED` and `TASK_STATE_SUBMITTED` are not states a host moves to.
     InvalidState(TaskState),
+    /// The task already holds `limits.max_artifacts` artifacts and the artifact is a new one.
     TooManyArtifacts,
     /// The task's artifacts would exceed `limits.task_artifact_bytes` together.
     ArtifactsTooLarge,
@@ -491,8 +551,11 @@ struct WriteAhead {
 /// its removal (`None`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Record {
+    /// The kind of state (`task`, `session`, `push`, ...): the table the host keeps it in.
     pub kind: &'static str,
+    /// The key of that state within its kind, such as a task id.
     pub key: String,
+    /// The state to keep under the key, or `None` to remove it.
     pub body: Option<serde_json::Value>,
 }
 
@@ -500,11 +563,16 @@ pub struct Record {
 /// record per changed key.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Records {
+    /// The record sequence these records bring the host to: report it through
+    /// [`Instance::records_durable`] once they are written.
     pub upto: u64,
+    /// The records to write: each changed key once, at its latest state.
     pub records: Vec<Record>,
 }
 
 impl Instance {
+    /// An instance with empty stores, started at `now`, drawing task ids and tokens from
+    /// `entropy` (the core has no randomness of its own).
     pub fn new(config: InstanceConfig, entropy: Box<dyn Entropy>, now: Now) -> Self {
         let cards = build_cards(&config);
         let feed = config
@@ -554,10 +622,6 @@ impl Instance {
         self.wal.durable = self.record_seq();
         self.wal.announced = self.wal.durable;
         self.wal.drained = self.wal.durable;
-    }
-
-    pub fn write_ahead(&self) -> bool {
-        self.wal.on
     }
 
     /// The sequence number of the latest change: monotonic, bumped by every change that
@@ -1173,6 +1237,8 @@ impl Instance {
         self.subs.len() + self.calls.len() + self.wal.holding
     }
 
+    /// The configuration the instance runs with now, reloads included: a driver reads its
+    /// limits for new connections here.
     pub fn config(&self) -> &InstanceConfig {
         &self.config
     }

@@ -80,6 +80,7 @@
 //! their surface is not settled yet.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod a2a;
 pub mod audit;

@@ -44,12 +44,13 @@ pub const LIST_PAGE_BYTES: usize = 4 << 20;
 
 /// What a request is answered with.
 #[derive(Debug)]
-pub enum Reply {
+pub(crate) enum Reply {
     /// A finished result, already serialized.
     Result(Vec<u8>),
     /// A result holding one task (a snapshot sharing the store's content), written by the
     /// connection whole or, when large, as the peer reads it.
     Task(Box<TaskJson>),
+    /// A JSON-RPC error, already mapped to the A2A code.
     Error(RpcError),
     /// A blocking send: answer with the task once `sub` settles.
     Wait {
@@ -69,9 +70,7 @@ pub enum Reply {
         frames: Vec<(u64, Arc<StreamResponse>)>,
     },
     /// The events feed from a cursor: `hello`, the replay, live events, `goodbye`.
-    Feed {
-        from_seq: u64,
-    },
+    Feed { from_seq: u64 },
     /// A command handed to the host: answer once it answers.
     Call {
         call: CallId,
@@ -82,26 +81,26 @@ pub enum Reply {
 
 /// What a request resolved to: its id, the extensions it activated (echoed only on success)
 /// and the reply.
-pub struct Answer {
-    pub id: RequestId,
-    pub activated: ExtSet,
-    pub reply: Reply,
+pub(crate) struct Answer {
+    pub(crate) id: RequestId,
+    pub(crate) activated: ExtSet,
+    pub(crate) reply: Reply,
 }
 
 /// Who asks, over which listener, with which headers.
-pub struct CallContext<'a> {
-    pub principal: &'a Principal,
+pub(crate) struct CallContext<'a> {
+    pub(crate) principal: &'a Principal,
     /// How the principal was established.
-    pub via: crate::auth::Via,
-    pub listener: usize,
-    pub head: &'a RequestHead,
-    pub now: Now,
+    pub(crate) via: crate::auth::Via,
+    pub(crate) listener: usize,
+    pub(crate) head: &'a RequestHead,
+    pub(crate) now: Now,
     /// The device or launch session the caller's token belongs to (audit events carry it).
-    pub sid: Option<&'a str>,
+    pub(crate) sid: Option<&'a str>,
 }
 
 /// Answers one JSON-RPC request body.
-pub fn call(inst: &mut Instance, ctx: &CallContext<'_>, body: &[u8]) -> Answer {
+pub(crate) fn call(inst: &mut Instance, ctx: &CallContext<'_>, body: &[u8]) -> Answer {
     let req = match jsonrpc::parse_request(body) {
         Ok(r) => r,
         Err(refusal) => {

@@ -190,7 +190,10 @@ pub struct RuntimeView {
 /// A workflow as `status` lists it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WorkflowEntry {
+    /// The workflow's name, as a caller starts it.
     pub name: String,
+    /// The workflow's entry as `status` shows it (its name, description, steps, command),
+    /// rendered by the host that knows the workflow.
     pub doc: Value,
     /// The roles its start admits (empty: every named role).
     pub roles: Vec<crate::auth::Role>,

@@ -42,6 +42,7 @@ pub struct TaskLimits {
 pub const PART_COST: usize = 96;
 
 impl TaskLimits {
+    /// The limits the daemon uses when its configuration sets none.
     pub const DEFAULT: TaskLimits = TaskLimits {
         history_messages: 64,
         history_bytes: 256 * 1024,
@@ -59,7 +60,10 @@ impl TaskLimits {
 /// for a non-operator's, the name itself for an operator's).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ContextIds {
+    /// The owner's own `contextId`: what the wire shows.
     pub name: String,
+    /// The internal key the host keys the conversation by: what keeps two owners' same-named
+    /// contexts apart.
     pub key: String,
 }
 
@@ -77,23 +81,30 @@ impl ContextIds {
 /// Everything the instance knows about one task.
 #[derive(Clone, Debug)]
 pub struct TaskRecord {
-    pub id: String,
+    /// The task's id, unique in the store.
+    pub(crate) id: String,
     /// The owner's own name for the task's context: what `Task.contextId` shows.
     pub context_id: String,
     /// The internal key of the task's conversation: what the host sees.
     pub context_key: String,
-    pub owner: Principal,
-    pub state: TaskState,
-    pub status_message: Option<Arc<Message>>,
+    /// Who created the task: access to it is checked against them.
+    pub(crate) owner: Principal,
+    /// The task's current state.
+    pub(crate) state: TaskState,
+    /// The agent message that came with the current status, if any; shared with the snapshots
+    /// that carry it.
+    pub(crate) status_message: Option<Arc<Message>>,
     /// Epoch milliseconds of the current status.
     pub status_ms: u64,
     /// The store's update counter when the status last changed: orders tasks whose status
     /// changed in the same millisecond.
     pub status_seq: u64,
-    pub created_ms: u64,
+    pub(crate) created_ms: u64,
     history: VecDeque<(Arc<Message>, usize)>,
     history_bytes: usize,
-    pub artifacts: Vec<Arc<Artifact>>,
+    /// The task's artifacts in the order they were first produced; shared with the snapshots
+    /// that carry them.
+    pub(crate) artifacts: Vec<Arc<Artifact>>,
     /// Serialized bytes of `artifacts`, kept as they change (an appended part adds its own
     /// size and a separator), so a bound check never reserializes them.
     artifact_bytes: usize,
@@ -162,7 +173,9 @@ impl TaskRecord {
         }
     }
 
-    pub fn status(&self) -> TaskStatus {
+    /// The task's current status as the wire shows it: state, status message and RFC 3339
+    /// timestamp.
+    pub(crate) fn status(&self) -> TaskStatus {
         TaskStatus {
             message: self.status_message.clone(),
             state: self.state,
@@ -181,7 +194,9 @@ impl TaskRecord {
         }
     }
 
-    pub fn history_len(&self) -> usize {
+    /// How many messages the task's history keeps: the unit tests check its bound.
+    #[cfg(test)]
+    fn history_len(&self) -> usize {
         self.history.len()
     }
 
@@ -235,9 +250,14 @@ impl TaskRecord {
 /// Why the store refused a change.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoreError {
+    /// No task of that id is in the store.
     NotFound,
+    /// The task is in this terminal state, and a terminal task never changes again.
     Terminal(TaskState),
+    /// The store holds `max_tasks` tasks and none is finished, so none can be dropped for a new
+    /// one.
     Full,
+    /// The task already holds `max_artifacts` artifacts and the artifact is a new one.
     TooManyArtifacts,
     /// The task's artifacts would exceed [`TaskLimits::artifact_bytes`].
     ArtifactsTooLarge,
@@ -313,6 +333,7 @@ pub struct TaskStore {
 }
 
 impl TaskStore {
+    /// An empty store bounded by `limits`.
     pub fn new(limits: TaskLimits) -> Self {
         TaskStore {
             limits,
@@ -608,14 +629,12 @@ impl TaskStore {
         }
     }
 
-    pub fn len(&self) -> usize {
+    /// How many tasks the store holds, finished ones included.
+    pub(crate) fn len(&self) -> usize {
         self.tasks.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.tasks.is_empty()
-    }
-
+    /// The task of that id, whoever owns it: the caller checks access.
     pub fn get(&self, id: &str) -> Option<&TaskRecord> {
         self.tasks.get(id)
     }
@@ -1040,7 +1059,7 @@ pub fn encode_page_token(task: &TaskRecord) -> String {
     crate::ids::hex(format!("{}.{}", task.status_ms, task.status_seq).as_bytes())
 }
 
-pub fn decode_page_token(token: &str) -> Option<(u64, u64)> {
+pub(crate) fn decode_page_token(token: &str) -> Option<(u64, u64)> {
     if token.len() % 2 != 0 || token.len() > 80 {
         return None;
     }
@@ -1062,10 +1081,13 @@ pub fn decode_page_token(token: &str) -> Option<(u64, u64)> {
 /// What a task tracks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Link {
+    /// What kind of work the task follows.
     pub kind: LinkKind,
+    /// That work's id within its kind (a run id, a subagent handle).
     pub id: String,
 }
 
+/// The kinds of work a task can track: a command's task follows one of these.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinkKind {
     /// A workflow run.
@@ -1077,7 +1099,8 @@ pub enum LinkKind {
 }
 
 impl LinkKind {
-    pub const fn as_str(self) -> &'static str {
+    /// The kind's name as task annotations and store records spell it.
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             LinkKind::Run => "run",
             LinkKind::Subagent => "subagent",

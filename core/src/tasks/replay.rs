@@ -38,7 +38,7 @@ pub struct ReplayLimits {
 }
 
 impl ReplayLimits {
-    pub const DEFAULT: ReplayLimits = ReplayLimits {
+    pub(crate) const DEFAULT: ReplayLimits = ReplayLimits {
         per_task: 64,
         events: 4096,
         bytes: 4 * 1024 * 1024,
