@@ -48,8 +48,12 @@
 //!    limiter.
 //! 2. While [`Connection::wants_read`], read and pass the bytes to
 //!    [`Connection::handle_input`]; at end of stream, [`Connection::handle_eof`]. A driver
-//!    that shares the instance behind a lock splits the call: [`Connection::receive`]
-//!    outside the lock (TLS runs there), then [`Connection::poll`] under it.
+//!    that shares the instance behind a lock splits the call in three:
+//!    [`Connection::receive`] outside the lock (TLS, and the HTTP parser reading the next
+//!    request ahead), [`Connection::serve`] under it (the answers decided), then
+//!    [`Connection::produce`] outside it again (the answers framed, a large one sliced,
+//!    TLS), and `serve` again while `produce` returns true. `handle_input` and `poll` are
+//!    the three together.
 //! 3. Write [`Connection::pending_output`] and report what the socket took with
 //!    [`Connection::consume_output`].
 //! 4. Wake at [`Connection::poll_timeout`] and call [`Connection::handle_timeout`]; when the
@@ -76,8 +80,9 @@
 //! table), [`feed`] (the event feed), [`reqlog`] (request-log records), [`audit`] (audit
 //! targets), [`errors`] (the error table), [`ids`] (entropy), [`jsonrpc`] and [`http`] (the
 //! envelope and HTTP types the fuzz targets drive), and [`client`] (the sans-io A2A client
-//! for outbound calls). `conn`, `instance`, `rpc`, `tasks` and `view` are being reworked;
-//! their surface is not settled yet.
+//! for outbound calls). [`conn`] (the connection), [`instance`] (the shared state), [`view`]
+//! (what the host publishes for `status`), [`tasks`] (the task store and its listing
+//! indexes) and [`rpc`] (what the daemon's runtime reaches into) are the rest.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
