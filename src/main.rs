@@ -210,7 +210,7 @@ fn run(args: Args) -> Result<(), Failure> {
     let mut listeners = Vec::with_capacity(endpoints.len());
     for ep in &endpoints {
         listeners.push(
-            BoundListener::bind(ep)
+            BoundListener::bind_with_backlog(ep, config.limits.listen_backlog())
                 .map_err(|e| Failure::Runtime(format!("cannot listen on {ep}: {e}")))?,
         );
     }
