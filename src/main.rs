@@ -277,6 +277,8 @@ fn run(args: Args) -> Result<(), Failure> {
             }
             let h = agentd_io_smol::serve(instance, listeners, opts, clock)
                 .map_err(|e| Failure::Runtime(e.to_string()))?;
+            agentd::memory::spawn_trimmer(h.connections())
+                .map_err(|e| Failure::Runtime(format!("trim thread: {e}")))?;
             let tx = done_tx.clone();
             std::thread::spawn(move || {
                 h.wait();
@@ -290,6 +292,8 @@ fn run(args: Args) -> Result<(), Failure> {
             }
             let h = agentd_io_std::serve(instance, listeners, opts, clock)
                 .map_err(|e| Failure::Runtime(e.to_string()))?;
+            agentd::memory::spawn_trimmer(h.connections())
+                .map_err(|e| Failure::Runtime(format!("trim thread: {e}")))?;
             let tx = done_tx.clone();
             std::thread::spawn(move || {
                 h.wait();
@@ -412,6 +416,8 @@ fn main() -> ExitCode {
     {
         runtime::child::keeper_main(argv);
     }
+    // Before any thread starts: see `agentd::memory`.
+    agentd::memory::limit_arenas(agentd::memory::default_arenas());
     let args = match parse_args() {
         Ok(Some(a)) => a,
         Ok(None) => return ExitCode::SUCCESS,
