@@ -253,6 +253,9 @@ fn run(args: Args) -> Result<(), Failure> {
             Some(store)
         }
     };
+    // The restore's garbage (the records read back, the parse's buffers) is free now but
+    // still held by the allocator: give it back before serving.
+    agentd::memory::trim();
     let instance = Arc::new(Mutex::new(instance));
     let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<(), String>>();
     let pump = match store {
