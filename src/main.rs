@@ -236,18 +236,24 @@ fn run(args: Args) -> Result<(), Failure> {
     let store = match &store_kind {
         durable::StoreKind::Memory => None,
         durable::StoreKind::File(dir) => {
+            let opening = std::time::Instant::now();
             let (store, recovered) = durable::open(dir).map_err(Failure::Runtime)?;
+            let open_ms = opening.elapsed().as_millis() as u64;
             if let Some(cut) = &recovered.truncated {
                 tracing::warn!(truncation = %cut, "store: a damaged journal tail was cut off");
             }
             instance.set_write_ahead(true);
+            let restoring = std::time::Instant::now();
             let (restored, first) = durable::restore(&mut instance, recovered, clock.now());
+            let restore_ms = restoring.elapsed().as_millis() as u64;
             first_records = first;
             tracing::info!(
                 dir = %dir.display(),
                 tasks = restored.tasks,
                 ended_in_flight = restored.ended,
                 skipped = restored.skipped,
+                open_ms,
+                restore_ms,
                 "store opened"
             );
             Some(store)
