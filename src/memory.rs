@@ -77,15 +77,23 @@ pub fn trim() -> bool {
 /// connections (a few hundred connections' worth of memory is not worth a walk of every
 /// arena). The peak comes from [`ConnGauge::take_peak`], so a burst that opened and closed
 /// between two samples counts. Once it has trimmed, the peak starts again from what is
-/// open: one trim per burst, and a steady load never trims.
+/// open: one trim per burst (and its follow-ups), and a steady load never trims.
+///
+/// Each such trim is followed by [`TrimPolicy::FOLLOW_UPS`] more, a period apart: what the
+/// burst's last threads free as they exit (glibc's per-thread caches, flushed at thread
+/// exit, after the count fell; 10,000 exits take a while on a loaded machine) comes after
+/// the first.
 #[derive(Debug, Default, Clone)]
 pub struct TrimPolicy {
     recent_peak: usize,
+    follow_ups: usize,
 }
 
 impl TrimPolicy {
     /// How far below the peak the open connections must fall.
     pub const FACTOR: usize = 4;
+    /// Trims after the one a fall from the peak calls for, one a period.
+    pub const FOLLOW_UPS: usize = 3;
     /// The least drop from the peak worth a trim.
     pub const MIN_DROP: usize = 256;
 
@@ -101,8 +109,14 @@ impl TrimPolicy {
             && open.saturating_mul(Self::FACTOR) <= self.recent_peak;
         if fell {
             self.recent_peak = open;
+            self.follow_ups = Self::FOLLOW_UPS;
+            return true;
         }
-        fell
+        if self.follow_ups > 0 {
+            self.follow_ups -= 1;
+            return true;
+        }
+        false
     }
 }
 
@@ -153,7 +167,13 @@ mod tests {
             p.observe(g.open(), g.take_peak()),
             "the burst is seen and trimmed"
         );
-        assert!(!p.observe(g.open(), g.take_peak()), "once per burst");
+        for _ in 0..TrimPolicy::FOLLOW_UPS {
+            assert!(
+                p.observe(g.open(), g.take_peak()),
+                "and again a period later"
+            );
+        }
+        assert!(!p.observe(g.open(), g.take_peak()), "then no more");
     }
 
     #[test]
@@ -163,9 +183,13 @@ mod tests {
         assert!(!p.observe(1000, 1000), "half the peak is not far enough");
         assert!(!p.observe(600, 600), "above a quarter");
         assert!(p.observe(500, 500), "a quarter of the peak");
+        assert!(p.observe(500, 500), "a follow-up a period later");
         // The peak starts again from those still open: their closing is another burst's
-        // end, and after it nothing more.
+        // end, and after it (and its follow-ups) nothing more.
         assert!(p.observe(0, 0));
+        for _ in 0..TrimPolicy::FOLLOW_UPS {
+            assert!(p.observe(0, 0));
+        }
         assert!(!p.observe(0, 0));
     }
 
