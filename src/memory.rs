@@ -79,14 +79,16 @@ pub fn trim() -> bool {
 /// between two samples counts. Once it has trimmed, the peak starts again from what is
 /// open: one trim per burst (and its follow-ups), and a steady load never trims.
 ///
-/// Each such trim is followed by [`TrimPolicy::FOLLOW_UPS`] more, a period apart: what the
-/// burst's last threads free as they exit (glibc's per-thread caches, flushed at thread
-/// exit, after the count fell; 10,000 exits take a while on a loaded machine) comes after
-/// the first.
+/// Each such trim is followed by [`TrimPolicy::FOLLOW_UPS`] more, a period apart, and by
+/// one more after each that gave back at least [`TrimPolicy::WORTH`] bytes (up to
+/// [`TrimPolicy::MAX_FOLLOW_UPS`]): what the burst's last threads free as they exit
+/// (glibc's per-thread caches, flushed at thread exit, after the count fell) comes after
+/// the first, and 10,000 exits take seconds on a loaded machine.
 #[derive(Debug, Default, Clone)]
 pub struct TrimPolicy {
     recent_peak: usize,
     follow_ups: usize,
+    budget: usize,
 }
 
 impl TrimPolicy {
@@ -94,6 +96,10 @@ impl TrimPolicy {
     pub const FACTOR: usize = 4;
     /// Trims after the one a fall from the peak calls for, one a period.
     pub const FOLLOW_UPS: usize = 3;
+    /// The most trims one fall from the peak calls for after its first.
+    pub const MAX_FOLLOW_UPS: usize = 30;
+    /// A trim that gave back at least this many bytes calls for another.
+    pub const WORTH: u64 = 1 << 20;
     /// The least drop from the peak worth a trim.
     pub const MIN_DROP: usize = 256;
 
@@ -110,14 +116,35 @@ impl TrimPolicy {
         if fell {
             self.recent_peak = open;
             self.follow_ups = Self::FOLLOW_UPS;
+            self.budget = Self::MAX_FOLLOW_UPS;
             return true;
         }
-        if self.follow_ups > 0 {
+        if self.follow_ups > 0 && self.budget > 0 {
             self.follow_ups -= 1;
+            self.budget -= 1;
             return true;
         }
         false
     }
+
+    /// What the trim [`TrimPolicy::observe`] called for gave back (resident bytes before
+    /// less after): one that was worth it calls for another a period later.
+    pub fn trimmed(&mut self, released: u64) {
+        if released >= Self::WORTH {
+            self.follow_ups += 1;
+        }
+    }
+}
+
+/// The process's resident set in bytes (`VmRSS` of `/proc/self/status`), 0 when unreadable.
+pub fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let kib = s.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+            kib.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .map_or(0, |kib| kib * 1024)
 }
 
 /// How often [`spawn_trimmer`] samples the connections.
@@ -135,10 +162,14 @@ pub fn spawn_trimmer(gauge: Arc<ConnGauge>) -> std::io::Result<()> {
                 std::thread::sleep(TRIM_PERIOD);
                 let peak = gauge.take_peak();
                 if policy.observe(gauge.open(), peak) {
+                    let before = resident_bytes();
                     let trimmed = trim();
+                    let released = before.saturating_sub(resident_bytes());
+                    policy.trimmed(released);
                     tracing::debug!(
                         peak,
                         trimmed,
+                        released,
                         "connections fell after a burst: memory trimmed"
                     );
                 }
@@ -174,6 +205,36 @@ mod tests {
             );
         }
         assert!(!p.observe(g.open(), g.take_peak()), "then no more");
+    }
+
+    #[test]
+    fn trims_go_on_while_they_give_memory_back_within_a_budget() {
+        let mut p = TrimPolicy::new();
+        assert!(!p.observe(1000, 1000));
+        assert!(p.observe(0, 0), "the fall");
+        p.trimmed(100 << 20);
+        for _ in 0..TrimPolicy::FOLLOW_UPS {
+            assert!(p.observe(0, 0));
+            p.trimmed(0);
+        }
+        assert!(
+            p.observe(0, 0),
+            "the fall's trim gave back enough for one more"
+        );
+        p.trimmed(TrimPolicy::WORTH - 1);
+        assert!(!p.observe(0, 0), "that one gave back too little");
+        // However much each gives back, at most MAX_FOLLOW_UPS follow a fall.
+        let mut p = TrimPolicy::new();
+        assert!(!p.observe(1000, 1000));
+        assert!(p.observe(0, 0));
+        let mut n = 0;
+        while p.observe(0, 0) {
+            p.trimmed(u64::MAX);
+            n += 1;
+            assert!(n <= TrimPolicy::MAX_FOLLOW_UPS);
+        }
+        assert_eq!(n, TrimPolicy::MAX_FOLLOW_UPS);
+        assert_ne!(resident_bytes(), 0);
     }
 
     #[test]
