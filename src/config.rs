@@ -307,6 +307,21 @@ pub struct LimitsSection {
     /// Connections held at once (default: the driver's, 10000 or 1024; 1 to
     /// [`MAX_CONNECTIONS`]).
     pub max_connections: Option<usize>,
+    /// The listen backlog of every listener: connects the kernel queues before the accept
+    /// loop takes them (default [`DEFAULT_LISTEN_BACKLOG`]; 1 to [`MAX_LISTEN_BACKLOG`];
+    /// the kernel lowers it to `net.core.somaxconn`).
+    pub listen_backlog: Option<usize>,
+}
+
+impl LimitsSection {
+    /// The listen backlog every listener is bound with.
+    pub fn listen_backlog(&self) -> u32 {
+        // In range once loaded ([`Config::check_ranges`]); the clamp keeps an unchecked
+        // value from wrapping.
+        self.listen_backlog
+            .unwrap_or(DEFAULT_LISTEN_BACKLOG)
+            .clamp(1, MAX_LISTEN_BACKLOG) as u32
+    }
 }
 
 /// The most any timeout or interval in milliseconds may be: a day. It also keeps every
@@ -369,6 +384,12 @@ pub const MAX_PUSH_QUEUE: usize = 1 << 20;
 
 /// The most `limits.max_connections` may be (Linux's default ceiling of open files).
 pub const MAX_CONNECTIONS: usize = 1 << 20;
+
+/// `limits.listen_backlog` when unset: a burst of a few thousand connects queues whole.
+pub const DEFAULT_LISTEN_BACKLOG: usize = agentd_io_common::os::DEFAULT_LISTEN_BACKLOG as usize;
+
+/// The most `limits.listen_backlog` may be (the kernel caps it at `net.core.somaxconn`).
+pub const MAX_LISTEN_BACKLOG: usize = agentd_io_common::os::MAX_LISTEN_BACKLOG as usize;
 
 /// The most `a2a.events.ring` may be: the ring is allocated whole at start-up.
 pub const MAX_EVENTS_RING: usize = 65_536;
@@ -778,7 +799,7 @@ impl Config {
         c.auth = self.auth_config()?;
         c.cors = agentd_core::http::cors::CorsPolicy::from_list(&self.a2a.cors.origins)?;
         c.device_grant = self.device_grant(&c.auth)?;
-        c.config_document = effective_document(&c, self.limits.max_connections);
+        c.config_document = effective_document(&c, &self.limits);
         if let Some(obj) = c.config_document["a2a"].as_object_mut() {
             // Credentials appear only as their references.
             obj.insert("bearer".into(), serde_json::json!(self.a2a.bearer));
@@ -811,7 +832,7 @@ impl Config {
     /// workflow (`crate::runtime::workflow`).
     pub fn check_ranges(&self) -> Result<(), String> {
         let l = &self.limits;
-        let sizes: [(&str, Option<usize>, usize); 12] = [
+        let sizes: [(&str, Option<usize>, usize); 13] = [
             (
                 "limits.max_header_bytes",
                 l.max_header_bytes,
@@ -844,6 +865,11 @@ impl Config {
                 MAX_MESSAGE_PARTS,
             ),
             ("limits.max_connections", l.max_connections, MAX_CONNECTIONS),
+            (
+                "limits.listen_backlog",
+                l.listen_backlog,
+                MAX_LISTEN_BACKLOG,
+            ),
         ];
         for (key, value, max) in sizes {
             if let Some(v) = value {
@@ -1140,7 +1166,7 @@ fn resolve_secret(key: &str, reference: &str) -> Result<String, String> {
 /// The effective configuration, every default filled in, as the `config` op reports it.
 /// Nothing secret is configurable yet; a credential will appear here only as its
 /// `{{secret:…}}` reference.
-fn effective_document(c: &InstanceConfig, max_connections: Option<usize>) -> serde_json::Value {
+fn effective_document(c: &InstanceConfig, limits: &LimitsSection) -> serde_json::Value {
     let l = &c.conn;
     serde_json::json!({
         "agent": {"name": c.name, "description": c.description},
@@ -1179,7 +1205,8 @@ fn effective_document(c: &InstanceConfig, max_connections: Option<usize>) -> ser
             "task_artifact_bytes": c.tasks.artifact_bytes,
             "max_message_parts": c.tasks.max_message_parts,
             "tasks_bytes": c.tasks.total_bytes,
-            "max_connections": max_connections,
+            "max_connections": limits.max_connections,
+            "listen_backlog": limits.listen_backlog(),
         },
     })
 }
@@ -1514,6 +1541,14 @@ match = { bearer_ref = "{{secret:AGENTD_TEST_OP}}" }"#,
                 "limits.max_connections: must be from 1 to 1048576, not 0",
             ),
             (
+                "[limits]\nlisten_backlog = 0",
+                "limits.listen_backlog: must be from 1 to 65535, not 0",
+            ),
+            (
+                "[limits]\nlisten_backlog = 65536",
+                "limits.listen_backlog: must be from 1 to 65535, not 65536",
+            ),
+            (
                 "[limits]\nmax_connections = 1048577",
                 "limits.max_connections: must be from 1 to 1048576, not 1048577",
             ),
@@ -1589,7 +1624,7 @@ match = { bearer_ref = "{{secret:AGENTD_TEST_OP}}" }"#,
             "[limits]\nmax_header_bytes = 1048576\nmax_headers = 128\nmax_body_bytes = 4194304\n\
             idle_timeout_ms = 86400000\nrequest_timeout_ms = 1\nstream_queue = 65536\n\
             replay_events = 1048576\nreplay_bytes = 1073741824\nmax_tasks = 1000000\n\
-            task_artifact_bytes = 8388608\nmax_connections = 1048576\n\
+            task_artifact_bytes = 8388608\nmax_connections = 1048576\nlisten_backlog = 65535\n\
             [a2a.events]\nring = 65536\nstream_deadline_ms = 86400000\n\
             [a2a.push]\nmax_attempts = 20\nbackoff_ms = 0\ntimeout_ms = 300000\n";
         let c = load_text("edges", edges).unwrap();

@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod durable;
+pub mod memory;
 pub mod reload;
 pub mod runtime;
 pub mod store;

@@ -210,7 +210,7 @@ fn run(args: Args) -> Result<(), Failure> {
     let mut listeners = Vec::with_capacity(endpoints.len());
     for ep in &endpoints {
         listeners.push(
-            BoundListener::bind(ep)
+            BoundListener::bind_with_backlog(ep, config.limits.listen_backlog())
                 .map_err(|e| Failure::Runtime(format!("cannot listen on {ep}: {e}")))?,
         );
     }
@@ -236,23 +236,32 @@ fn run(args: Args) -> Result<(), Failure> {
     let store = match &store_kind {
         durable::StoreKind::Memory => None,
         durable::StoreKind::File(dir) => {
+            let opening = std::time::Instant::now();
             let (store, recovered) = durable::open(dir).map_err(Failure::Runtime)?;
+            let open_ms = opening.elapsed().as_millis() as u64;
             if let Some(cut) = &recovered.truncated {
                 tracing::warn!(truncation = %cut, "store: a damaged journal tail was cut off");
             }
             instance.set_write_ahead(true);
+            let restoring = std::time::Instant::now();
             let (restored, first) = durable::restore(&mut instance, recovered, clock.now());
+            let restore_ms = restoring.elapsed().as_millis() as u64;
             first_records = first;
             tracing::info!(
                 dir = %dir.display(),
                 tasks = restored.tasks,
                 ended_in_flight = restored.ended,
                 skipped = restored.skipped,
+                open_ms,
+                restore_ms,
                 "store opened"
             );
             Some(store)
         }
     };
+    // The restore's garbage (the records read back, the parse's buffers) is free now but
+    // still held by the allocator: give it back before serving.
+    agentd::memory::trim();
     let instance = Arc::new(Mutex::new(instance));
     let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<(), String>>();
     let pump = match store {
@@ -277,6 +286,8 @@ fn run(args: Args) -> Result<(), Failure> {
             }
             let h = agentd_io_smol::serve(instance, listeners, opts, clock)
                 .map_err(|e| Failure::Runtime(e.to_string()))?;
+            agentd::memory::spawn_trimmer(h.connections())
+                .map_err(|e| Failure::Runtime(format!("trim thread: {e}")))?;
             let tx = done_tx.clone();
             std::thread::spawn(move || {
                 h.wait();
@@ -290,6 +301,8 @@ fn run(args: Args) -> Result<(), Failure> {
             }
             let h = agentd_io_std::serve(instance, listeners, opts, clock)
                 .map_err(|e| Failure::Runtime(e.to_string()))?;
+            agentd::memory::spawn_trimmer(h.connections())
+                .map_err(|e| Failure::Runtime(format!("trim thread: {e}")))?;
             let tx = done_tx.clone();
             std::thread::spawn(move || {
                 h.wait();
@@ -412,6 +425,8 @@ fn main() -> ExitCode {
     {
         runtime::child::keeper_main(argv);
     }
+    // Before any thread starts: see `agentd::memory`.
+    agentd::memory::limit_arenas(agentd::memory::default_arenas());
     let args = match parse_args() {
         Ok(Some(a)) => a,
         Ok(None) => return ExitCode::SUCCESS,

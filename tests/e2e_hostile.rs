@@ -42,6 +42,7 @@ macro_rules! both_drivers {
 
 both_drivers!(
     ten_thousand_abandoned_connections,
+    a_burst_of_connects_is_queued_not_dropped,
     default_connection_limit_answers_503,
     oversized_bodies_are_refused_with_413,
     deeply_nested_json_is_refused,
@@ -505,6 +506,25 @@ fn ten_thousand_abandoned_connections(driver: &str) {
             bound_mib,
             &format!("wave {wave}: after they were abandoned"),
         );
+        // And the memory comes back: the daemon trims its allocator once the connections
+        // fell far below their peak (`agentd::memory`, sampled every second).
+        let back = Duration::from_secs(10);
+        let took = wait_until(
+            back,
+            &format!(
+                "[{driver}] wave {wave}: the daemon's RSS back within {RSS_BACK_MIB} MiB of                  its {base_rss} KiB at rest once {n} connections closed"
+            ),
+            || rss_kib(&d) <= base_rss + RSS_BACK_MIB * MIB,
+        );
+        note(
+            driver,
+            CASE,
+            format!(
+                "wave {wave}: RSS back to {} KiB (base {base_rss} KiB) {took:?} after the \
+                 connection threads ended",
+                rss_kib(&d)
+            ),
+        );
     }
     let steps: Vec<i64> = peak.windows(2).map(|w| w[1] as i64 - w[0] as i64).collect();
     note(
@@ -520,6 +540,109 @@ fn ten_thousand_abandoned_connections(driver: &str) {
         waves - 2,
         waves - 1
     );
+}
+
+/// How close to its RSS at rest the daemon must come back once a wave of connections has
+/// closed (the allocator's free pages given back, `agentd::memory`).
+const RSS_BACK_MIB: u64 = 16;
+
+/// A burst of connects, back to back, none waiting for the one before to be accepted: the
+/// listen backlog (`limits.listen_backlog`, 4096 by default) queues them all, so none
+/// waits for a SYN retransmit (1 s: with std's backlog of 128, ~470 of 600 did). Each TCP
+/// connect must complete within 900 ms; the unix ones are made non-blocking, where a full
+/// queue would answer EAGAIN. The machine-wide `ListenOverflows` counter is reported, not
+/// asserted (other processes' listeners count there too).
+fn a_burst_of_connects_is_queued_not_dropped(driver: &str) {
+    let _alone = flood_alone();
+    const CASE: &str = "connect burst";
+    const TCP: usize = 600;
+    const UNIX: usize = 200;
+    let somaxconn: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(4096);
+    if somaxconn < TCP {
+        note(
+            driver,
+            CASE,
+            format!("net.core.somaxconn {somaxconn} < {TCP}: skipped"),
+        );
+        return;
+    }
+    let mut d = Daemon::start_with(driver, "max_connections = 2000");
+    let base_fds = fd_count(&d);
+    assert_served(&mut d, "start-up");
+    wait_fds_back(&d, base_fds, Duration::from_secs(3), "the probes to close");
+    let overflows = listen_overflows();
+    let t = Instant::now();
+    let mut slowest = Duration::ZERO;
+    let mut tcp = Vec::with_capacity(TCP);
+    for i in 0..TCP {
+        let c = Instant::now();
+        tcp.push(
+            TcpStream::connect_timeout(&d.tcp, Duration::from_millis(900)).unwrap_or_else(|e| {
+                panic!("[{driver}] expected connect {i} of a burst of {TCP} to be queued: {e}")
+            }),
+        );
+        slowest = slowest.max(c.elapsed());
+    }
+    let addr = rustix::net::SocketAddrUnix::new(&d.unix).unwrap();
+    let mut unix = Vec::with_capacity(UNIX);
+    for i in 0..UNIX {
+        let s = rustix::net::socket_with(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::STREAM,
+            rustix::net::SocketFlags::NONBLOCK,
+            None,
+        )
+        .unwrap();
+        rustix::net::connect(&s, &addr).unwrap_or_else(|e| {
+            panic!("[{driver}] expected unix connect {i} of a burst of {UNIX} to be queued: {e}")
+        });
+        unix.push(s);
+    }
+    let connected = t.elapsed();
+    let accepted = wait_until(
+        Duration::from_secs(20),
+        &format!(
+            "[{driver}] the daemon to accept a burst of {} connects",
+            TCP + UNIX
+        ),
+        || fd_count(&d) >= base_fds + TCP + UNIX,
+    );
+    note(
+        driver,
+        CASE,
+        format!(
+            "{TCP} tcp + {UNIX} unix connects in {connected:?} (slowest tcp {slowest:?}), all \
+             accepted {accepted:?} later; ListenOverflows +{} (machine-wide)",
+            listen_overflows().saturating_sub(overflows)
+        ),
+    );
+    drop((tcp, unix));
+    wait_fds_back(
+        &d,
+        base_fds,
+        Duration::from_secs(20),
+        &format!("[{driver}] the daemon to close the burst's connections"),
+    );
+    assert_served(&mut d, "a burst of connects");
+}
+
+/// The kernel's `TcpExt: ListenOverflows` counter (machine-wide) from `/proc/net/netstat`.
+fn listen_overflows() -> u64 {
+    let text = std::fs::read_to_string("/proc/net/netstat").unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .chunks(2)
+        .filter(|p| p.len() == 2 && p[0].starts_with("TcpExt:"))
+        .find_map(|p| {
+            let at = p[0]
+                .split_whitespace()
+                .position(|k| k == "ListenOverflows")?;
+            p[1].split_whitespace().nth(at)?.parse().ok()
+        })
+        .unwrap_or(0)
 }
 
 /// The default `max_connections` (std: 1,024 — a thread per connection is std's design —

@@ -7,16 +7,19 @@
 //! accept back-off and the throttle of the warnings that would otherwise repeat per
 //! connection). [`conn_loop`] is the per-connection loop both drivers run, as decisions.
 //! [`log`] holds the log lines both drivers write. [`lockstat`] counts how long
-//! the drivers hold the shared instance lock, for `bench/`, when asked to.
+//! the drivers hold the shared instance lock, for `bench/`, when asked to. [`gauge`] counts
+//! the open connections and their recent peak.
 
 #![forbid(unsafe_code)]
 
 pub mod conn_loop;
+pub mod gauge;
 pub mod lockstat;
 pub mod log;
 pub mod os;
 
 pub use conn_loop::{ConnLoop, Next};
+pub use gauge::ConnGauge;
 pub use log::{
     log_accept_failed, log_refused, log_request, log_requests, request_log_keep, REFUSAL_LOG_EVERY,
     REQUEST_LOG_TARGET,

@@ -147,16 +147,46 @@ pub enum BoundListener {
     },
 }
 
+/// The listen backlog a listener gets unless told otherwise (`limits.listen_backlog`): room
+/// for a burst of connects that arrive faster than the accept loop takes them. The kernel
+/// caps it at `net.core.somaxconn` (4096 by default since Linux 5.4). std's `bind` leaves
+/// 128, which a burst of a few hundred connects overflows: the kernel then drops SYNs, and
+/// each dropped client retries a second later.
+pub const DEFAULT_LISTEN_BACKLOG: u32 = 4096;
+
+/// The most a listen backlog may be: the kernel takes an `int` and caps it at somaxconn.
+pub const MAX_LISTEN_BACKLOG: u32 = 65_535;
+
 impl BoundListener {
+    /// Binds `endpoint` with the [`DEFAULT_LISTEN_BACKLOG`].
     pub fn bind(endpoint: &Endpoint) -> io::Result<Self> {
+        Self::bind_with_backlog(endpoint, DEFAULT_LISTEN_BACKLOG)
+    }
+
+    /// Binds `endpoint` and sets its listen backlog (at least 1, at most
+    /// [`MAX_LISTEN_BACKLOG`]; the kernel lowers it to `net.core.somaxconn`). std binds with
+    /// a backlog of 128 and has no way to name another: calling `listen` again on the
+    /// listening socket is how Linux sets a new one (TCP and unix sockets alike), before
+    /// any connection can have been queued.
+    pub fn bind_with_backlog(endpoint: &Endpoint, backlog: u32) -> io::Result<Self> {
+        let backlog = backlog.clamp(1, MAX_LISTEN_BACKLOG) as i32;
         match endpoint {
             Endpoint::Tcp(addr) | Endpoint::Https(addr) => {
-                Ok(BoundListener::Tcp(TcpListener::bind(addr)?))
+                let l = TcpListener::bind(addr)?;
+                rustix::net::listen(&l, backlog)?;
+                Ok(BoundListener::Tcp(l))
             }
-            Endpoint::Unix(path) => Ok(BoundListener::Unix {
-                listener: bind_unix_private(path)?,
-                path: path.clone(),
-            }),
+            Endpoint::Unix(path) => {
+                let l = bind_unix_private(path)?;
+                if let Err(e) = rustix::net::listen(&l, backlog) {
+                    let _ = std::fs::remove_file(path);
+                    return Err(e.into());
+                }
+                Ok(BoundListener::Unix {
+                    listener: l,
+                    path: path.clone(),
+                })
+            }
         }
     }
 
@@ -722,6 +752,56 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         let leftovers: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
         assert!(leftovers.is_empty(), "staging directory left behind");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    /// A burst of connects that nobody accepts yet is queued whole, up to the backlog asked
+    /// for: with std's 128 the 130th connect would wait for a SYN retransmit (1 s) and time
+    /// out here. Unix sockets too (a full queue answers a non-blocking connect EAGAIN).
+    #[test]
+    fn the_listen_backlog_queues_a_burst() {
+        const BURST: usize = 300;
+        let somaxconn: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(4096);
+        if somaxconn < BURST {
+            eprintln!("net.core.somaxconn {somaxconn} < {BURST}: skipped");
+            return;
+        }
+        let ep: Endpoint = "tcp://127.0.0.1:0".parse().unwrap();
+        let l = BoundListener::bind_with_backlog(&ep, 512).unwrap();
+        let BoundListener::Tcp(tcp) = &l else {
+            unreachable!()
+        };
+        let addr = tcp.local_addr().unwrap();
+        let held: Vec<_> = (0..BURST)
+            .map(|i| {
+                std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(500))
+                    .unwrap_or_else(|e| panic!("connect {i} of {BURST} unaccepted: {e}"))
+            })
+            .collect();
+        drop(held);
+
+        let dir = std::env::temp_dir().join(format!("agentd-os-backlog-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("b.sock");
+        let l = BoundListener::bind_with_backlog(&Endpoint::Unix(path.clone()), 512).unwrap();
+        let addr = rustix::net::SocketAddrUnix::new(&path).unwrap();
+        let mut held = Vec::with_capacity(BURST);
+        for i in 0..BURST {
+            let s = rustix::net::socket_with(
+                rustix::net::AddressFamily::UNIX,
+                rustix::net::SocketType::STREAM,
+                rustix::net::SocketFlags::NONBLOCK,
+                None,
+            )
+            .unwrap();
+            rustix::net::connect(&s, &addr)
+                .unwrap_or_else(|e| panic!("unix connect {i} of {BURST} unaccepted: {e}"));
+            held.push(s);
+        }
+        drop(held);
+        l.cleanup();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -8,7 +8,7 @@
 #![forbid(unsafe_code)]
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Wake, Waker};
 use std::time::Duration;
@@ -21,7 +21,7 @@ use agentd_io_common::os::{
     unix_peer_allowed, AcceptBackoff, BoundListener, Clock, LogThrottle, SpareFd, BUSY_RESPONSE,
 };
 use agentd_io_common::{
-    log_accept_failed, log_refused, log_requests, request_log_keep, ConnLoop, Next,
+    log_accept_failed, log_refused, log_requests, request_log_keep, ConnGauge, ConnLoop, Next,
 };
 use async_io::{Async, Timer};
 use futures_lite::{future, AsyncWrite, AsyncWriteExt};
@@ -58,9 +58,16 @@ pub struct ServerHandle {
     stop_tx: async_channel::Sender<()>,
     threads: Vec<std::thread::JoinHandle<()>>,
     listeners: Vec<Arc<BoundListener>>,
+    active: Arc<ConnGauge>,
 }
 
 impl ServerHandle {
+    /// The open connections and their recent peak, for a host that gives memory back
+    /// after a burst.
+    pub fn connections(&self) -> Arc<ConnGauge> {
+        self.active.clone()
+    }
+
     /// Stops the executor (open connections are dropped) and removes unix socket files.
     pub fn shutdown(self) {
         self.stop.store(true, Ordering::SeqCst);
@@ -98,7 +105,7 @@ pub fn serve(
     let executor = Arc::new(smol::Executor::<'static>::new());
     let stop = Arc::new(AtomicBool::new(false));
     let (stop_tx, stop_rx) = async_channel::bounded::<()>(1);
-    let active = Arc::new(AtomicUsize::new(0));
+    let active = Arc::new(ConnGauge::new());
     let listeners: Vec<Arc<BoundListener>> = listeners.into_iter().map(Arc::new).collect();
     for (index, listener) in listeners.iter().enumerate() {
         let ctx = Ctx {
@@ -138,6 +145,7 @@ pub fn serve(
         stop_tx,
         threads,
         listeners,
+        active,
     })
 }
 
@@ -145,7 +153,7 @@ pub fn serve(
 struct Ctx {
     instance: Arc<Mutex<Instance>>,
     executor: Arc<smol::Executor<'static>>,
-    active: Arc<AtomicUsize>,
+    active: Arc<ConnGauge>,
     shared: Arc<Shared>,
     options: DriverOptions,
     clock: Clock,
@@ -181,8 +189,7 @@ impl Ctx {
 
     /// Takes a connection slot, or answers 503 when none is free.
     async fn admit<S: AsyncWrite + Unpin>(&self, stream: &mut S) -> bool {
-        if self.active.fetch_add(1, Ordering::SeqCst) >= self.options.max_connections {
-            self.active.fetch_sub(1, Ordering::SeqCst);
+        if !self.active.try_open(self.options.max_connections) {
             if let Some(refused) = self.shared.refused.hit() {
                 log_refused(refused, self.options.max_connections);
             }
@@ -257,7 +264,7 @@ impl Ctx {
                 .spawn(async move {
                     if ctx.admit(&mut stream).await {
                         ctx.clone().serve(stream, Peer::Tcp, Some(source)).await;
-                        ctx.active.fetch_sub(1, Ordering::SeqCst);
+                        ctx.active.closed();
                     }
                 })
                 .detach();
@@ -308,7 +315,7 @@ impl Ctx {
                 .spawn(async move {
                     if ctx.admit(&mut stream).await {
                         ctx.clone().serve(stream, Peer::Unix { uid }, None).await;
-                        ctx.active.fetch_sub(1, Ordering::SeqCst);
+                        ctx.active.closed();
                     }
                 })
                 .detach();

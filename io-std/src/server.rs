@@ -3,7 +3,7 @@
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Wake, Waker};
 use std::thread;
@@ -18,7 +18,7 @@ use agentd_io_common::os::{
     unix_peer_allowed, AcceptBackoff, BoundListener, Clock, LogThrottle, SpareFd,
 };
 use agentd_io_common::{
-    log_accept_failed, log_refused, log_requests, request_log_keep, ConnLoop, Next,
+    log_accept_failed, log_refused, log_requests, request_log_keep, ConnGauge, ConnLoop, Next,
 };
 
 /// How the driver runs.
@@ -46,9 +46,16 @@ pub struct ServerHandle {
     stop: Arc<AtomicBool>,
     threads: Vec<thread::JoinHandle<()>>,
     listeners: Vec<Arc<BoundListener>>,
+    active: Arc<ConnGauge>,
 }
 
 impl ServerHandle {
+    /// The open connections and their recent peak, for a host that gives memory back
+    /// after a burst.
+    pub fn connections(&self) -> Arc<ConnGauge> {
+        self.active.clone()
+    }
+
     /// Stops accepting, and removes unix socket files. Open connections end on their own
     /// deadlines.
     pub fn shutdown(self) {
@@ -92,7 +99,7 @@ pub fn serve(
 ) -> io::Result<ServerHandle> {
     options.max_connections = start_connection_bound(options.max_connections);
     let stop = Arc::new(AtomicBool::new(false));
-    let active = Arc::new(AtomicUsize::new(0));
+    let active = Arc::new(ConnGauge::new());
     let shared = Arc::new(AcceptShared::default());
     let listeners: Vec<Arc<BoundListener>> = listeners.into_iter().map(Arc::new).collect();
     let mut threads = Vec::new();
@@ -117,6 +124,7 @@ pub fn serve(
         stop,
         threads,
         listeners,
+        active,
     })
 }
 
@@ -124,7 +132,7 @@ pub fn serve(
 struct AcceptContext {
     instance: Arc<Mutex<Instance>>,
     stop: Arc<AtomicBool>,
-    active: Arc<AtomicUsize>,
+    active: Arc<ConnGauge>,
     shared: Arc<AcceptShared>,
     options: DriverOptions,
     clock: Clock,
@@ -257,8 +265,7 @@ impl AcceptContext {
                 }
             }
         }
-        if self.active.fetch_add(1, Ordering::SeqCst) >= self.options.max_connections {
-            self.active.fetch_sub(1, Ordering::SeqCst);
+        if !self.active.try_open(self.options.max_connections) {
             accepted.refuse_busy();
             if let Some(refused) = self.shared.refused.hit() {
                 log_refused(refused, self.options.max_connections);
@@ -282,10 +289,10 @@ impl AcceptContext {
                     }
                     Accepted::Unix(s) => ctx.serve(s, peer, None),
                 }
-                active.fetch_sub(1, Ordering::SeqCst);
+                active.closed();
             });
         if spawned.is_err() {
-            self.active.fetch_sub(1, Ordering::SeqCst);
+            self.active.closed();
             tracing::warn!("could not start a connection thread");
         }
     }

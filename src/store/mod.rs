@@ -230,10 +230,10 @@ impl Default for Options {
 
 /// What open found: the live state and whether a damaged tail was cut off.
 #[derive(Debug)]
-pub struct Recovered {
+pub struct Recovered<B = serde_json::Value> {
     /// The live state: the last put per `(kind, key)` whose key was not removed afterwards,
     /// in the order of those last writes.
-    pub records: Vec<Record>,
+    pub records: Vec<Record<B>>,
     /// Journal frames replayed (one per append call) on top of the snapshot.
     pub frames: u64,
     /// A damaged tail cut off the newest segment, if any. Log it.
@@ -447,13 +447,23 @@ impl Store {
     /// Opens (or creates) the store in `dir`, recovering its state. Fails with
     /// [`Error::Locked`] if another store has it open.
     pub fn open(dir: impl AsRef<Path>, opts: Options) -> Result<(Store, Recovered), Error> {
+        Self::open_as(dir, opts)
+    }
+
+    /// [`Store::open`], with the recovered bodies read as `B`: `Box<RawValue>` keeps each
+    /// body as its JSON text (one allocation, no tree), for a caller that parses each
+    /// straight into its own type, one at a time.
+    pub fn open_as<B: serde::de::DeserializeOwned>(
+        dir: impl AsRef<Path>,
+        opts: Options,
+    ) -> Result<(Store, Recovered<B>), Error> {
         let dir = dir.as_ref().to_path_buf();
         assert!(
             opts.max_append_bytes <= MAX_FRAME as usize,
             "max_append_bytes above MAX_FRAME"
         );
         let lock = disk::lock(&dir)?;
-        let replay = disk::replay(&dir, disk::Mode::Open)?;
+        let replay = disk::replay::<B>(&dir, disk::Mode::Open)?;
 
         let all_bytes: u64 = replay.segments.iter().map(|s| s.len).sum();
         let started = (|| {

@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Task-count scaling and restart: RSS per task, restart time, RSS after restart.
+
+For each N in --counts: starts the release daemon with the file store in a fresh temp dir,
+populates N tasks with SendMessage (no agent is configured, so each becomes a REJECTED
+task, written ahead to the store), measures RSS, stops it (SIGTERM), starts it again on the
+same store and measures the time from spawn to the first ListTasks answer and the RSS after
+it. Prints one table. python3 standard library only. See bench/README.md.
+
+    bench/scale_restart.py                         # 1k, 10k, 100k on smol
+    bench/scale_restart.py --counts 1000 --driver std
+    bench/scale_restart.py --bin /tmp/agentd-old   # another build
+"""
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HEADERS = {"Content-Type": "application/json", "A2A-Version": "1.0"}
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def dir_bytes(path):
+    total = 0
+    for d, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(d, name))
+            except OSError:
+                pass
+    return total
+
+
+class Daemon:
+    def __init__(self, binary, driver, config, log):
+        self.spawned = time.monotonic()
+        self.proc = subprocess.Popen(
+            [binary, "--config", config, "--driver", driver],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
+        line = self.proc.stdout.readline()
+        if not line.startswith("listening "):
+            self.stop()
+            raise RuntimeError(f"daemon did not start (first line {line!r}); see {log.name}")
+        url = line.split()[1]
+        hostport = url.split("://", 1)[1].rstrip("/")
+        self.host, port = hostport.rsplit(":", 1)
+        self.port = int(port)
+        # Keep reading stdout so the daemon never blocks on a full pipe.
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def conn(self):
+        return http.client.HTTPConnection(self.host, self.port, timeout=60)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def rpc(conn, method, params, rid=1):
+    body = json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+    conn.request("POST", "/", body=body, headers=HEADERS)
+    resp = conn.getresponse()
+    data = resp.read()
+    if resp.status != 200:
+        raise RuntimeError(f"{method}: HTTP {resp.status}: {data[:200]!r}")
+    doc = json.loads(data)
+    if "result" not in doc:
+        raise RuntimeError(f"{method}: {data[:200]!r}")
+    return doc["result"]
+
+
+def populate(d, n, threads):
+    errors = []
+
+    def worker(t, count):
+        c = d.conn()
+        try:
+            for i in range(count):
+                msg = {
+                    "role": "ROLE_USER",
+                    "messageId": f"m-{t}-{i}",
+                    "parts": [{"text": "hello"}],
+                }
+                rpc(c, "SendMessage", {"message": msg}, rid=i)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            c.close()
+
+    per = [n // threads + (1 if t < n % threads else 0) for t in range(threads)]
+    ts = [threading.Thread(target=worker, args=(t, k)) for t, k in enumerate(per)]
+    start = time.monotonic()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
+    return time.monotonic() - start
+
+
+def first_list_answer(d, timeout=120):
+    """Seconds from the daemon's spawn to its first ListTasks answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        c = d.conn()
+        try:
+            rpc(c, "ListTasks", {"pageSize": 1})
+            return time.monotonic() - d.spawned
+        except (ConnectionError, OSError, http.client.HTTPException):
+            time.sleep(0.002)
+        finally:
+            c.close()
+    raise RuntimeError("no ListTasks answer")
+
+
+def run(binary, driver, n, threads, keep):
+    tmp = tempfile.mkdtemp(prefix="agentd-scale-")
+    store = os.path.join(tmp, "store")
+    config = os.path.join(tmp, "agentd.toml")
+    with open(config, "w") as f:
+        f.write(
+            '[a2a]\nlisten = ["tcp://127.0.0.1:0"]\n'
+            f'[store]\nkind = "file"\ndir = "{store}"\n'
+            f"[limits]\nmax_tasks = {max(n, 10000)}\ntasks_bytes = {64 << 30}\n"
+        )
+    log = open(os.path.join(tmp, "daemon.log"), "w")
+    row = {"n": n}
+    try:
+        d = Daemon(binary, driver, config, log)
+        try:
+            c = d.conn()
+            rpc(c, "ListTasks", {"pageSize": 1})
+            c.close()
+            row["idle_kib"] = rss_kib(d.pid)
+            row["populate_s"] = populate(d, n, threads)
+            time.sleep(0.5)
+            row["before_kib"] = rss_kib(d.pid)
+        finally:
+            d.stop()
+        row["disk"] = dir_bytes(store)
+        d = Daemon(binary, driver, config, log)
+        try:
+            row["restart_s"] = first_list_answer(d)
+            row["after_first_kib"] = rss_kib(d.pid)
+            time.sleep(1.0)
+            row["after_kib"] = rss_kib(d.pid)
+            c = d.conn()
+            got = rpc(c, "ListTasks", {"pageSize": 1})
+            c.close()
+            row["listed"] = got.get("totalSize", "?")
+        finally:
+            d.stop()
+    finally:
+        log.close()
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"kept {tmp}", file=sys.stderr)
+    return row
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bin", default=os.path.join(ROOT, "target/release/agentd"))
+    p.add_argument("--driver", default="smol", choices=["smol", "std"])
+    p.add_argument("--counts", default="1000,10000,100000")
+    p.add_argument("--threads", type=int, default=8, help="client threads (keep-alive each)")
+    p.add_argument("--keep", action="store_true", help="keep the temp dirs")
+    a = p.parse_args()
+    if not os.access(a.bin, os.X_OK):
+        sys.exit(f"{a.bin}: not built (cargo build --release)")
+    rows = [run(a.bin, a.driver, int(n), a.threads, a.keep) for n in a.counts.split(",")]
+    print(f"agentd scale/restart, driver {a.driver}, {a.bin}")
+    cols = (
+        f"{'tasks':>7} {'fill s':>7} {'tasks/s':>8} {'idle MiB':>8} {'RSS MiB':>8} "
+        f"{'B/task':>7} {'disk MiB':>8} {'B/task':>6} {'restart s':>9} "
+        f"{'RSS@1st':>8} {'RSS+1s':>8} {'after/before':>12}"
+    )
+    print(cols)
+    for r in rows:
+        n = r["n"]
+        per_task = (r["before_kib"] - r["idle_kib"]) * 1024 / n
+        print(
+            f"{n:>7} {r['populate_s']:>7.1f} {n / r['populate_s']:>8.0f} "
+            f"{r['idle_kib'] / 1024:>8.1f} {r['before_kib'] / 1024:>8.1f} {per_task:>7.0f} "
+            f"{r['disk'] / 2**20:>8.1f} {r['disk'] / n:>6.0f} {r['restart_s']:>9.3f} "
+            f"{r['after_first_kib'] / 1024:>8.1f} {r['after_kib'] / 1024:>8.1f} "
+            f"{r['after_kib'] / r['before_kib']:>12.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+//! Giving memory back to the system after a burst.
+//!
+//! glibc's allocator keeps what a thread freed in that thread's arena for reuse, and gives
+//! back only the top of each heap. After 10,000 connections close, the std driver (a thread
+//! per connection) kept ~128 MiB that way, spread over up to 8 arenas a CPU, and a restore
+//! of 100k tasks kept the parse's garbage. Two levers, both glibc's:
+//!
+//! - [`limit_arenas`] caps the arenas (`mallopt(M_ARENA_MAX)`) before any thread starts, so
+//!   freed memory is shared by the threads that come after rather than kept per arena;
+//! - [`trim`] (`malloc_trim(0)`) returns every free page of every arena, called once the
+//!   store is restored and by [`spawn_trimmer`] when the open connections have fallen far
+//!   below their recent peak ([`TrimPolicy`]).
+//!
+//! On other C libraries both are no-ops.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentd_io_common::ConnGauge;
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+mod glibc {
+    use std::ffi::c_int;
+
+    /// `M_ARENA_MAX` of glibc's `<malloc.h>`.
+    const M_ARENA_MAX: c_int = -8;
+
+    extern "C" {
+        fn mallopt(param: c_int, value: c_int) -> c_int;
+        fn malloc_trim(pad: usize) -> c_int;
+    }
+
+    pub(super) fn limit_arenas(n: c_int) -> bool {
+        // SAFETY: mallopt only sets a tunable of the allocator; glibc takes its own lock,
+        // and M_ARENA_MAX with a positive value is documented for any time (it is read
+        // when a thread first needs an arena).
+        unsafe { mallopt(M_ARENA_MAX, n) == 1 }
+    }
+
+    pub(super) fn trim() -> bool {
+        // SAFETY: malloc_trim walks the arenas under their locks and returns free pages to
+        // the kernel; it touches no memory that is in use.
+        unsafe { malloc_trim(0) == 1 }
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+mod glibc {
+    pub(super) fn limit_arenas(_: std::ffi::c_int) -> bool {
+        false
+    }
+    pub(super) fn trim() -> bool {
+        false
+    }
+}
+
+/// Caps glibc's malloc arenas at `n` (at least 1). Call before any thread starts. True when
+/// the allocator took it.
+pub fn limit_arenas(n: usize) -> bool {
+    glibc::limit_arenas(n.clamp(1, 1024) as std::ffi::c_int)
+}
+
+/// The arena cap the daemon uses: two per CPU (glibc's own default is eight per CPU on a
+/// 64-bit machine), at least 2. Enough that the drivers' threads rarely wait on one
+/// another's arena, few enough that a burst's garbage is not kept 16 times over.
+pub fn default_arenas() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()) * 2
+}
+
+/// Returns the allocator's free pages to the system. True when some were.
+pub fn trim() -> bool {
+    glibc::trim()
+}
+
+/// When to trim after a burst: the open connections, sampled each period, have fallen to
+/// at most a `1/FACTOR` of the peak seen since the last trim, by at least `MIN_DROP`
+/// connections (a few hundred connections' worth of memory is not worth a walk of every
+/// arena). The peak comes from [`ConnGauge::take_peak`], so a burst that opened and closed
+/// between two samples counts. Once it has trimmed, the peak starts again from what is
+/// open: one trim per burst (and its follow-ups), and a steady load never trims.
+///
+/// Each such trim is followed by [`TrimPolicy::FOLLOW_UPS`] more, a period apart, and by
+/// one more after each that gave back at least [`TrimPolicy::WORTH`] bytes (up to
+/// [`TrimPolicy::MAX_FOLLOW_UPS`]): what the burst's last threads free as they exit
+/// (glibc's per-thread caches, flushed at thread exit, after the count fell) comes after
+/// the first, and 10,000 exits take seconds on a loaded machine.
+#[derive(Debug, Default, Clone)]
+pub struct TrimPolicy {
+    recent_peak: usize,
+    follow_ups: usize,
+    budget: usize,
+}
+
+impl TrimPolicy {
+    /// How far below the peak the open connections must fall.
+    pub const FACTOR: usize = 4;
+    /// Trims after the one a fall from the peak calls for, one a period.
+    pub const FOLLOW_UPS: usize = 3;
+    /// The most trims one fall from the peak calls for after its first.
+    pub const MAX_FOLLOW_UPS: usize = 30;
+    /// A trim that gave back at least this many bytes calls for another.
+    pub const WORTH: u64 = 1 << 20;
+    /// The least drop from the peak worth a trim.
+    pub const MIN_DROP: usize = 256;
+
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// One sample: `open` connections now, `peak` the most at once since the last sample
+    /// (at least `open`). True when the caller should trim now.
+    pub fn observe(&mut self, open: usize, peak: usize) -> bool {
+        self.recent_peak = self.recent_peak.max(peak).max(open);
+        let fell = self.recent_peak - open >= Self::MIN_DROP
+            && open.saturating_mul(Self::FACTOR) <= self.recent_peak;
+        if fell {
+            self.recent_peak = open;
+            self.follow_ups = Self::FOLLOW_UPS;
+            self.budget = Self::MAX_FOLLOW_UPS;
+            return true;
+        }
+        if self.follow_ups > 0 && self.budget > 0 {
+            self.follow_ups -= 1;
+            self.budget -= 1;
+            return true;
+        }
+        false
+    }
+
+    /// What the trim [`TrimPolicy::observe`] called for gave back (resident bytes before
+    /// less after): one that was worth it calls for another a period later.
+    pub fn trimmed(&mut self, released: u64) {
+        if released >= Self::WORTH {
+            self.follow_ups += 1;
+        }
+    }
+}
+
+/// The process's resident set in bytes (`VmRSS` of `/proc/self/status`), 0 when unreadable.
+pub fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let kib = s.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+            kib.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// How often [`spawn_trimmer`] samples the connections.
+pub const TRIM_PERIOD: Duration = Duration::from_secs(1);
+
+/// Starts a small thread that samples `gauge` every [`TRIM_PERIOD`] and trims when the
+/// [`TrimPolicy`] says so.
+pub fn spawn_trimmer(gauge: Arc<ConnGauge>) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("agentd-trim".into())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            let mut policy = TrimPolicy::new();
+            loop {
+                std::thread::sleep(TRIM_PERIOD);
+                let peak = gauge.take_peak();
+                if policy.observe(gauge.open(), peak) {
+                    let before = resident_bytes();
+                    let trimmed = trim();
+                    let released = before.saturating_sub(resident_bytes());
+                    policy.trimmed(released);
+                    tracing::debug!(
+                        peak,
+                        trimmed,
+                        released,
+                        "connections fell after a burst: memory trimmed"
+                    );
+                }
+            }
+        })
+        .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_shorter_than_the_period_is_trimmed_after() {
+        let g = ConnGauge::new();
+        let mut p = TrimPolicy::new();
+        assert!(!p.observe(g.open(), g.take_peak()), "nothing happened");
+        // 1,000 connections open and close between two samples.
+        for _ in 0..1000 {
+            assert!(g.try_open(usize::MAX));
+        }
+        for _ in 0..1000 {
+            g.closed();
+        }
+        assert!(
+            p.observe(g.open(), g.take_peak()),
+            "the burst is seen and trimmed"
+        );
+        for _ in 0..TrimPolicy::FOLLOW_UPS {
+            assert!(
+                p.observe(g.open(), g.take_peak()),
+                "and again a period later"
+            );
+        }
+        assert!(!p.observe(g.open(), g.take_peak()), "then no more");
+    }
+
+    #[test]
+    fn trims_go_on_while_they_give_memory_back_within_a_budget() {
+        let mut p = TrimPolicy::new();
+        assert!(!p.observe(1000, 1000));
+        assert!(p.observe(0, 0), "the fall");
+        p.trimmed(100 << 20);
+        for _ in 0..TrimPolicy::FOLLOW_UPS {
+            assert!(p.observe(0, 0));
+            p.trimmed(0);
+        }
+        assert!(
+            p.observe(0, 0),
+            "the fall's trim gave back enough for one more"
+        );
+        p.trimmed(TrimPolicy::WORTH - 1);
+        assert!(!p.observe(0, 0), "that one gave back too little");
+        // However much each gives back, at most MAX_FOLLOW_UPS follow a fall.
+        let mut p = TrimPolicy::new();
+        assert!(!p.observe(1000, 1000));
+        assert!(p.observe(0, 0));
+        let mut n = 0;
+        while p.observe(0, 0) {
+            p.trimmed(u64::MAX);
+            n += 1;
+            assert!(n <= TrimPolicy::MAX_FOLLOW_UPS);
+        }
+        assert_eq!(n, TrimPolicy::MAX_FOLLOW_UPS);
+        assert_ne!(resident_bytes(), 0);
+    }
+
+    #[test]
+    fn trims_once_the_connections_fell_far_below_their_peak() {
+        let mut p = TrimPolicy::new();
+        assert!(!p.observe(2000, 2000), "at the peak");
+        assert!(!p.observe(1000, 1000), "half the peak is not far enough");
+        assert!(!p.observe(600, 600), "above a quarter");
+        assert!(p.observe(500, 500), "a quarter of the peak");
+        assert!(p.observe(500, 500), "a follow-up a period later");
+        // The peak starts again from those still open: their closing is another burst's
+        // end, and after it (and its follow-ups) nothing more.
+        assert!(p.observe(0, 0));
+        for _ in 0..TrimPolicy::FOLLOW_UPS {
+            assert!(p.observe(0, 0));
+        }
+        assert!(!p.observe(0, 0));
+    }
+
+    #[test]
+    fn a_steady_load_or_a_small_drop_never_trims() {
+        let mut p = TrimPolicy::new();
+        for _ in 0..100 {
+            assert!(!p.observe(5000, 5200));
+        }
+        // From 200 to 0: a quarter, but fewer than MIN_DROP connections.
+        let mut p = TrimPolicy::new();
+        assert!(!p.observe(200, 200));
+        assert!(!p.observe(0, 0));
+    }
+}
