@@ -406,26 +406,17 @@ impl Connection {
                     self.note_task(&task);
                 }
                 // Held (below) when it acknowledges a change, so never refused for room.
-                let instead = changed.map(|seq| {
-                    (
-                        seq,
-                        Instead::Rpc {
-                            id: id.clone(),
-                            minor,
-                        },
-                    )
+                let echo = activated.echo();
+                self.defer(inst, changed, id, minor, |id| {
+                    Deferred::Task(TaskAnswer {
+                        json,
+                        id,
+                        keep_alive,
+                        minor,
+                        echo,
+                        acknowledges: changed.is_some(),
+                    })
                 });
-                self.deferred = Some(Deferred::Task(TaskAnswer {
-                    json,
-                    id,
-                    keep_alive,
-                    minor,
-                    echo: activated.echo(),
-                    acknowledges: changed.is_some(),
-                }));
-                if let Some((seq, instead)) = instead {
-                    self.hold_from(inst, start, seq, instead);
-                }
                 false
             }
             Reply::Result(result) => {
@@ -438,26 +429,15 @@ impl Connection {
                     let task = reqlog::peek_result_task(&result);
                     self.note_task(task.as_str());
                 }
-                let instead = changed.map(|seq| {
-                    (
-                        seq,
-                        Instead::Rpc {
-                            id: id.clone(),
-                            minor,
-                        },
-                    )
-                });
-                self.deferred = Some(Deferred::Result {
+                let echo = activated.echo();
+                self.defer(inst, changed, id, minor, |id| Deferred::Result {
                     id,
                     result,
                     keep_alive,
                     minor,
-                    echo: activated.echo(),
+                    echo,
                     acknowledges: changed.is_some(),
                 });
-                if let Some((seq, instead)) = instead {
-                    self.hold_from(inst, start, seq, instead);
-                }
                 false
             }
             Reply::Error(err) => {
@@ -482,24 +462,12 @@ impl Connection {
                     self.note_task(task);
                 }
                 // A refused request echoes nothing.
-                let instead = changed.map(|seq| {
-                    (
-                        seq,
-                        Instead::Rpc {
-                            id: id.clone(),
-                            minor,
-                        },
-                    )
-                });
-                self.deferred = Some(Deferred::Error {
+                self.defer(inst, changed, id, minor, |id| Deferred::Error {
                     err: Box::new(err),
                     id,
                     keep_alive,
                     minor,
                 });
-                if let Some((seq, instead)) = instead {
-                    self.hold_from(inst, start, seq, instead);
-                }
                 false
             }
             Reply::Wait {
@@ -569,6 +537,33 @@ impl Connection {
                 };
                 true
             }
+        }
+    }
+
+    /// Leaves the answer to request `id` for `produce` to frame. If the call changed
+    /// something (`changed`: the record sequence it reached), the answer is held until that
+    /// is durable, and becomes a STORE_UNAVAILABLE refusal if it never is.
+    fn defer(
+        &mut self,
+        inst: &mut Instance,
+        changed: Option<u64>,
+        id: RequestId,
+        minor: u8,
+        answer: impl FnOnce(RequestId) -> Deferred,
+    ) {
+        let start = self.out.len();
+        let instead = changed.map(|seq| {
+            (
+                seq,
+                Instead::Rpc {
+                    id: id.clone(),
+                    minor,
+                },
+            )
+        });
+        self.deferred = Some(answer(id));
+        if let Some((seq, instead)) = instead {
+            self.hold_from(inst, start, seq, instead);
         }
     }
 
