@@ -5,7 +5,10 @@ For each N in --counts: starts the release daemon with the file store in a fresh
 populates N tasks with SendMessage (no agent is configured, so each becomes a REJECTED
 task, written ahead to the store), measures RSS, stops it (SIGTERM), starts it again on the
 same store and measures the time from spawn to the first ListTasks answer and the RSS after
-it. Prints one table. python3 standard library only. See bench/README.md.
+it. Then, on the restarted daemon, the head of line: GetTask of a known task, p50 and p99,
+alone, beside 4 connections calling ListTasks (pageSize 50) and beside 4 calling the
+`status` command, all without pause. Prints two tables. python3 standard library only. See
+bench/README.md.
 
     bench/scale_restart.py                         # 1k, 10k, 100k on smol
     bench/scale_restart.py --counts 1000 --driver std
@@ -15,6 +18,7 @@ it. Prints one table. python3 standard library only. See bench/README.md.
 import argparse
 import http.client
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -142,6 +146,83 @@ def first_list_answer(d, timeout=120):
     raise RuntimeError("no ListTasks answer")
 
 
+COMMAND = "https://agentd.dev/a2a/ext/command"
+
+
+def status_call(conn):
+    body = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "SendMessage",
+            "params": {
+                "message": {
+                    "role": "ROLE_USER",
+                    "messageId": "status",
+                    "extensions": [COMMAND],
+                    "parts": [{"data": {"agentd": {"op": "status"}}}],
+                }
+            },
+        }
+    )
+    conn.request("POST", "/", body=body, headers={**HEADERS, "A2A-Extensions": COMMAND})
+    resp = conn.getresponse()
+    data = resp.read()
+    if resp.status != 200 or b'"result"' not in data:
+        raise RuntimeError(f"status: HTTP {resp.status}: {data[:200]!r}")
+
+
+def get_task_latencies(d, task_id, calls):
+    c = d.conn()
+    out = []
+    try:
+        for _ in range(calls):
+            t = time.perf_counter()
+            rpc(c, "GetTask", {"id": task_id})
+            out.append(time.perf_counter() - t)
+    finally:
+        c.close()
+    out.sort()
+    return out[len(out) // 2] * 1e3, out[min(len(out) - 1, len(out) * 99 // 100)] * 1e3
+
+
+def load_loop(host, port, name):
+    """One load connection: ListTasks (pageSize 50) or status, without pause, until killed."""
+    os.nice(10)
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    while True:
+        if name == "status":
+            status_call(conn)
+        else:
+            rpc(conn, "ListTasks", {"pageSize": 50})
+
+
+def head_of_line(d, calls=2000):
+    """GetTask p50/p99 (ms) alone, beside 4 ListTasks callers, beside 4 status callers."""
+    c = d.conn()
+    task_id = rpc(c, "ListTasks", {"pageSize": 1})["tasks"][0]["id"]
+    c.close()
+    rows = {"alone": get_task_latencies(d, task_id, calls)}
+    for name in ("ListTasks", "status"):
+        # Separate processes (a thread would share the measuring thread's GIL), niced, so
+        # the figure is the daemon's head of line, not the load's CPU.
+        procs = [
+            multiprocessing.Process(target=load_loop, args=(d.host, d.port, name))
+            for _ in range(4)
+        ]
+        for pr in procs:
+            pr.start()
+        time.sleep(0.3)
+        try:
+            rows[name] = get_task_latencies(d, task_id, calls)
+        finally:
+            for pr in procs:
+                pr.terminate()
+            for pr in procs:
+                pr.join()
+    return rows
+
+
 def run(binary, driver, n, threads, keep):
     tmp = tempfile.mkdtemp(prefix="agentd-scale-")
     store = os.path.join(tmp, "store")
@@ -177,6 +258,7 @@ def run(binary, driver, n, threads, keep):
             got = rpc(c, "ListTasks", {"pageSize": 1})
             c.close()
             row["listed"] = got.get("totalSize", "?")
+            row["hol"] = head_of_line(d)
         finally:
             d.stop()
     finally:
@@ -216,6 +298,13 @@ def main():
             f"{r['after_first_kib'] / 1024:>8.1f} {r['after_kib'] / 1024:>8.1f} "
             f"{r['after_kib'] / r['before_kib']:>12.2f}"
         )
+    print("GetTask of a known task, ms (p50 / p99), and p99 over p99 alone")
+    print(f"{'tasks':>7} {'alone':>15} {'+4 ListTasks':>15} {'+4 status':>15} {'ratios':>12}")
+    for r in rows:
+        h = r["hol"]
+        cells = " ".join(f"{h[k][0]:>7.2f}/{h[k][1]:<7.2f}" for k in ("alone", "ListTasks", "status"))
+        ratio = f"{h['ListTasks'][1] / h['alone'][1]:.1f}x {h['status'][1] / h['alone'][1]:.1f}x"
+        print(f"{r['n']:>7} {cells} {ratio:>12}")
 
 
 if __name__ == "__main__":
