@@ -28,16 +28,10 @@ import tempfile
 import threading
 import time
 
+from burst import rss_kib  # bench/ is the script's directory, so on its path
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADERS = {"Content-Type": "application/json", "A2A-Version": "1.0"}
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 def dir_bytes(path):
