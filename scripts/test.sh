@@ -14,7 +14,8 @@ cd "$repo"
 mkdir -p target
 log="$repo/target/test.log"
 summary_file="$repo/target/test-summary.txt"
-rm -f "$summary_file"
+failures_file="$repo/target/test-failures.txt"
+rm -f "$summary_file" "$failures_file"
 # A step that stops the script says which one it was (set -e alone exits silently).
 trap 'echo "scripts/test.sh: stopped at line $LINENO: $BASH_COMMAND" >&2' ERR
 
@@ -190,7 +191,7 @@ if [ -n "$leftovers" ]; then
 fi
 if [ "${#failures[@]}" -gt 0 ]; then
     echo "failed:"
-    printf '%s\n' "${failures[@]}"
+    printf '%s\n' "${failures[@]}" | tee "$failures_file" # .ci/run repeats them last
 fi
 echo "$ignored ignored (see target/test.log)"
 line="$passed passed, $failed failed"
