@@ -50,23 +50,33 @@ impl FeedEntry {
         }
     }
 
-    /// Writes the JSON-RPC response carrying this event's frame for request `id`:
-    /// `{"id":…,"jsonrpc":"2.0","result":{"event":{"kind":…,"seq":…,"ts":…,"data":…}}}`.
-    /// The data was rendered once at push time; each subscriber only copies it.
-    pub(crate) fn write_response(&self, out: &mut Vec<u8>, id: &str, annotate: bool) {
-        use std::io::Write as _;
-        let data = match (&self.data_plain, annotate) {
+    /// The `data` document a subscriber receives: without task annotations unless it
+    /// activated that extension. Rendered once at push time and shared by every frame.
+    pub(crate) fn data_for(&self, annotate: bool) -> &Arc<str> {
+        match (&self.data_plain, annotate) {
             (Some(plain), false) => plain,
             _ => &self.data,
-        };
-        let _ = write!(
-            out,
-            "{{\"id\":{id},\"jsonrpc\":\"2.0\",\"result\":{{\"event\":{{\"kind\":\"{}\",\"seq\":{},\"ts\":{},\"data\":",
-            self.kind, self.seq, self.ts
-        );
-        out.extend_from_slice(data.as_bytes());
-        out.extend_from_slice(b"}}}");
+        }
     }
+}
+
+/// Writes the JSON-RPC response carrying one event's frame for request `id`:
+/// `{"id":…,"jsonrpc":"2.0","result":{"event":{"kind":…,"seq":…,"ts":…,"data":…}}}`.
+pub(crate) fn write_event_response(
+    out: &mut Vec<u8>,
+    id: &str,
+    kind: &str,
+    seq: u64,
+    ts: u64,
+    data: &str,
+) {
+    use std::io::Write as _;
+    let _ = write!(
+        out,
+        "{{\"id\":{id},\"jsonrpc\":\"2.0\",\"result\":{{\"event\":{{\"kind\":\"{kind}\",\"seq\":{seq},\"ts\":{ts},\"data\":"
+    );
+    out.extend_from_slice(data.as_bytes());
+    out.extend_from_slice(b"}}}");
 }
 
 /// What may be pushed: the closed vocabulary, one variant per family of kinds.

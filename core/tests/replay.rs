@@ -516,27 +516,60 @@ fn a_long_replay_is_written_as_the_peer_reads() {
     complete(&mut h, &t, TaskState::Completed);
     c.conn.close(&mut h.inst);
 
+    // A peer that reads what is pending one write at a time, as a driver writes it: the
+    // output bound holds the replay back (the bound, plus the frame that crossed it).
     let mut r = h.conn();
-    let mut out = r.feed(
-        &mut h,
-        &call_resuming("SubscribeToTask", 2, json!({"id": t}), &eid(&t, 0)),
-    );
-    let first = frames(&first_head(&out).body).len();
-    assert!(
-        (1..22).contains(&first),
-        "the output bound holds the replay back: {first} frames at once"
-    );
-    for _ in 0..100 {
-        let more = r.poll(&mut h);
-        if more.is_empty() {
-            break;
+    let req = call_resuming("SubscribeToTask", 2, json!({"id": t}), &eid(&t, 0));
+    r.conn.handle_input(&mut h.inst, &req, h.now);
+    let (mut out, mut writes, mut largest) = (Vec::new(), 0, 0);
+    for _ in 0..1000 {
+        let pending = r.conn.pending_output();
+        if pending.is_empty() {
+            // All written: the driver polls again for what comes next.
+            r.conn.poll(&mut h.inst, h.now);
+            if r.conn.pending_output().is_empty() {
+                break;
+            }
+            continue;
         }
-        out.extend(more);
+        largest = largest.max(pending.len());
+        writes += 1;
+        out.extend_from_slice(pending);
+        let n = pending.len();
+        r.conn.consume_output(n, h.now);
     }
+    assert!(
+        largest < 1024 + 512,
+        "the output bound holds the replay back: {largest} bytes pending at once"
+    );
+    assert!(writes > 2, "the replay took {writes} writes");
     let ids: Vec<Option<String>> = frames(&one(&out).body)
         .into_iter()
         .map(|(i, _)| i)
         .collect();
     let want: Vec<Option<String>> = (1..=22).map(|n| Some(eid(&t, n))).collect();
     assert_eq!(ids, want);
+}
+
+/// Stream frames are taken from the instance under `serve` and written by `produce`,
+/// which takes no instance: a driver builds their JSON outside its lock.
+#[test]
+fn stream_frames_are_written_by_produce_outside_the_instance() {
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let (t, _) = start(&mut h, &mut c);
+    complete(&mut h, &t, TaskState::Working);
+    artifact(&mut h, &t, "a1");
+    c.conn.serve(&mut h.inst, h.now);
+    assert!(
+        c.conn.pending_output().is_empty(),
+        "serve only takes the frames: {:?}",
+        String::from_utf8_lossy(c.conn.pending_output())
+    );
+    c.conn.produce(h.now);
+    let got: Vec<String> = frames(&c.drain(&h))
+        .iter()
+        .map(|(_, f)| kind(f).to_owned())
+        .collect();
+    assert_eq!(got, ["statusUpdate", "artifactUpdate"]);
 }

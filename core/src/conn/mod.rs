@@ -181,6 +181,38 @@ pub struct Connection {
     /// request's head, then its body (or the error that ends the connection). At most one
     /// request.
     ahead: VecDeque<Result<Event, HttpError>>,
+    /// Frames of the open stream or feed that [`Connection::serve`] took from the instance
+    /// and [`Connection::produce`] writes (their JSON is built outside the instance), at
+    /// most [`FRAMES_AHEAD`]. Nothing else is answered until they are written.
+    frames: VecDeque<Frame>,
+    /// The request the frames answer, and whether its stream is chunked.
+    frames_for: (RequestId, bool),
+}
+
+/// Frames taken from the instance ahead of the output: enough to fill a write, few enough
+/// that a slow reader leaves the rest queued in the instance (where a stream that falls too
+/// far behind is cut off).
+const FRAMES_AHEAD: usize = 32;
+
+/// A frame of a stream or of the events feed, decided under the instance and written
+/// outside it. It shares what it carries (a task's event, a feed event's rendered data)
+/// with the instance.
+#[derive(Debug)]
+enum Frame {
+    /// A task stream's event, with its SSE id.
+    Event {
+        event_id: Option<String>,
+        event: Arc<StreamResponse>,
+    },
+    /// An events-feed event: its data was rendered once, when it was pushed.
+    Feed {
+        kind: &'static str,
+        seq: u64,
+        ts: u64,
+        data: Arc<str>,
+    },
+    /// Bytes framed already: a stream's error event, a feed's goodbye, a stream's end.
+    Framed(Vec<u8>),
 }
 
 /// An answer decided under the instance and not yet framed. It owns (or shares) everything
@@ -237,8 +269,6 @@ struct Tail {
     json: Box<TaskJson>,
     /// Each slice goes out as one HTTP chunk (an SSE frame of a chunked stream).
     chunked: bool,
-    /// Framed bytes that follow the answer (a stream's end).
-    then: Vec<u8>,
 }
 
 /// Everything written was sent. A buffer grown past twice the output bound (a large answer)
@@ -324,6 +354,8 @@ impl Connection {
             tail: None,
             deferred: None,
             ahead: VecDeque::new(),
+            frames: VecDeque::new(),
+            frames_for: (RequestId::null(), false),
         }
     }
 
@@ -433,10 +465,11 @@ impl Connection {
         self.aborted || (self.closing && self.backlog() == 0 && !self.answering())
     }
 
-    /// An answer is still being written: a large one's tail, or one not yet framed.
-    /// Nothing else is read or answered meanwhile, and no request's clock runs.
+    /// An answer is still being written: a large one's tail, one not yet framed, or a
+    /// stream's frames not yet written. Nothing else is read or answered meanwhile, and no
+    /// request's clock runs.
     fn answering(&self) -> bool {
-        self.tail.is_some() || self.deferred.is_some()
+        self.tail.is_some() || self.deferred.is_some() || !self.frames.is_empty()
     }
 
     /// Releases what the connection holds in the instance. Call once, when dropping it.
@@ -457,6 +490,7 @@ impl Connection {
         }
         self.tail = None;
         self.deferred = None;
+        self.frames.clear();
         self.release_large(usize::MAX);
         self.closing = true;
         self.aborted = true;
@@ -581,9 +615,12 @@ impl Connection {
                     self.end_feed(inst, Some(crate::feed::Goodbye::Deadline), now);
                     self.drive(inst, now);
                 } else if t >= *last_write + l.sse_keepalive_ms {
-                    response::write_sse_comment(&mut self.out, "keep-alive", *chunked);
                     *last_write = t;
-                    self.note_output(now);
+                    // Frames waiting to be written are output enough.
+                    if self.frames.is_empty() {
+                        response::write_sse_comment(&mut self.out, "keep-alive", *chunked);
+                        self.note_output(now);
+                    }
                 }
             }
             State::Calling {
@@ -621,9 +658,9 @@ impl Connection {
             } => {
                 if t >= *last_write + l.sse_keepalive_ms {
                     *last_write = t;
-                    // Not in the middle of a task frame still being written (which is
-                    // output enough).
-                    if self.tail.is_none() {
+                    // Not in the middle of a task frame still being written, nor ahead
+                    // of frames waiting to be written (which are output enough).
+                    if self.tail.is_none() && self.frames.is_empty() {
                         response::write_sse_comment(&mut self.out, "keep-alive", *chunked);
                         self.note_output(now);
                     }

@@ -56,6 +56,8 @@ impl Connection {
         self.out.truncate(first.start);
         self.tail = None;
         self.deferred = None;
+        // Frames are only ever queued behind the first hold.
+        self.frames.clear();
         self.release_large(usize::MAX);
         self.end_state(inst);
         let why = inst.store_unavailable().unwrap_or_default().to_owned();

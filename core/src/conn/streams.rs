@@ -22,6 +22,7 @@ impl Connection {
             self.watch(inst, sub);
         }
         let chunked = self.write_stream_head(minor, keep_alive, activated, now);
+        self.frames_for = (id.clone(), chunked);
         self.state = State::Streaming {
             sub,
             task_id,
@@ -98,6 +99,7 @@ impl Connection {
         let mut doc = Vec::with_capacity(160);
         jsonrpc::write_result(&mut doc, &id, &serde_json::json!({ "hello": hello }));
         response::write_sse_event(&mut self.out, &doc, chunked);
+        self.frames_for = (id.clone(), chunked);
         self.state = State::Feed {
             watcher,
             principal,
@@ -116,11 +118,9 @@ impl Connection {
     /// ended (the subscriber fell out of the ring).
     pub(super) fn pump_feed(&mut self, inst: &mut Instance, now: Now) -> bool {
         let State::Feed {
-            ref id,
             ref principal,
             ref sid,
             ref mut cursor,
-            chunked,
             annotate,
             ref mut last_write,
             ..
@@ -144,23 +144,27 @@ impl Connection {
             self.end_feed(inst, None, now);
             return true;
         }
-        let mut wrote = false;
-        let mut doc = Vec::with_capacity(512);
-        // Bounded by the output backlog: the driver writes it, then polls again.
+        let mut took = false;
+        // Bounded by the output backlog and the frames ahead of it: the driver writes them
+        // (produce frames them, outside the instance), then polls again.
+        let backlog = self.out.len() - self.out_pos;
         for e in ring.after(*cursor) {
-            if self.out.len() - self.out_pos >= self.limits.max_output_bytes {
+            if backlog >= self.limits.max_output_bytes || self.frames.len() >= FRAMES_AHEAD {
                 break;
             }
             *cursor = e.seq;
             if !e.visible_to(principal) {
                 continue;
             }
-            doc.clear();
-            e.write_response(&mut doc, id.as_json(), annotate);
-            response::write_sse_event(&mut self.out, &doc, chunked);
-            wrote = true;
+            self.frames.push_back(Frame::Feed {
+                kind: e.kind,
+                seq: e.seq,
+                ts: e.ts,
+                data: e.data_for(annotate).clone(),
+            });
+            took = true;
         }
-        if wrote {
+        if took {
             *last_write = now.mono_ms;
         }
         false
@@ -184,14 +188,19 @@ impl Connection {
         else {
             return;
         };
+        // After the frames still waiting to be written.
+        let mut end = Vec::new();
         if let Some(reason) = goodbye {
             let mut doc = Vec::with_capacity(96);
             let frame = serde_json::json!({"goodbye": {"reason": reason.as_str(), "seq": cursor}});
             jsonrpc::write_result(&mut doc, id, &frame);
-            response::write_sse_event(&mut self.out, &doc, chunked);
+            response::write_sse_event(&mut end, &doc, chunked);
         }
         if chunked {
-            response::write_chunked_end(&mut self.out);
+            response::write_chunked_end(&mut end);
+        }
+        if !end.is_empty() {
+            self.frames.push_back(Frame::Framed(end));
         }
         inst.unwatch_feed(watcher);
         self.state = State::Reading { pending: None };
@@ -430,18 +439,14 @@ impl Connection {
         self.hold_from(inst, start, seq, Instead::Rpc { id, minor });
     }
 
-    /// Writes the answer's own frames, then queued stream events. True when the stream
-    /// ended.
+    /// Takes the answer's own frames, then queued stream events, for `produce` to write.
+    /// True when the stream ended.
     pub(super) fn pump_stream(&mut self, inst: &mut Instance, now: Now) -> bool {
         let State::Streaming { sub, .. } = self.state else {
             return false;
         };
         loop {
-            if self.backlog() >= self.limits.max_output_bytes {
-                return false;
-            }
-            if self.tail.is_some() {
-                // A task frame is still being written.
+            if self.backlog() >= self.limits.max_output_bytes || self.frames.len() >= FRAMES_AHEAD {
                 return false;
             }
             let State::Streaming {
@@ -450,45 +455,73 @@ impl Connection {
             else {
                 return true;
             };
-            if let Some((seq, frame)) = pending.pop_front() {
-                if self.write_stream_event(inst, seq, &frame, now) {
-                    return true;
-                }
-                continue;
-            }
-            // Without a subscription the answer's frames were the whole stream (they end at
-            // a terminal state anyway: a finished task's last event is its terminal status).
-            let Some(s) = sub.and_then(|sub| inst.subscription(sub)) else {
-                self.end_stream(inst, None, now);
-                return true;
-            };
-            match s.queue.pop_front() {
-                Some((seq, event)) => {
-                    if self.write_stream_event(inst, seq, &event, now) {
+            let own = pending.front().cloned();
+            let from_answer = own.is_some();
+            let next = match own {
+                Some(next) => next,
+                None => {
+                    // Without a subscription the answer's frames were the whole stream (they
+                    // end at a terminal state anyway: a finished task's last event is its
+                    // terminal status).
+                    let Some(s) = sub.and_then(|sub| inst.subscription(sub)) else {
+                        self.end_stream(inst, None, now);
                         return true;
+                    };
+                    match s.queue.front() {
+                        Some(next) => next.clone(),
+                        None if s.overflowed => {
+                            let err = RpcError::new(
+                                ErrorKind::Internal,
+                                "this stream fell too far behind its task and was ended; call SubscribeToTask to resume",
+                            );
+                            self.end_stream(inst, Some(err), now);
+                            return true;
+                        }
+                        None => return false,
                     }
                 }
-                None if s.overflowed => {
-                    let err = RpcError::new(
-                        ErrorKind::Internal,
-                        "this stream fell too far behind its task and was ended; call SubscribeToTask to resume",
-                    );
-                    self.end_stream(inst, Some(err), now);
-                    return true;
+            };
+            let held = self.holds_until_durable(inst, &next.1);
+            if held && (self.tail.is_some() || !self.frames.is_empty()) {
+                // A held frame is written in place, under the instance: after what is
+                // queued ahead of it, at the next poll.
+                return false;
+            }
+            match self.state {
+                State::Streaming {
+                    ref mut pending, ..
+                } if from_answer => {
+                    pending.pop_front();
                 }
-                None => return false,
+                _ => {
+                    if let Some(s) = sub.and_then(|sub| inst.subscription(sub)) {
+                        s.queue.pop_front();
+                    }
+                }
+            }
+            if self.write_stream_event(inst, next.0, next.1, held, now) {
+                return true;
             }
         }
     }
 
-    /// Writes one stream event, `seq` its number in the task's sequence (the SSE id of a
-    /// task stream's frame); ends the stream after a terminal or interrupted status.
-    /// True when the stream ended.
+    /// A stream event that settles its task is not shown before the change is durable:
+    /// its frame is held until it is.
+    fn holds_until_durable(&self, inst: &Instance, event: &StreamResponse) -> bool {
+        matches!(event, StreamResponse::StatusUpdate(u) if u.status.state.ends_a_turn())
+            && inst.must_hold(inst.record_seq())
+    }
+
+    /// Takes one stream event, `seq` its number in the task's sequence (the SSE id of a
+    /// task stream's frame): queued for `produce`, or, when `held`, written here and held
+    /// until durable (nothing is queued ahead of it then). Ends the stream after a terminal
+    /// or interrupted status. True when the stream ended.
     pub(super) fn write_stream_event(
         &mut self,
         inst: &mut Instance,
         seq: u64,
-        event: &StreamResponse,
+        event: Arc<StreamResponse>,
+        held: bool,
         now: Now,
     ) -> bool {
         let State::Streaming {
@@ -502,44 +535,25 @@ impl Connection {
             return false;
         };
         *last_write = now.mono_ms;
-        let rid = id.clone();
-        let start = self.out.len();
         let event_id = task_id.as_deref().map(|t| inst.stream_event_id(t, seq));
-        if let StreamResponse::Task(task) = event {
-            // A task snapshot may be megabytes: written as the peer reads it, in as many
-            // chunks as the output's room makes.
-            let mut prefix = Vec::with_capacity(96);
-            if let Some(eid) = &event_id {
-                prefix.extend_from_slice(b"id: ");
-                prefix.extend_from_slice(eid.as_bytes());
-                prefix.push(b'\n');
-            }
-            prefix.extend_from_slice(b"data: {\"id\":");
-            prefix.extend_from_slice(rid.as_json().as_bytes());
-            prefix.extend_from_slice(b",\"jsonrpc\":\"2.0\",\"result\":{\"task\":");
-            let json = TaskJson::new(task.clone(), prefix, b"}}\n\n".to_vec(), 0);
-            self.tail = Some(Tail {
-                json: Box::new(json),
-                chunked,
-                then: Vec::new(),
-            });
-            self.pump_tail();
-        } else {
-            let mut doc = Vec::with_capacity(512);
-            jsonrpc::write_result(&mut doc, &rid, event);
-            response::write_sse_event_with_id(&mut self.out, event_id.as_deref(), &doc, chunked);
-        }
-        let ends = match event {
+        let ends = match &*event {
             StreamResponse::StatusUpdate(u) => u.status.state.ends_a_turn(),
             StreamResponse::Task(t) => t.status.state.is_terminal(),
             StreamResponse::Message(_) => true,
             StreamResponse::ArtifactUpdate(_) => false,
         };
-        if matches!(event, StreamResponse::StatusUpdate(_)) && ends {
+        if held {
             // A settled state is never shown before it is durable; earlier frames may be.
+            let rid = id.clone();
+            let start = self.out.len();
+            let mut doc = Vec::with_capacity(512);
+            jsonrpc::write_result(&mut doc, &rid, &*event);
+            response::write_sse_event_with_id(&mut self.out, event_id.as_deref(), &doc, chunked);
             let seq = inst.record_seq();
             let instead = Instead::StreamFrame { id: rid, chunked };
             self.hold_from(inst, start, seq, instead);
+        } else {
+            self.frames.push_back(Frame::Event { event_id, event });
         }
         if ends {
             self.end_stream(inst, None, now);
@@ -558,14 +572,19 @@ impl Connection {
         else {
             return;
         };
+        // After the frames still waiting to be written.
+        let mut end = Vec::new();
         if let Some(err) = error {
             let mut doc = Vec::with_capacity(256);
             jsonrpc::write_error(&mut doc, id, &err);
-            response::write_sse_event(self.out_after_tail(), &doc, chunked);
+            response::write_sse_event(&mut end, &doc, chunked);
             self.note_error(err.kind);
         }
         if chunked {
-            response::write_chunked_end(self.out_after_tail());
+            response::write_chunked_end(&mut end);
+        }
+        if !end.is_empty() {
+            self.frames.push_back(Frame::Framed(end));
         }
         if let Some(sub) = sub {
             inst.unsubscribe(sub);

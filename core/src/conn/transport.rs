@@ -68,8 +68,6 @@ impl Connection {
                 tail.json.fill(&mut self.out, room)
             };
             if done {
-                let then = std::mem::take(&mut tail.then);
-                self.out.extend_from_slice(&then);
                 self.tail = None;
                 // A head buffered behind the answer starts its clock now.
                 self.head_started = None;
@@ -80,12 +78,65 @@ impl Connection {
         }
     }
 
-    /// Where bytes that must follow everything already answered go: after the large answer
-    /// still being written, if there is one.
-    pub(super) fn out_after_tail(&mut self) -> &mut Vec<u8> {
-        match self.tail.as_mut() {
-            Some(t) => &mut t.then,
-            None => &mut self.out,
+    /// Writes what waits to be written while the output has room: the rest of a large
+    /// answer, then the stream and feed frames [`Connection::serve`] took from the instance,
+    /// in order (a task snapshot among them becomes the large answer being written).
+    pub(super) fn pump_output(&mut self) {
+        loop {
+            self.pump_tail();
+            if self.tail.is_some() || self.backlog() >= self.limits.max_output_bytes {
+                return;
+            }
+            let Some(frame) = self.frames.pop_front() else {
+                return;
+            };
+            self.write_frame(frame);
+        }
+    }
+
+    fn write_frame(&mut self, frame: Frame) {
+        let (id, chunked) = (&self.frames_for.0, self.frames_for.1);
+        match frame {
+            Frame::Event { event_id, event } => {
+                if let StreamResponse::Task(task) = &*event {
+                    // A task snapshot may be megabytes: written as the peer reads it, in as
+                    // many chunks as the output's room makes.
+                    let mut prefix = Vec::with_capacity(96);
+                    if let Some(eid) = &event_id {
+                        prefix.extend_from_slice(b"id: ");
+                        prefix.extend_from_slice(eid.as_bytes());
+                        prefix.push(b'\n');
+                    }
+                    prefix.extend_from_slice(b"data: {\"id\":");
+                    prefix.extend_from_slice(id.as_json().as_bytes());
+                    prefix.extend_from_slice(b",\"jsonrpc\":\"2.0\",\"result\":{\"task\":");
+                    let json = TaskJson::new(task.clone(), prefix, b"}}\n\n".to_vec(), 0);
+                    self.tail = Some(Tail {
+                        json: Box::new(json),
+                        chunked,
+                    });
+                } else {
+                    let mut doc = Vec::with_capacity(512);
+                    jsonrpc::write_result(&mut doc, id, &*event);
+                    response::write_sse_event_with_id(
+                        &mut self.out,
+                        event_id.as_deref(),
+                        &doc,
+                        chunked,
+                    );
+                }
+            }
+            Frame::Feed {
+                kind,
+                seq,
+                ts,
+                data,
+            } => {
+                let mut doc = Vec::with_capacity(data.len() + 96);
+                crate::feed::write_event_response(&mut doc, id.as_json(), kind, seq, ts, &data);
+                response::write_sse_event(&mut self.out, &doc, chunked);
+            }
+            Frame::Framed(bytes) => self.out.extend_from_slice(&bytes),
         }
     }
 
@@ -194,8 +245,8 @@ impl Connection {
             self.out_pos = 0;
             // Only empty holds can remain (held bytes are never sent).
             self.holds.iter_mut().for_each(|h| h.start = 0);
-            // Not before the last slice of a large answer still being written.
-            if self.closing && self.tail.is_none() {
+            // Not before the last slice of a large answer, or a frame, still to be written.
+            if self.closing && self.tail.is_none() && self.frames.is_empty() {
                 tls.close_notify();
             }
         }
@@ -208,11 +259,11 @@ impl Connection {
     /// read behind the answer just framed): call it again.
     pub fn produce(&mut self, now: Now) -> bool {
         self.last_mono = now.mono_ms;
-        let framed = self.frame_deferred(now);
-        self.pump_tail();
+        let framed = self.frame_deferred(now) || !self.frames.is_empty();
+        self.pump_output();
         self.encrypt();
         self.note_output(now);
-        if !framed || self.closing || self.tail.is_some() {
+        if !framed || self.closing || self.answering() {
             return false;
         }
         self.read_ahead();
@@ -236,7 +287,7 @@ impl Connection {
         if let Some(tls) = self.tls.as_mut() {
             tls.consume(n);
             self.write_stalled_since = (!tls.pending().is_empty()).then_some(now.mono_ms);
-            self.pump_tail();
+            self.pump_output();
             self.encrypt();
             return;
         }
@@ -265,8 +316,8 @@ impl Connection {
                 self.out.shrink_to(self.out.len().max(bound));
             }
         }
-        if self.tail.is_some() {
-            self.pump_tail();
+        if self.tail.is_some() || !self.frames.is_empty() {
+            self.pump_output();
             if self.write_stalled_since.is_none() && self.visible_end() > self.out_pos {
                 self.write_stalled_since = Some(now.mono_ms);
             }
@@ -404,7 +455,6 @@ impl Connection {
         self.tail = Some(Tail {
             json,
             chunked: false,
-            then: Vec::new(),
         });
         self.pump_tail();
     }
