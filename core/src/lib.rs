@@ -50,9 +50,10 @@
 //!    [`Connection::handle_input`]; at end of stream, [`Connection::handle_eof`]. A driver
 //!    that shares the instance behind a lock splits the call in three:
 //!    [`Connection::receive`] outside the lock (TLS, and the HTTP parser reading the next
-//!    request ahead), [`Connection::serve`] under it (the answers decided), then
-//!    [`Connection::produce`] outside it again (the answers framed, a large one sliced,
-//!    TLS), and `serve` again while `produce` returns true. `handle_input` and `poll` are
+//!    request ahead), [`Connection::serve`] under it (the answers decided, a stream's
+//!    events taken), then [`Connection::produce`] outside it again (the answers and stream
+//!    frames written, a large one sliced, TLS), and `serve` again while `produce` returns
+//!    true. `handle_input` and `poll` are
 //!    the three together.
 //! 3. Write [`Connection::pending_output`] and report what the socket took with
 //!    [`Connection::consume_output`].
