@@ -131,22 +131,13 @@ pub fn restore(
     let mut old_base = 0;
     for rec in recovered.records {
         let Op::Put(text) = rec.op else { continue };
-        // Parsed one at a time, its text freed as it goes.
-        let body = match serde_json::from_str::<serde_json::Value>(text.get()) {
-            Ok(body) => body,
-            Err(e) => {
-                r.skipped += 1;
-                tracing::warn!(kind = %rec.kind, key = %rec.key, "store record not restored: {e}");
-                continue;
-            }
-        };
-        drop(text);
         if rec.kind == FEED_KIND {
-            old_base = body.as_u64().unwrap_or(0);
+            old_base = serde_json::from_str::<u64>(text.get()).unwrap_or(0);
             continue;
         }
+        // Parsed one at a time (a task straight into its record), its text freed as it goes.
         let task = rec.kind == agentd_core::tasks::TASK_KIND;
-        match inst.restore_record(&rec.kind, &rec.key, body, now) {
+        match inst.restore_record_json(&rec.kind, &rec.key, text.get(), now) {
             Ok(()) => r.tasks += usize::from(task),
             Err(e) => {
                 r.skipped += 1;

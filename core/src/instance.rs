@@ -797,12 +797,7 @@ impl Instance {
     ) -> Result<(), RecordError> {
         match kind {
             crate::tasks::TASK_KIND => {
-                let rec = crate::tasks::TaskRecord::from_doc(body)?;
-                if rec.id != key {
-                    return Err(format!("task record {key} holds task {}", rec.id).into());
-                }
-                self.tasks.restore(rec);
-                Ok(())
+                self.restore_task(key, crate::tasks::TaskRecord::from_doc(body)?)
             }
             crate::sessions::SESSION_KIND | crate::sessions::SESSION_NAME_KIND => {
                 self.sessions.restore(kind, key, body, now.epoch_ms)
@@ -810,6 +805,35 @@ impl Instance {
             crate::push::PUSH_KIND => self.push_configs.restore(key, body),
             other => Err(format!("unknown record kind {other:?}").into()),
         }
+    }
+
+    /// [`Instance::restore_record`] from the record's JSON text, as the store keeps it: a
+    /// task is read straight into its record (the bulk of a large store, read faster so);
+    /// other kinds through a JSON tree.
+    pub fn restore_record_json(
+        &mut self,
+        kind: &str,
+        key: &str,
+        text: &str,
+        now: Now,
+    ) -> Result<(), RecordError> {
+        if kind != crate::tasks::TASK_KIND {
+            let body = serde_json::from_str(text).map_err(|e| e.to_string())?;
+            return self.restore_record(kind, key, body, now);
+        }
+        self.restore_task(key, crate::tasks::TaskRecord::from_json(text)?)
+    }
+
+    fn restore_task(
+        &mut self,
+        key: &str,
+        rec: crate::tasks::TaskRecord,
+    ) -> Result<(), RecordError> {
+        if rec.id != key {
+            return Err(format!("task record {key} holds task {}", rec.id).into());
+        }
+        self.tasks.restore(rec);
+        Ok(())
     }
 
     /// After a restore: tasks whose run or turn lived in the previous process's memory

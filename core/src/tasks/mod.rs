@@ -1300,6 +1300,12 @@ mod tests {
         assert_eq!(s.total_bytes(), weights);
         let back = TaskRecord::from_doc(s.get("t").unwrap().to_doc()).unwrap();
         assert_eq!(back.weight(), s.get("t").unwrap().weight());
+        // Read from the record's text (as a restart reads it), the same record.
+        let doc = s.get("t").unwrap().to_doc();
+        let from_text = TaskRecord::from_json(&doc.to_string()).unwrap();
+        assert_eq!(from_text.to_doc(), doc);
+        assert_eq!(from_text.weight(), back.weight());
+        assert!(TaskRecord::from_json("{\"v\":2}").is_err());
         // Evicted: its ids name nothing any more.
         s.set_status("t", TaskState::Completed, None, 2).unwrap();
         s.create("u".into(), ContextIds::plain("c"), op.clone(), msg("x"), 3)
