@@ -52,6 +52,67 @@ fn main() {
             100.0 * serve.as_secs_f64() / (serve + produce).as_secs_f64()
         );
     }
+    // An open stream's events: serve takes each from the instance, produce writes its frame.
+    for len in [200, 2 * 1024] {
+        let (serve, produce) = measure_stream(&mut h, len, n);
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / f64::from(n);
+        println!(
+            "{:<24} {:>12.2} {:>14.2} {:>21.0}%",
+            format!("stream event, {len} B"),
+            per(serve),
+            per(produce),
+            100.0 * serve.as_secs_f64() / (serve + produce).as_secs_f64()
+        );
+    }
+}
+
+/// `n` artifact events of `len` bytes on one open stream: the time spent in `serve` and in
+/// `produce` per event (the instance's own work on the completion is not counted).
+fn measure_stream(h: &mut Harness, len: usize, n: u32) -> (Duration, Duration) {
+    let mut c = h.conn();
+    let out = c.feed(
+        h,
+        &call(
+            "SendStreamingMessage",
+            1,
+            json!({"message": text_message("hi", &fresh_id())}),
+        ),
+    );
+    assert!(out.starts_with(b"HTTP/1.1 200"), "the stream opens");
+    let task_id = h.turn();
+    let (mut serve, mut produce) = (Duration::ZERO, Duration::ZERO);
+    for _ in 0..n {
+        h.inst
+            .handle_completion(
+                Completion::Artifact {
+                    task_id: task_id.clone(),
+                    artifact: Artifact {
+                        artifact_id: "a".into(),
+                        description: String::new(),
+                        extensions: vec![],
+                        metadata: None,
+                        name: "out".into(),
+                        parts: vec![Part::text("x".repeat(len))],
+                    },
+                    append: false,
+                    last_chunk: false,
+                },
+                h.now,
+            )
+            .expect("artifact accepted");
+        let t0 = Instant::now();
+        c.conn.serve(&mut h.inst, h.now);
+        let t1 = Instant::now();
+        c.conn.produce(h.now);
+        let t2 = Instant::now();
+        serve += t1 - t0;
+        produce += t2 - t1;
+        let out = c.drain(h);
+        assert!(out.len() > len, "the event is written");
+    }
+    complete(h, &task_id, TaskState::Completed, None);
+    c.poll(h);
+    (serve, produce)
 }
 
 /// Feeds `request` `n` times on one connection; the time spent in `serve` and in `produce`.
