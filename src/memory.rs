@@ -79,16 +79,19 @@ pub fn trim() -> bool {
 /// between two samples counts. Once it has trimmed, the peak starts again from what is
 /// open: one trim per burst (and its follow-ups), and a steady load never trims.
 ///
-/// Each such trim is followed by [`TrimPolicy::FOLLOW_UPS`] more, a period apart, and by
-/// one more after each that gave back at least [`TrimPolicy::WORTH`] bytes (up to
-/// [`TrimPolicy::MAX_FOLLOW_UPS`]): what the burst's last threads free as they exit
-/// (glibc's per-thread caches, flushed at thread exit, after the count fell) comes after
-/// the first, and 10,000 exits take seconds on a loaded machine.
+/// Each such trim is followed by [`TrimPolicy::FOLLOW_UPS`] more, a period apart, by one
+/// more after each that gave back at least [`TrimPolicy::WORTH`] bytes, and by one more
+/// after each period in which the process's threads grew fewer (within
+/// [`TrimPolicy::MAX_FOLLOW_UPS`] periods of the fall): what the burst's threads free as they exit
+/// (glibc's per-thread caches, flushed at thread exit, after the connection count fell)
+/// comes after the first, and 10,000 exits take many seconds on a loaded machine.
 #[derive(Debug, Default, Clone)]
 pub struct TrimPolicy {
     recent_peak: usize,
     follow_ups: usize,
-    budget: usize,
+    /// Samples left in which a follow-up may still trim.
+    window: usize,
+    threads: usize,
 }
 
 impl TrimPolicy {
@@ -96,8 +99,9 @@ impl TrimPolicy {
     pub const FACTOR: usize = 4;
     /// Trims after the one a fall from the peak calls for, one a period.
     pub const FOLLOW_UPS: usize = 3;
-    /// The most trims one fall from the peak calls for after its first.
-    pub const MAX_FOLLOW_UPS: usize = 30;
+    /// The periods after a fall from the peak in which follow-ups may trim: the most trims
+    /// one fall calls for after its first.
+    pub const MAX_FOLLOW_UPS: usize = 60;
     /// A trim that gave back at least this many bytes calls for another.
     pub const WORTH: u64 = 1 << 20;
     /// The least drop from the peak worth a trim.
@@ -108,20 +112,27 @@ impl TrimPolicy {
     }
 
     /// One sample: `open` connections now, `peak` the most at once since the last sample
-    /// (at least `open`). True when the caller should trim now.
-    pub fn observe(&mut self, open: usize, peak: usize) -> bool {
+    /// (at least `open`), `threads` the process's threads now. True when the caller should
+    /// trim now.
+    pub fn observe(&mut self, open: usize, peak: usize, threads: usize) -> bool {
+        self.window = self.window.saturating_sub(1);
+        let threads_ended = threads < self.threads;
+        self.threads = threads;
+        if threads_ended && self.window > 0 {
+            // Threads of the burst exited since the last sample: what they freed is there.
+            self.follow_ups = self.follow_ups.max(1);
+        }
         self.recent_peak = self.recent_peak.max(peak).max(open);
         let fell = self.recent_peak - open >= Self::MIN_DROP
             && open.saturating_mul(Self::FACTOR) <= self.recent_peak;
         if fell {
             self.recent_peak = open;
             self.follow_ups = Self::FOLLOW_UPS;
-            self.budget = Self::MAX_FOLLOW_UPS;
+            self.window = Self::MAX_FOLLOW_UPS + 1;
             return true;
         }
-        if self.follow_ups > 0 && self.budget > 0 {
+        if self.follow_ups > 0 && self.window > 0 {
             self.follow_ups -= 1;
-            self.budget -= 1;
             return true;
         }
         false
@@ -147,6 +158,17 @@ pub fn resident_bytes() -> u64 {
         .map_or(0, |kib| kib * 1024)
 }
 
+/// The process's threads (`Threads` of `/proc/self/status`), 0 when unreadable.
+pub fn thread_count() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let n = s.lines().find_map(|l| l.strip_prefix("Threads:"))?;
+            n.trim().parse().ok()
+        })
+        .unwrap_or(0)
+}
+
 /// How often [`spawn_trimmer`] samples the connections.
 pub const TRIM_PERIOD: Duration = Duration::from_secs(1);
 
@@ -161,7 +183,7 @@ pub fn spawn_trimmer(gauge: Arc<ConnGauge>) -> std::io::Result<()> {
             loop {
                 std::thread::sleep(TRIM_PERIOD);
                 let peak = gauge.take_peak();
-                if policy.observe(gauge.open(), peak) {
+                if policy.observe(gauge.open(), peak, thread_count()) {
                     let before = resident_bytes();
                     let trimmed = trim();
                     let released = before.saturating_sub(resident_bytes());
@@ -186,7 +208,7 @@ mod tests {
     fn a_burst_shorter_than_the_period_is_trimmed_after() {
         let g = ConnGauge::new();
         let mut p = TrimPolicy::new();
-        assert!(!p.observe(g.open(), g.take_peak()), "nothing happened");
+        assert!(!p.observe(g.open(), g.take_peak(), 1), "nothing happened");
         // 1,000 connections open and close between two samples.
         for _ in 0..1000 {
             assert!(g.try_open(usize::MAX));
@@ -195,40 +217,40 @@ mod tests {
             g.closed();
         }
         assert!(
-            p.observe(g.open(), g.take_peak()),
+            p.observe(g.open(), g.take_peak(), 1),
             "the burst is seen and trimmed"
         );
         for _ in 0..TrimPolicy::FOLLOW_UPS {
             assert!(
-                p.observe(g.open(), g.take_peak()),
+                p.observe(g.open(), g.take_peak(), 1),
                 "and again a period later"
             );
         }
-        assert!(!p.observe(g.open(), g.take_peak()), "then no more");
+        assert!(!p.observe(g.open(), g.take_peak(), 1), "then no more");
     }
 
     #[test]
     fn trims_go_on_while_they_give_memory_back_within_a_budget() {
         let mut p = TrimPolicy::new();
-        assert!(!p.observe(1000, 1000));
-        assert!(p.observe(0, 0), "the fall");
+        assert!(!p.observe(1000, 1000, 1));
+        assert!(p.observe(0, 0, 1), "the fall");
         p.trimmed(100 << 20);
         for _ in 0..TrimPolicy::FOLLOW_UPS {
-            assert!(p.observe(0, 0));
+            assert!(p.observe(0, 0, 1));
             p.trimmed(0);
         }
         assert!(
-            p.observe(0, 0),
+            p.observe(0, 0, 1),
             "the fall's trim gave back enough for one more"
         );
         p.trimmed(TrimPolicy::WORTH - 1);
-        assert!(!p.observe(0, 0), "that one gave back too little");
+        assert!(!p.observe(0, 0, 1), "that one gave back too little");
         // However much each gives back, at most MAX_FOLLOW_UPS follow a fall.
         let mut p = TrimPolicy::new();
-        assert!(!p.observe(1000, 1000));
-        assert!(p.observe(0, 0));
+        assert!(!p.observe(1000, 1000, 1));
+        assert!(p.observe(0, 0, 1));
         let mut n = 0;
-        while p.observe(0, 0) {
+        while p.observe(0, 0, 1) {
             p.trimmed(u64::MAX);
             n += 1;
             assert!(n <= TrimPolicy::MAX_FOLLOW_UPS);
@@ -237,32 +259,60 @@ mod tests {
         assert_ne!(resident_bytes(), 0);
     }
 
+    /// 10,000 connection threads take seconds to exit after their connections closed: each
+    /// period in which threads ended is followed by a trim, however long they take (within
+    /// the window), and once they are all gone, nothing more.
+    #[test]
+    fn trims_go_on_while_the_bursts_threads_are_ending() {
+        let mut p = TrimPolicy::new();
+        assert!(!p.observe(10_000, 10_000, 10_010));
+        assert!(p.observe(0, 0, 10_010), "the fall");
+        for _ in 0..TrimPolicy::FOLLOW_UPS {
+            assert!(p.observe(0, 0, 10_010));
+            p.trimmed(0);
+        }
+        assert!(
+            !p.observe(0, 0, 10_010),
+            "nothing ended, nothing to give back"
+        );
+        for threads in [9_000, 5_000, 10] {
+            assert!(p.observe(0, 0, threads), "{threads} threads left: trimmed");
+            p.trimmed(0);
+        }
+        assert!(!p.observe(0, 0, 10), "all ended: no more");
+        // A thread ending in a steady load, long after a fall, trims nothing.
+        for _ in 0..TrimPolicy::MAX_FOLLOW_UPS {
+            p.observe(0, 0, 10);
+        }
+        assert!(!p.observe(0, 0, 9));
+    }
+
     #[test]
     fn trims_once_the_connections_fell_far_below_their_peak() {
         let mut p = TrimPolicy::new();
-        assert!(!p.observe(2000, 2000), "at the peak");
-        assert!(!p.observe(1000, 1000), "half the peak is not far enough");
-        assert!(!p.observe(600, 600), "above a quarter");
-        assert!(p.observe(500, 500), "a quarter of the peak");
-        assert!(p.observe(500, 500), "a follow-up a period later");
+        assert!(!p.observe(2000, 2000, 1), "at the peak");
+        assert!(!p.observe(1000, 1000, 1), "half the peak is not far enough");
+        assert!(!p.observe(600, 600, 1), "above a quarter");
+        assert!(p.observe(500, 500, 1), "a quarter of the peak");
+        assert!(p.observe(500, 500, 1), "a follow-up a period later");
         // The peak starts again from those still open: their closing is another burst's
         // end, and after it (and its follow-ups) nothing more.
-        assert!(p.observe(0, 0));
+        assert!(p.observe(0, 0, 1));
         for _ in 0..TrimPolicy::FOLLOW_UPS {
-            assert!(p.observe(0, 0));
+            assert!(p.observe(0, 0, 1));
         }
-        assert!(!p.observe(0, 0));
+        assert!(!p.observe(0, 0, 1));
     }
 
     #[test]
     fn a_steady_load_or_a_small_drop_never_trims() {
         let mut p = TrimPolicy::new();
         for _ in 0..100 {
-            assert!(!p.observe(5000, 5200));
+            assert!(!p.observe(5000, 5200, 1));
         }
         // From 200 to 0: a quarter, but fewer than MIN_DROP connections.
         let mut p = TrimPolicy::new();
-        assert!(!p.observe(200, 200));
-        assert!(!p.observe(0, 0));
+        assert!(!p.observe(200, 200, 1));
+        assert!(!p.observe(0, 0, 1));
     }
 }
