@@ -256,6 +256,13 @@ pub struct RequestRecord {
     pub task_id: Label,
     /// Set when a limiter refused the request.
     pub refusal: Option<Refusal>,
+    /// The request's id: its `X-Request-Id` (as a proxy or client set it: 1 to 64 visible
+    /// ASCII characters), else one the instance made up, unique while it runs
+    /// (`<start in epoch ms, hex>-<request number>`).
+    pub request_id: Label,
+    /// The trace id of the request's W3C `traceparent` header (32 lowercase hex digits),
+    /// when it carries a valid one.
+    pub trace_id: Label,
     /// The monotonic millisecond the request's head was read.
     pub(crate) started_ms: u64,
 }
@@ -264,7 +271,17 @@ impl RequestRecord {
     /// A record of the request `head` names, read at `started_ms`.
     pub(crate) fn new(head: Option<&RequestHead>, started_ms: u64) -> RequestRecord {
         let mut route = Label::EMPTY;
+        let mut request_id = Label::EMPTY;
+        let mut trace_id = Label::EMPTY;
         if let Some(head) = head {
+            if let Some(id) = head.header("x-request-id").filter(|v| {
+                (1..=LABEL_CAP).contains(&v.len()) && v.iter().all(u8::is_ascii_graphic)
+            }) {
+                request_id = Label::new(std::str::from_utf8(id).unwrap_or_default());
+            }
+            if let Some(t) = head.header("traceparent").and_then(trace_of) {
+                trace_id = Label::new(t);
+            }
             let method = match &head.method {
                 Method::Get => "GET",
                 Method::Head => "HEAD",
@@ -286,6 +303,8 @@ impl RequestRecord {
             principal: PrincipalLabel::EMPTY,
             task_id: Label::EMPTY,
             refusal: None,
+            request_id,
+            trace_id,
             started_ms,
         }
     }
@@ -299,6 +318,29 @@ impl RequestRecord {
     pub fn error_reason(&self) -> Option<&'static str> {
         self.error.and_then(|k| k.row().reason)
     }
+}
+
+/// The trace id of a W3C `traceparent` value (`00-<32 hex>-<16 hex>-<2 hex>`, lowercase; a
+/// later version may add fields after them): `None` for anything else, or an all-zero id.
+fn trace_of(value: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(value).ok()?.trim();
+    let mut parts = text.split('-');
+    let (version, trace, parent, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let ok = hex(version, 2)
+        && version != "ff"
+        && (version != "00" || parts.next().is_none())
+        && hex(trace, 32)
+        && hex(parent, 16)
+        && hex(flags, 2)
+        && trace.bytes().any(|b| b != b'0')
+        && parent.bytes().any(|b| b != b'0');
+    ok.then_some(trace)
 }
 
 /// Records a connection could not queue, since they were last taken.
