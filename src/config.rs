@@ -313,8 +313,9 @@ pub struct EventsSection {
 pub enum Listen {
     #[default]
     Unset,
-    One(ListenEntry),
+    // A list is tried first: a table can be read from a list too (its fields in order).
     Many(Vec<ListenEntry>),
+    One(ListenEntry),
 }
 
 /// One entry of `a2a.listen`: its URL, or a table that says more about the listener.
