@@ -2050,6 +2050,49 @@ match = { bearer_ref = "{{secret:AGENTD_TEST_OP}}" }"#,
         c.instance_config(vec![]).unwrap();
     }
 
+    /// A list of listeners stays a list (a table can be read from a list too), and an
+    /// entry may be a table.
+    #[test]
+    fn listen_lists_and_tables_parse() {
+        let c: Config =
+            toml::from_str("[a2a]\nlisten = [\"tcp://127.0.0.1:1\", \"unix:///tmp/x.sock\"]")
+                .unwrap();
+        let e = c.listen_entries().unwrap();
+        assert_eq!(e.len(), 2);
+        assert_eq!(e[1].url, "unix:///tmp/x.sock");
+        assert!(e[0].public_url.is_none() && !e[0].behind_proxy);
+        let c: Config = toml::from_str(
+            "[a2a]\nlisten = { url = \"tcp://127.0.0.1:1\", public_url = \"https://a.example/\" }",
+        )
+        .unwrap();
+        let e = c.listen_entries().unwrap();
+        assert_eq!(e[0].public_url.as_deref(), Some("https://a.example/"));
+        let listener = agentd_core::ListenerInfo {
+            kind: agentd_core::ListenerKind::Tcp,
+            url: "http://127.0.0.1:1/".into(),
+            loopback: true,
+        };
+        let ic = c.instance_config(vec![listener.clone()]).unwrap();
+        assert_eq!(ic.listeners[0].url, "https://a.example/");
+        assert!(ic.listeners[0].loopback);
+        let c: Config = toml::from_str(
+            "[a2a]\nlisten = [{ url = \"tcp://127.0.0.1:1\", behind_proxy = true }]\nproxy = { trusted = [\"127.0.0.1\"] }",
+        )
+        .unwrap();
+        c.endpoints().unwrap();
+        let ic = c.instance_config(vec![listener]).unwrap();
+        assert!(
+            !ic.listeners[0].loopback,
+            "behind a proxy: never loopback-trusted"
+        );
+        assert_eq!(ic.proxy.listeners, vec![0]);
+        assert!(ic.proxy.trusts("127.0.0.1".parse().unwrap()));
+        assert!(
+            toml::from_str::<Config>("[a2a]\nlisten = [{ url = \"x\", publik_url = \"y\" }]")
+                .is_err()
+        );
+    }
+
     #[test]
     fn default_is_loopback_8420() {
         let c = Config::default();

@@ -498,4 +498,48 @@ mod tests {
         let v6 = Source::of("2001:db8:1:2::9".parse().unwrap());
         assert_eq!(v6.to_string(), "2001:db8:1:2::/64");
     }
+
+    #[test]
+    fn trace_ids_are_read_from_valid_traceparents_only() {
+        let t = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let ok = format!("00-{t}-00f067aa0ba902b7-01");
+        assert_eq!(trace_of(ok.as_bytes()), Some(t));
+        // A later version may carry more fields; version 00 may not.
+        let later = format!("01-{t}-00f067aa0ba902b7-01-extra");
+        assert_eq!(trace_of(later.as_bytes()), Some(t));
+        for bad in [
+            format!("00-{t}-00f067aa0ba902b7-01-extra"),
+            format!("ff-{t}-00f067aa0ba902b7-01"),
+            format!("00-{}-00f067aa0ba902b7-01", t.to_uppercase()),
+            format!("00-{}-00f067aa0ba902b7-01", "0".repeat(32)),
+            format!("00-{t}-0000000000000000-01"),
+            format!("00-{t}-00f067aa0ba902b7"),
+            "garbage".to_owned(),
+        ] {
+            assert_eq!(trace_of(bad.as_bytes()), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_record_takes_the_request_id_and_trace_id_from_the_head() {
+        let head = |extra: &str| {
+            let mut p = crate::http::RequestParser::new(crate::http::HttpLimits::DEFAULT);
+            p.push(format!("GET / HTTP/1.1\r\nHost: x\r\n{extra}\r\n").as_bytes());
+            match p.next_event() {
+                Ok(Some(crate::http::Event::Head(h))) => h,
+                other => panic!("{other:?}"),
+            }
+        };
+        let h = head("X-Request-Id: abc-123\r\ntraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n");
+        let r = RequestRecord::new(Some(&h), 0);
+        assert_eq!(r.request_id, "abc-123");
+        assert_eq!(r.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+        // An id with a space, or longer than a label, is not taken (the connection then
+        // makes one up).
+        let long = format!("X-Request-Id: {}\r\n", "x".repeat(65));
+        for extra in ["X-Request-Id: a b\r\n", long.as_str(), ""] {
+            let r = RequestRecord::new(Some(&head(extra)), 0);
+            assert!(r.request_id.is_empty() && r.trace_id.is_empty(), "{extra}");
+        }
+    }
 }
