@@ -1490,7 +1490,14 @@ fn resolve_secret(key: &str, reference: &str) -> Result<String, String> {
 fn effective_document(c: &InstanceConfig, limits: &LimitsSection) -> serde_json::Value {
     let l = &c.conn;
     serde_json::json!({
-        "agent": {"name": c.name, "description": c.description},
+        "agent": {
+            "name": c.name,
+            "description": c.description,
+            "documentation_url": c.documentation_url,
+            "icon_url": c.icon_url,
+            "provider": c.provider.as_ref().map(|p| serde_json::json!({"organization": p.organization, "url": p.url})),
+            "skills": c.host.skills.iter().map(|s| s.id.clone()).collect::<Vec<_>>(),
+        },
         "a2a": {
             "listen": c.listeners.iter().map(|l| l.url.clone()).collect::<Vec<_>>(),
             "events": {
@@ -1499,6 +1506,11 @@ fn effective_document(c: &InstanceConfig, limits: &LimitsSection) -> serde_json:
                 "stream_deadline_ms": c.events_stream_deadline_ms,
             },
             "introspection": {"enabled": c.introspection_enabled},
+            "proxy": {
+                "listeners": c.proxy.listeners,
+                "trusted": c.proxy.trusted.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+            },
+            "tls": {"hsts_max_age_s": c.hsts_max_age_s},
             "device_grant": {
                 "enabled": c.device_grant.enabled,
                 "scopes": c.device_grant.scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
@@ -1556,6 +1568,9 @@ mod tests {
             "defaults are filled in"
         );
         assert_eq!(d["limits"]["replay_events_per_task"], 64);
+        assert_eq!(d["a2a"]["tls"]["hsts_max_age_s"], 31_536_000);
+        assert_eq!(d["a2a"]["proxy"]["trusted"], serde_json::json!([]));
+        assert_eq!(d["agent"]["skills"], serde_json::json!([]));
     }
 
     #[test]
