@@ -39,6 +39,9 @@ pub struct Config {
     /// `[store]`: where tasks and sessions are kept (see `crate::durable`).
     #[serde(default)]
     pub store: crate::durable::StoreSection,
+    /// `[log]`: how log lines are written.
+    #[serde(default)]
+    pub log: LogSection,
     /// The file's name and text, for `file:line` in load errors.
     #[serde(skip)]
     pub source: Option<(String, String)>,
@@ -62,6 +65,62 @@ pub struct AgentSection {
     /// Environment variables set for the agent on top of agentd's own.
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
+    /// The card's `documentationUrl`.
+    pub documentation_url: Option<String>,
+    /// The card's `iconUrl`.
+    pub icon_url: Option<String>,
+    /// `[agent.provider]`: the card's `provider`.
+    pub provider: Option<ProviderSection>,
+    /// `[[agent.skills]]`: the card's skills, after the conversation skill (listed when a
+    /// conversation agent is configured).
+    #[serde(default)]
+    pub skills: Vec<SkillSection>,
+}
+
+/// `[agent.provider]`: who runs the agent, as the card's `provider` says.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSection {
+    pub organization: String,
+    pub url: String,
+}
+
+/// `[[agent.skills]]`: one skill on the card.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SkillSection {
+    pub id: String,
+    pub name: String,
+    pub description: String,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    #[serde(default)]
+    pub examples: Vec<String>,
+    /// Media types the skill takes, when not the card's defaults.
+    #[serde(default)]
+    pub input_modes: Vec<String>,
+    /// Media types the skill answers with, when not the card's defaults.
+    #[serde(default)]
+    pub output_modes: Vec<String>,
+}
+
+/// `[log]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSection {
+    /// `text` (the default) or `json` (one JSON object a line). `AGENTD_LOG_FORMAT`, when
+    /// set, wins.
+    pub format: Option<String>,
+}
+
+/// `[a2a.proxy]`: the TLS-terminating proxies in front of `behind_proxy` listeners.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxySection {
+    /// The proxies' addresses (`10.0.0.5`, `10.0.0.0/24`, `fd00::/64`): `X-Forwarded-For`
+    /// is read only on connections from them.
+    #[serde(default)]
+    pub trusted: Vec<String>,
 }
 
 /// `[[subagents]]`: a kind of named agent process `subagent.send` starts.
@@ -102,6 +161,8 @@ pub struct A2aSection {
     pub peers: Vec<PeerSection>,
     #[serde(default)]
     pub push: PushSection,
+    #[serde(default)]
+    pub proxy: ProxySection,
 }
 
 /// `[a2a.push]`: push notifications to clients' webhooks.
@@ -169,6 +230,9 @@ pub struct TlsSection {
     pub key: Option<String>,
     /// PEM CA certificates client certificates must chain to: mutual TLS, mandatory.
     pub client_ca: Option<String>,
+    /// `Strict-Transport-Security: max-age=` of the https listeners' answers, in seconds
+    /// (default a year, 31536000; 0 sends none; at most [`MAX_HSTS_MAX_AGE_S`]).
+    pub hsts_max_age_s: Option<u64>,
 }
 
 /// `[a2a.device_grant]`: sign-in by the OAuth 2.0 device authorization grant.
@@ -249,8 +313,45 @@ pub struct EventsSection {
 pub enum Listen {
     #[default]
     Unset,
-    One(String),
-    Many(Vec<String>),
+    // A list is tried first: a table can be read from a list too (its fields in order).
+    Many(Vec<ListenEntry>),
+    One(ListenEntry),
+}
+
+/// One entry of `a2a.listen`: its URL, or a table that says more about the listener.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ListenEntry {
+    Url(String),
+    Table(ListenTable),
+}
+
+/// `{ url = "...", public_url = "...", behind_proxy = true }`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenTable {
+    pub url: String,
+    /// The URL the card names for this listener (default: the address it is bound to).
+    pub public_url: Option<String>,
+    /// The listener is reached through a trusted TLS-terminating proxy (see
+    /// docs/security.md): never loopback-trusted, plaintext allowed on a non-loopback
+    /// address with a credential rule or `a2a.proxy.trusted`.
+    #[serde(default)]
+    pub behind_proxy: bool,
+}
+
+impl ListenEntry {
+    /// The entry as a table.
+    pub fn table(&self) -> ListenTable {
+        match self {
+            ListenEntry::Url(url) => ListenTable {
+                url: url.clone(),
+                public_url: None,
+                behind_proxy: false,
+            },
+            ListenEntry::Table(t) => t.clone(),
+        }
+    }
 }
 
 /// Every bound of a connection, overriding the defaults of
@@ -393,6 +494,9 @@ pub const MAX_LISTEN_BACKLOG: usize = agentd_io_common::os::MAX_LISTEN_BACKLOG a
 
 /// The most `a2a.events.ring` may be: the ring is allocated whole at start-up.
 pub const MAX_EVENTS_RING: usize = 65_536;
+
+/// The most `a2a.tls.hsts_max_age_s` may be: two years.
+pub const MAX_HSTS_MAX_AGE_S: u64 = 63_072_000;
 
 /// The most `a2a.push.max_attempts` may be.
 pub const MAX_PUSH_ATTEMPTS: u32 = 20;
@@ -643,32 +747,68 @@ impl Config {
     /// the file's stand).
     pub fn override_listen(&mut self, listen: &[String]) {
         if !listen.is_empty() {
-            self.a2a.listen = Listen::Many(listen.to_vec());
+            self.a2a.listen = Listen::Many(listen.iter().cloned().map(ListenEntry::Url).collect());
         }
     }
 
-    /// The endpoints to listen on, validated.
-    pub fn endpoints(&self) -> Result<Vec<Endpoint>, String> {
-        let list = match &self.a2a.listen {
-            Listen::Unset => vec![DEFAULT_LISTEN.to_owned()],
-            Listen::One(s) => vec![s.clone()],
+    /// The entries of `a2a.listen` (the default one when unset).
+    pub fn listen_entries(&self) -> Result<Vec<ListenTable>, String> {
+        Ok(match &self.a2a.listen {
+            Listen::Unset => vec![ListenEntry::Url(DEFAULT_LISTEN.to_owned()).table()],
+            Listen::One(e) => vec![e.table()],
             Listen::Many(v) if v.is_empty() => return Err("a2a.listen names no endpoint".into()),
-            Listen::Many(v) => v.clone(),
-        };
-        let scheme = self.a2a.bearer.is_some()
+            Listen::Many(v) => v.iter().map(ListenEntry::table).collect(),
+        })
+    }
+
+    /// The endpoints to listen on, validated: the URLs, and the proxy trust rules (see
+    /// docs/security.md).
+    pub fn endpoints(&self) -> Result<Vec<Endpoint>, String> {
+        let list = self.listen_entries()?;
+        let credential = self.a2a.bearer.is_some()
             || self
                 .a2a
                 .principals
                 .iter()
-                .any(|r| r.matcher.bearer_ref.is_some())
-            || self.a2a.tls.client_ca.is_some();
+                .any(|r| r.matcher.bearer_ref.is_some());
+        let scheme = credential || self.a2a.tls.client_ca.is_some();
+        let trusted = self.trusted_proxies()?;
+        if !trusted.is_empty() && !list.iter().any(|e| e.behind_proxy) {
+            return Err(
+                "a2a.proxy.trusted: no listener is behind_proxy; the proxies' \
+                        X-Forwarded-For is read only on listeners marked behind_proxy = true"
+                    .into(),
+            );
+        }
         list.iter()
-            .map(|s| {
+            .map(|entry| {
+                let s = &entry.url;
                 let ep: Endpoint = s.parse().map_err(|e| format!("a2a.listen: {e}"))?;
+                if let Some(url) = &entry.public_url {
+                    check_url(&format!("a2a.listen: {s}: public_url"), url)?;
+                }
                 match &ep {
-                    Endpoint::Tcp(addr) if !addr.ip().is_loopback() => {
+                    Endpoint::Unix(_) if entry.behind_proxy => {
                         return Err(format!(
-                            "a2a.listen: {s}: plaintext is served only on loopback; use https:// with a2a.tls"
+                            "a2a.listen: {s}: behind_proxy is for TCP listeners: a unix socket's \
+                             callers are the operator, so a proxy in front of it would make every \
+                             caller the operator"
+                        ))
+                    }
+                    Endpoint::Tcp(addr) if !addr.ip().is_loopback() && !entry.behind_proxy => {
+                        return Err(format!(
+                            "a2a.listen: {s}: plaintext is served only on loopback; use https:// \
+                             with a2a.tls, or for a TLS-terminating proxy in front of it \
+                             {{ url = \"{s}\", behind_proxy = true }}"
+                        ))
+                    }
+                    Endpoint::Tcp(addr)
+                        if !addr.ip().is_loopback() && !credential && trusted.is_empty() =>
+                    {
+                        return Err(format!(
+                            "a2a.listen: {s}: a non-loopback plaintext listener behind a proxy \
+                             needs a credential rule (a2a.bearer or a bearer_ref rule) or the \
+                             proxies' addresses in a2a.proxy.trusted, and neither is configured"
                         ))
                     }
                     Endpoint::Https(addr) => {
@@ -687,6 +827,91 @@ impl Config {
                 Ok(ep)
             })
             .collect()
+    }
+
+    /// `a2a.proxy.trusted`, parsed.
+    pub fn trusted_proxies(&self) -> Result<Vec<agentd_core::proxy::IpNet>, String> {
+        self.a2a
+            .proxy
+            .trusted
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                agentd_core::proxy::IpNet::parse(t)
+                    .map_err(|e| format!("a2a.proxy.trusted[{i}]: {e}"))
+            })
+            .collect()
+    }
+
+    /// The card's skills beyond the host's: `[[agent.skills]]`, checked.
+    fn card_skills(
+        &self,
+        host: &[agentd_core::a2a::card::AgentSkill],
+    ) -> Result<Vec<agentd_core::a2a::card::AgentSkill>, String> {
+        let mut out: Vec<agentd_core::a2a::card::AgentSkill> = Vec::new();
+        for (i, s) in self.agent.skills.iter().enumerate() {
+            let key = format!("agent.skills[{i}]");
+            let ok_id = !s.id.is_empty()
+                && s.id.len() <= 64
+                && s.id
+                    .bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'));
+            if !ok_id {
+                return Err(format!(
+                    "{key}.id: {:?} must be 1-64 of [a-zA-Z0-9._-]",
+                    s.id
+                ));
+            }
+            if host.iter().chain(&out).any(|x| x.id == s.id) {
+                return Err(format!(
+                    "{key}.id: {:?} is already a skill of the card{}",
+                    s.id,
+                    if s.id == "conversation" {
+                        " (the conversation agent's)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+            for (field, text, max) in [
+                ("name", &s.name, 128),
+                ("description", &s.description, 4096),
+            ] {
+                if text.trim().is_empty() || text.len() > max {
+                    return Err(format!(
+                        "{key}.{field}: must be 1 to {max} bytes, not blank"
+                    ));
+                }
+            }
+            for (field, modes) in [
+                ("input_modes", &s.input_modes),
+                ("output_modes", &s.output_modes),
+            ] {
+                for m in modes {
+                    let ok = m.split_once('/').is_some_and(|(t, sub)| {
+                        !t.is_empty()
+                            && !sub.is_empty()
+                            && m.bytes().all(|c| c.is_ascii_graphic())
+                            && !sub.contains('/')
+                    });
+                    if !ok {
+                        return Err(format!(
+                            "{key}.{field}: {m:?} is not a media type (type/subtype)"
+                        ));
+                    }
+                }
+            }
+            out.push(agentd_core::a2a::card::AgentSkill {
+                description: s.description.clone(),
+                examples: s.examples.clone(),
+                id: s.id.clone(),
+                input_modes: s.input_modes.clone(),
+                name: s.name.clone(),
+                output_modes: s.output_modes.clone(),
+                tags: s.tags.clone(),
+            });
+        }
+        Ok(out)
     }
 
     /// Refuses a memory store behind a listener other clients reach.
@@ -738,15 +963,60 @@ impl Config {
         Ok(map)
     }
 
-    pub fn instance_config(&self, listeners: Vec<ListenerInfo>) -> Result<InstanceConfig, String> {
+    pub fn instance_config(
+        &self,
+        mut listeners: Vec<ListenerInfo>,
+    ) -> Result<InstanceConfig, String> {
         self.check_ranges()?;
+        // A listener's public URL is what its card names; one behind a proxy is never
+        // loopback-trusted (its callers are the proxy's). Entries beyond the listeners
+        // given (none, in unit tests) are ignored.
+        let mut proxy = agentd_core::proxy::ProxyTrust {
+            listeners: Vec::new(),
+            trusted: self.trusted_proxies()?,
+        };
+        for (i, entry) in self.listen_entries()?.iter().enumerate() {
+            let Some(l) = listeners.get_mut(i) else { break };
+            if let Some(url) = &entry.public_url {
+                check_url(&format!("a2a.listen: {}: public_url", entry.url), url)?;
+                l.url = url.clone();
+            }
+            if entry.behind_proxy {
+                l.loopback = false;
+                proxy.listeners.push(i);
+            }
+        }
         let mut c = InstanceConfig::new(listeners);
+        c.proxy = proxy;
+        if let Some(n) = self.a2a.tls.hsts_max_age_s {
+            c.hsts_max_age_s = n;
+        }
         if let Some(n) = &self.agent.name {
             c.name = n.clone();
         }
         // Every op the runtime serves; without an agent every turn is rejected, so the card
         // offers no conversation.
         c.host = crate::runtime::capabilities(self.agent.command.is_some());
+        let extra = self.card_skills(&c.host.skills)?;
+        c.host.skills.extend(extra);
+        if let Some(u) = &self.agent.documentation_url {
+            check_url("agent.documentation_url", u)?;
+            c.documentation_url = Some(u.clone());
+        }
+        if let Some(u) = &self.agent.icon_url {
+            check_url("agent.icon_url", u)?;
+            c.icon_url = Some(u.clone());
+        }
+        if let Some(p) = &self.agent.provider {
+            if p.organization.trim().is_empty() {
+                return Err("agent.provider.organization: must not be blank".into());
+            }
+            check_url("agent.provider.url", &p.url)?;
+            c.provider = Some(agentd_core::a2a::card::AgentProvider {
+                organization: p.organization.clone(),
+                url: p.url.clone(),
+            });
+        }
         if let Some(d) = &self.agent.description {
             c.description = d.clone();
         }
@@ -919,6 +1189,12 @@ impl Config {
         }
         if let Some(ms) = p.timeout_ms {
             in_range("a2a.push.timeout_ms", ms, 1, MAX_PUSH_TIMEOUT_MS)?;
+        }
+        if let Some(n) = self.a2a.tls.hsts_max_age_s {
+            in_range("a2a.tls.hsts_max_age_s", n, 0, MAX_HSTS_MAX_AGE_S)?;
+        }
+        if let Some(f) = &self.log.format {
+            LogFormat::parse(f).map_err(|e| format!("log.format: {e}"))?;
         }
         let d = &self.a2a.device_grant;
         if let Some(t) = d.token_ttl_s {
@@ -1133,6 +1409,51 @@ impl Config {
     }
 }
 
+/// Checks a URL the card publishes: `http://` or `https://`, a host, no spaces or control
+/// characters, at most 2048 bytes.
+fn check_url(key: &str, url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"));
+    let host = rest.map(|r| r.split(['/', '?', '#']).next().unwrap_or(""));
+    let ok = url.len() <= 2048
+        && host.is_some_and(|h| !h.is_empty() && !h.starts_with(':'))
+        && url.bytes().all(|b| b.is_ascii_graphic());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{key}: {url:?} is not an http:// or https:// URL with a host"
+        ))
+    }
+}
+
+/// How log lines are written: `log.format`, or `AGENTD_LOG_FORMAT`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One human-readable line per event (the default).
+    Text,
+    /// One JSON object per line: see `crate::logjson`.
+    Json,
+}
+
+impl LogFormat {
+    pub fn parse(text: &str) -> Result<LogFormat, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("{text:?} is not text or json")),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
 /// Reads a secret reference: `{{secret:NAME}}` (the environment variable NAME) or
 /// `{{secret-file:PATH}}` (the file's content, trimmed). A credential never sits in the
 /// configuration file itself, so the `config` op can show the file without redacting it.
@@ -1169,7 +1490,14 @@ fn resolve_secret(key: &str, reference: &str) -> Result<String, String> {
 fn effective_document(c: &InstanceConfig, limits: &LimitsSection) -> serde_json::Value {
     let l = &c.conn;
     serde_json::json!({
-        "agent": {"name": c.name, "description": c.description},
+        "agent": {
+            "name": c.name,
+            "description": c.description,
+            "documentation_url": c.documentation_url,
+            "icon_url": c.icon_url,
+            "provider": c.provider.as_ref().map(|p| serde_json::json!({"organization": p.organization, "url": p.url})),
+            "skills": c.host.skills.iter().map(|s| s.id.clone()).collect::<Vec<_>>(),
+        },
         "a2a": {
             "listen": c.listeners.iter().map(|l| l.url.clone()).collect::<Vec<_>>(),
             "events": {
@@ -1178,6 +1506,11 @@ fn effective_document(c: &InstanceConfig, limits: &LimitsSection) -> serde_json:
                 "stream_deadline_ms": c.events_stream_deadline_ms,
             },
             "introspection": {"enabled": c.introspection_enabled},
+            "proxy": {
+                "listeners": c.proxy.listeners,
+                "trusted": c.proxy.trusted.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+            },
+            "tls": {"hsts_max_age_s": c.hsts_max_age_s},
             "device_grant": {
                 "enabled": c.device_grant.enabled,
                 "scopes": c.device_grant.scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
@@ -1235,6 +1568,9 @@ mod tests {
             "defaults are filled in"
         );
         assert_eq!(d["limits"]["replay_events_per_task"], 64);
+        assert_eq!(d["a2a"]["tls"]["hsts_max_age_s"], 31_536_000);
+        assert_eq!(d["a2a"]["proxy"]["trusted"], serde_json::json!([]));
+        assert_eq!(d["agent"]["skills"], serde_json::json!([]));
     }
 
     #[test]
@@ -1727,6 +2063,49 @@ match = { bearer_ref = "{{secret:AGENTD_TEST_OP}}" }"#,
                     match = { bearer_ref = \"{{secret:AGENTD_TEST_GRANT_OP}}\" }\n";
         let c: Config = toml::from_str(text).unwrap();
         c.instance_config(vec![]).unwrap();
+    }
+
+    /// A list of listeners stays a list (a table can be read from a list too), and an
+    /// entry may be a table.
+    #[test]
+    fn listen_lists_and_tables_parse() {
+        let c: Config =
+            toml::from_str("[a2a]\nlisten = [\"tcp://127.0.0.1:1\", \"unix:///tmp/x.sock\"]")
+                .unwrap();
+        let e = c.listen_entries().unwrap();
+        assert_eq!(e.len(), 2);
+        assert_eq!(e[1].url, "unix:///tmp/x.sock");
+        assert!(e[0].public_url.is_none() && !e[0].behind_proxy);
+        let c: Config = toml::from_str(
+            "[a2a]\nlisten = { url = \"tcp://127.0.0.1:1\", public_url = \"https://a.example/\" }",
+        )
+        .unwrap();
+        let e = c.listen_entries().unwrap();
+        assert_eq!(e[0].public_url.as_deref(), Some("https://a.example/"));
+        let listener = agentd_core::ListenerInfo {
+            kind: agentd_core::ListenerKind::Tcp,
+            url: "http://127.0.0.1:1/".into(),
+            loopback: true,
+        };
+        let ic = c.instance_config(vec![listener.clone()]).unwrap();
+        assert_eq!(ic.listeners[0].url, "https://a.example/");
+        assert!(ic.listeners[0].loopback);
+        let c: Config = toml::from_str(
+            "[a2a]\nlisten = [{ url = \"tcp://127.0.0.1:1\", behind_proxy = true }]\nproxy = { trusted = [\"127.0.0.1\"] }",
+        )
+        .unwrap();
+        c.endpoints().unwrap();
+        let ic = c.instance_config(vec![listener]).unwrap();
+        assert!(
+            !ic.listeners[0].loopback,
+            "behind a proxy: never loopback-trusted"
+        );
+        assert_eq!(ic.proxy.listeners, vec![0]);
+        assert!(ic.proxy.trusts("127.0.0.1".parse().unwrap()));
+        assert!(
+            toml::from_str::<Config>("[a2a]\nlisten = [{ url = \"x\", publik_url = \"y\" }]")
+                .is_err()
+        );
     }
 
     #[test]

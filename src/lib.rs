@@ -4,7 +4,9 @@
 
 pub mod config;
 pub mod durable;
+pub mod logjson;
 pub mod memory;
+pub mod printconfig;
 pub mod reload;
 pub mod runtime;
 pub mod store;

@@ -15,6 +15,7 @@ agentd — an A2A 1.0 agent daemon
 
 Usage: agentd [--config FILE] [--listen URL]... [--driver smol|std]
        agentd --check-config [--config FILE]
+       agentd --print-config [--config FILE] [--listen URL]...
        agentd --extensions
        agentd --extension-schema NAME
 
@@ -28,6 +29,9 @@ Options:
   --check-config    check the configuration (--config FILE, else the embedded default)
                     as start-up would, without binding or opening the store; exit 0
                     when it would start, 2 with the load error when not
+  --print-config    print the effective configuration (TOML: every key with the value in
+                    force, defaults filled in, the agents' env and the peers' headers
+                    redacted) after the checks of --check-config, and exit
   --driver NAME     smol (default: async, small) or std (blocking, a thread per connection)
   --extensions      print the registry of extension and binding URIs (JSON), and exit
   --extension-schema NAME
@@ -38,6 +42,8 @@ Options:
 
 Environment:
   AGENTD_LOG        log level: error, warn, info (default), debug or trace
+  AGENTD_LOG_FORMAT log lines: text (default) or json (one JSON object a line); wins
+                    over the configuration's log.format
   AGENTD_LOCK_STATS 1: count the drivers' hold of the shared lock, printed as a
                     `lock-stats ...` line on stdout at each SIGUSR1 (for bench/)
 ";
@@ -54,6 +60,9 @@ struct Args {
     /// `--listen`: replaces `a2a.listen` when given.
     listen: Vec<String>,
     check_only: bool,
+    /// `--print-config`: check as `--check-config` does, then print the effective
+    /// configuration.
+    print_config: bool,
 }
 
 fn parse_args() -> Result<Option<Args>, String> {
@@ -62,6 +71,7 @@ fn parse_args() -> Result<Option<Args>, String> {
         driver: Driver::Smol,
         listen: Vec::new(),
         check_only: false,
+        print_config: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -111,6 +121,7 @@ fn parse_args() -> Result<Option<Args>, String> {
                 args.listen.push(v);
             }
             "--check-config" => args.check_only = true,
+            "--print-config" => args.print_config = true,
             "--driver" => {
                 args.driver = match it.next().as_deref() {
                     Some("smol") => Driver::Smol,
@@ -154,16 +165,47 @@ fn log_level() -> Result<tracing::Level, String> {
     })
 }
 
-fn init_logging(level: tracing::Level) {
+/// The log format: `AGENTD_LOG_FORMAT` when set (and not empty), else the configuration's
+/// `log.format`, else text. A value that names no format is a usage error, as for
+/// `AGENTD_LOG`.
+fn log_format(config: Option<&config::Config>) -> Result<config::LogFormat, String> {
+    match std::env::var("AGENTD_LOG_FORMAT") {
+        Ok(v) if !v.trim().is_empty() => {
+            config::LogFormat::parse(&v).map_err(|e| format!("AGENTD_LOG_FORMAT={e}"))
+        }
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(format!("AGENTD_LOG_FORMAT={v:?} is not text or json"))
+        }
+        _ => Ok(config
+            .and_then(|c| c.log.format.as_deref())
+            .and_then(|f| config::LogFormat::parse(f).ok())
+            .unwrap_or(config::LogFormat::Text)),
+    }
+}
+
+fn init_logging(level: tracing::Level, format: config::LogFormat) {
     use tracing_subscriber::layer::SubscriberExt as _;
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(false);
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_subscriber::filter::LevelFilter::from_level(level))
-        .with(fmt)
-        .with(runtime::logring::LogRingLayer);
-    let _ = tracing::subscriber::set_global_default(subscriber);
+    let filter = tracing_subscriber::filter::LevelFilter::from_level(level);
+    let ring = runtime::logring::LogRingLayer;
+    let _ = match format {
+        config::LogFormat::Text => {
+            let fmt = tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(false);
+            let subscriber = tracing_subscriber::registry()
+                .with(filter)
+                .with(fmt)
+                .with(ring);
+            tracing::subscriber::set_global_default(subscriber)
+        }
+        config::LogFormat::Json => {
+            let subscriber = tracing_subscriber::registry()
+                .with(filter)
+                .with(agentd::logjson::JsonLayer)
+                .with(ring);
+            tracing::subscriber::set_global_default(subscriber)
+        }
+    };
 }
 
 /// Why the daemon could not run: a load error (the configuration) or a runtime one.
@@ -172,11 +214,8 @@ enum Failure {
     Runtime(String),
 }
 
-fn run(args: Args) -> Result<(), Failure> {
-    let mut config = match &args.config {
-        Some(path) => config::Config::load(path).map_err(Failure::Config)?,
-        None => config::Config::default(),
-    };
+fn run(args: Args, loaded: Result<config::Config, String>) -> Result<(), Failure> {
+    let mut config = loaded.map_err(Failure::Config)?;
     config.override_listen(&args.listen);
     let endpoints = config.endpoints().map_err(Failure::Config)?;
     let settings = config.runtime_settings().map_err(Failure::Config)?;
@@ -185,7 +224,7 @@ fn run(args: Args) -> Result<(), Failure> {
     config
         .check_store(&store_kind, &endpoints)
         .map_err(Failure::Config)?;
-    if args.check_only {
+    if args.check_only || args.print_config {
         // Everything start-up checks, short of binding and opening the store: the URLs the
         // card would name are the configured ones (a port 0 stays 0).
         let infos = endpoints.iter().map(unbound_info).collect();
@@ -197,6 +236,12 @@ fn run(args: Args) -> Result<(), Failure> {
             instance
                 .register_command(decl)
                 .map_err(|e| Failure::Config(format!("workflow command {op:?}: {e:?}")))?;
+        }
+        if args.print_config {
+            let text = agentd::printconfig::render(&config, instance.config(), &settings)
+                .map_err(Failure::Config)?;
+            print!("{text}");
+            return Ok(());
         }
         let what = args
             .config
@@ -442,13 +487,26 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(level);
+    // The file is read before the log starts, for its log.format; a load error is logged
+    // (in the format asked for) once the log is up.
+    let loaded = match &args.config {
+        Some(path) => config::Config::load(path),
+        None => Ok(config::Config::default()),
+    };
+    let format = match log_format(loaded.as_ref().ok()) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("agentd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(level, format);
     // The runtime's children run under a keeper (this binary again, by the kernel's
     // /proc/self/exe, which still names it if the file on disk is replaced), so they die with
     // the daemon however it dies.
     runtime::child::use_keeper(PathBuf::from("/proc/self/exe"));
     // Each fatal error is said once, as a log line (stderr, like every other line).
-    match run(args) {
+    match run(args, loaded) {
         Ok(()) => ExitCode::SUCCESS,
         // A load error exits 2, like a usage error: the configuration must change.
         Err(Failure::Config(e)) => {

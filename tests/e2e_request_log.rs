@@ -79,7 +79,9 @@ fn debug_lines(driver: &str) {
             "status",
             "duration_ms",
             "principal",
-            "task",
+            "task_id",
+            "request_id",
+            "trace_id",
         ] {
             assert!(field(l, name).is_some(), "{driver}: no {name} in {l}");
         }
@@ -119,7 +121,7 @@ fn debug_lines(driver: &str) {
         assert_eq!(field(l, "route"), Some(route), "{driver}: {l}");
         assert_eq!(field(l, "status"), Some(status), "{driver}: {l}");
         assert_eq!(field(l, "principal"), Some(principal), "{driver}: {l}");
-        assert_eq!(field(l, "task"), Some(task), "{driver}: {l}");
+        assert_eq!(field(l, "task_id"), Some(task), "{driver}: {l}");
         assert_eq!(field(l, "error"), error, "{driver}: {l}");
     }
 }

@@ -146,7 +146,22 @@ pub struct InstanceConfig {
     /// at once and is not on the card) and the card's skills. The default serves no op and
     /// lists no skill.
     pub host: crate::host::HostCapabilities,
+    /// The card's `documentationUrl` (`agent.documentation_url`).
+    pub documentation_url: Option<String>,
+    /// The card's `iconUrl` (`agent.icon_url`).
+    pub icon_url: Option<String>,
+    /// The card's `provider` (`[agent.provider]`).
+    pub provider: Option<crate::a2a::card::AgentProvider>,
+    /// `Strict-Transport-Security: max-age=N` on every answer of a TLS listener; 0 sends
+    /// none. Default one year.
+    pub hsts_max_age_s: u64,
+    /// Listeners behind a TLS-terminating proxy, and the proxies whose `X-Forwarded-For`
+    /// names the client the limiters count against.
+    pub proxy: crate::proxy::ProxyTrust,
 }
+
+/// `InstanceConfig::hsts_max_age_s` by default: a year.
+pub const DEFAULT_HSTS_MAX_AGE_S: u64 = 31_536_000;
 
 impl InstanceConfig {
     /// Whether a listener declares an authentication scheme (so has an extended card): a
@@ -188,6 +203,11 @@ impl InstanceConfig {
             tls: HashMap::new(),
             push: crate::push::PushPolicy::default(),
             host: crate::host::HostCapabilities::default(),
+            documentation_url: None,
+            icon_url: None,
+            provider: None,
+            hsts_max_age_s: DEFAULT_HSTS_MAX_AGE_S,
+            proxy: crate::proxy::ProxyTrust::default(),
         }
     }
 }
@@ -495,6 +515,8 @@ pub struct Instance {
     effects: VecDeque<Effect>,
     effect_waker: Option<Waker>,
     started: Now,
+    /// Requests read so far: the number in a request id the instance makes up.
+    requests: u64,
     pub(crate) commands: Commands,
     calls: HashMap<CallId, PendingCall>,
     next_call: CallId,
@@ -591,6 +613,7 @@ impl Instance {
             effects: VecDeque::new(),
             effect_waker: None,
             started: now,
+            requests: 0,
             sessions: crate::sessions::Sessions::default(),
             feed_watchers: Default::default(),
             ready: Ready::default(),
@@ -622,6 +645,13 @@ impl Instance {
         self.wal.durable = self.record_seq();
         self.wal.announced = self.wal.durable;
         self.wal.drained = self.wal.durable;
+    }
+
+    /// A new request's number, and the epoch millisecond the instance started: together
+    /// the request id the log names a request by when it carries no `X-Request-Id`.
+    pub(crate) fn next_request(&mut self) -> (u64, u64) {
+        self.requests += 1;
+        (self.started.epoch_ms, self.requests)
     }
 
     /// The sequence number of the latest change: monotonic, bumped by every change that
@@ -1723,7 +1753,10 @@ pub(crate) fn build_card(config: &InstanceConfig, index: usize) -> AgentCard {
         default_input_modes: modes(),
         default_output_modes: modes(),
         description: config.description.clone(),
+        documentation_url: config.documentation_url.clone(),
+        icon_url: config.icon_url.clone(),
         name: config.name.clone(),
+        provider: config.provider.clone(),
         security_requirements: security.as_ref().map(|(_, r)| r.clone()),
         security_schemes: security.map(|(s, _)| s),
         skills: config.host.skills.clone(),

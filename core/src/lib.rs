@@ -104,6 +104,7 @@ pub mod instance;
 pub mod jsonrpc;
 pub mod limits;
 mod oauth;
+pub mod proxy;
 pub mod push;
 mod ready;
 pub mod reqlog;

@@ -256,6 +256,13 @@ pub struct RequestRecord {
     pub task_id: Label,
     /// Set when a limiter refused the request.
     pub refusal: Option<Refusal>,
+    /// The request's id: its `X-Request-Id` (as a proxy or client set it: 1 to 64 visible
+    /// ASCII characters), else one the instance made up, unique while it runs
+    /// (`<start in epoch ms, hex>-<request number>`).
+    pub request_id: Label,
+    /// The trace id of the request's W3C `traceparent` header (32 lowercase hex digits),
+    /// when it carries a valid one.
+    pub trace_id: Label,
     /// The monotonic millisecond the request's head was read.
     pub(crate) started_ms: u64,
 }
@@ -264,7 +271,17 @@ impl RequestRecord {
     /// A record of the request `head` names, read at `started_ms`.
     pub(crate) fn new(head: Option<&RequestHead>, started_ms: u64) -> RequestRecord {
         let mut route = Label::EMPTY;
+        let mut request_id = Label::EMPTY;
+        let mut trace_id = Label::EMPTY;
         if let Some(head) = head {
+            if let Some(id) = head.header("x-request-id").filter(|v| {
+                (1..=LABEL_CAP).contains(&v.len()) && v.iter().all(u8::is_ascii_graphic)
+            }) {
+                request_id = Label::new(std::str::from_utf8(id).unwrap_or_default());
+            }
+            if let Some(t) = head.header("traceparent").and_then(trace_of) {
+                trace_id = Label::new(t);
+            }
             let method = match &head.method {
                 Method::Get => "GET",
                 Method::Head => "HEAD",
@@ -286,6 +303,8 @@ impl RequestRecord {
             principal: PrincipalLabel::EMPTY,
             task_id: Label::EMPTY,
             refusal: None,
+            request_id,
+            trace_id,
             started_ms,
         }
     }
@@ -299,6 +318,29 @@ impl RequestRecord {
     pub fn error_reason(&self) -> Option<&'static str> {
         self.error.and_then(|k| k.row().reason)
     }
+}
+
+/// The trace id of a W3C `traceparent` value (`00-<32 hex>-<16 hex>-<2 hex>`, lowercase; a
+/// later version may add fields after them): `None` for anything else, or an all-zero id.
+fn trace_of(value: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(value).ok()?.trim();
+    let mut parts = text.split('-');
+    let (version, trace, parent, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let ok = hex(version, 2)
+        && version != "ff"
+        && (version != "00" || parts.next().is_none())
+        && hex(trace, 32)
+        && hex(parent, 16)
+        && hex(flags, 2)
+        && trace.bytes().any(|b| b != b'0')
+        && parent.bytes().any(|b| b != b'0');
+    ok.then_some(trace)
 }
 
 /// Records a connection could not queue, since they were last taken.
@@ -455,5 +497,49 @@ mod tests {
         assert_eq!(Source::V4([192, 0, 2, 1]).to_string(), "192.0.2.1");
         let v6 = Source::of("2001:db8:1:2::9".parse().unwrap());
         assert_eq!(v6.to_string(), "2001:db8:1:2::/64");
+    }
+
+    #[test]
+    fn trace_ids_are_read_from_valid_traceparents_only() {
+        let t = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let ok = format!("00-{t}-00f067aa0ba902b7-01");
+        assert_eq!(trace_of(ok.as_bytes()), Some(t));
+        // A later version may carry more fields; version 00 may not.
+        let later = format!("01-{t}-00f067aa0ba902b7-01-extra");
+        assert_eq!(trace_of(later.as_bytes()), Some(t));
+        for bad in [
+            format!("00-{t}-00f067aa0ba902b7-01-extra"),
+            format!("ff-{t}-00f067aa0ba902b7-01"),
+            format!("00-{}-00f067aa0ba902b7-01", t.to_uppercase()),
+            format!("00-{}-00f067aa0ba902b7-01", "0".repeat(32)),
+            format!("00-{t}-0000000000000000-01"),
+            format!("00-{t}-00f067aa0ba902b7"),
+            "garbage".to_owned(),
+        ] {
+            assert_eq!(trace_of(bad.as_bytes()), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_record_takes_the_request_id_and_trace_id_from_the_head() {
+        let head = |extra: &str| {
+            let mut p = crate::http::RequestParser::new(crate::http::HttpLimits::DEFAULT);
+            p.push(format!("GET / HTTP/1.1\r\nHost: x\r\n{extra}\r\n").as_bytes());
+            match p.next_event() {
+                Ok(Some(crate::http::Event::Head(h))) => h,
+                other => panic!("{other:?}"),
+            }
+        };
+        let h = head("X-Request-Id: abc-123\r\ntraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n");
+        let r = RequestRecord::new(Some(&h), 0);
+        assert_eq!(r.request_id, "abc-123");
+        assert_eq!(r.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+        // An id with a space, or longer than a label, is not taken (the connection then
+        // makes one up).
+        let long = format!("X-Request-Id: {}\r\n", "x".repeat(65));
+        for extra in ["X-Request-Id: a b\r\n", long.as_str(), ""] {
+            let r = RequestRecord::new(Some(&head(extra)), 0);
+            assert!(r.request_id.is_empty() && r.trace_id.is_empty(), "{extra}");
+        }
     }
 }

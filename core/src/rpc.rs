@@ -1131,6 +1131,8 @@ fn extended_card(inst: &Instance, ctx: &CallContext<'_>) -> Result<Reply, RpcErr
         card.skills.push(crate::a2a::card::AgentSkill {
             description: format!("Run the {w} workflow"),
             examples: Vec::new(),
+            input_modes: Vec::new(),
+            output_modes: Vec::new(),
             id: format!("workflow:{w}"),
             name: w.to_owned(),
             tags: vec!["workflow".into()],

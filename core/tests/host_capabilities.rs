@@ -18,6 +18,8 @@ fn skill(id: &str) -> AgentSkill {
     AgentSkill {
         description: format!("The {id} skill"),
         examples: vec![format!("try {id}")],
+        input_modes: Vec::new(),
+        output_modes: Vec::new(),
         id: id.into(),
         name: id.to_uppercase(),
         tags: vec!["host".into()],

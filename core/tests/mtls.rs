@@ -419,3 +419,67 @@ fn close_notify_waits_for_the_whole_large_answer() {
     assert_eq!(r.header("connection"), Some("close"));
     assert_eq!(r.json()["result"]["history"][0]["parts"][0]["text"], big);
 }
+
+/// Every answer of a TLS listener carries `Strict-Transport-Security`, a stream's head
+/// too; `hsts_max_age_s` sets it, 0 sends none, and a plaintext listener never does.
+#[test]
+fn tls_answers_carry_hsts() {
+    let p = pki();
+    let cert = leaf(&p.ca, "laptop", &["laptop.example"]);
+    let card = b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    let mut h = harness(&p, vec![]);
+    let mut t = client(&p, Some(&cert));
+    let mut c = h.conn_peer(0, Peer::Tcp);
+    let r = request(&mut h, &mut c, &mut t, card);
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("strict-transport-security"),
+        Some("max-age=31536000")
+    );
+    let r = request(&mut h, &mut c, &mut t, &call("ListTasks", 1, json!({})));
+    assert_eq!(
+        r.header("strict-transport-security"),
+        Some("max-age=31536000")
+    );
+    let send = call(
+        "SendStreamingMessage",
+        2,
+        json!({"message": text_message("x", &fresh_id())}),
+    );
+    t.writer().write_all(&send).unwrap();
+    let plain = pump(&mut h, &mut c, &mut t).unwrap();
+    let head = first_head(&plain);
+    assert_eq!(head.status, 200);
+    assert_eq!(
+        head.header("content-type"),
+        Some("text/event-stream"),
+        "{}",
+        String::from_utf8_lossy(&plain)
+    );
+    assert_eq!(
+        head.header("strict-transport-security"),
+        Some("max-age=31536000")
+    );
+
+    let listener = tls::listener(
+        p.server.0.as_bytes(),
+        p.server.1.as_bytes(),
+        Some(p.ca.pem.as_bytes()),
+    )
+    .unwrap();
+    let mut h = Harness::with(move |c| {
+        c.tls.insert(0, listener);
+        c.hsts_max_age_s = 0;
+    });
+    let mut t = client(&p, Some(&cert));
+    let mut c = h.conn_peer(0, Peer::Tcp);
+    let r = request(&mut h, &mut c, &mut t, card);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("strict-transport-security"), None);
+
+    let mut h = Harness::new();
+    let mut c = h.conn();
+    let r = one(&c.feed(&mut h, card));
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("strict-transport-security"), None, "plaintext");
+}

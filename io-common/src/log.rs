@@ -126,16 +126,18 @@ fn refusal_line_due(key: RefusalKey) -> Option<u64> {
 
 /// One request's log line: a limiter's refusal at `info` (at most one line per source and
 /// limiter each [`REFUSAL_LOG_EVERY`], with the count held back), every other request, and
-/// a refusal held back, at `debug`. Fields: `method` (the JSON-RPC method), `route` (HTTP
-/// method and path), `status`, `duration_ms`, `principal`, `task` (`-` where there is
-/// none), the JSON-RPC `error` code and `reason` of a refusal, and `phase` for a stream's
-/// start and end or an abandoned request; a refusal adds `limiter`, `source` and
-/// `retry_after_s`.
+/// a refusal held back, at `debug`. Fields: `request_id`, `method` (the JSON-RPC method),
+/// `route` (HTTP method and path), `status`, `duration_ms`, `principal`, `task_id`,
+/// `trace_id` (`-` where there is none), the JSON-RPC `error` code and `reason` of a
+/// refusal, and `phase` for a stream's start and end or an abandoned request; a refusal
+/// adds `limiter`, `source` and `retry_after_s`.
 pub fn log_request(r: &RequestRecord) {
     let method = r.method.get().unwrap_or("-");
     let route = r.route.get().unwrap_or("-");
     let principal = r.principal.get().unwrap_or("-");
-    let task = r.task_id.get().unwrap_or("-");
+    let task_id = r.task_id.get().unwrap_or("-");
+    let request_id = r.request_id.get().unwrap_or("-");
+    let trace_id = r.trace_id.get().unwrap_or("-");
     let phase = (r.phase != Phase::Answered).then(|| r.phase.as_str());
     if let Some(refusal) = &r.refusal {
         if let Some(suppressed) = refusal_line_due((refusal.source, refusal.limiter)) {
@@ -144,12 +146,14 @@ pub fn log_request(r: &RequestRecord) {
                 limiter = refusal.limiter.as_str(),
                 source = %OrDash(refusal.source),
                 retry_after_s = refusal.retry_after_s,
+                request_id,
                 method,
                 route,
                 status = r.status,
                 duration_ms = r.duration_ms,
                 principal,
-                task,
+                task_id,
+                trace_id,
                 suppressed,
                 "request refused by a limiter"
             );
@@ -158,12 +162,14 @@ pub fn log_request(r: &RequestRecord) {
     }
     tracing::debug!(
         target: REQUEST_LOG_TARGET,
+        request_id,
         method,
         route,
         status = r.status,
         duration_ms = r.duration_ms,
         principal,
-        task,
+        task_id,
+        trace_id,
         error = r.error_code(),
         reason = r.error_reason(),
         phase,

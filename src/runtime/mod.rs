@@ -37,6 +37,8 @@ pub fn capabilities(converses: bool) -> agentd_core::HostCapabilities {
                       answered by the configured conversation agent."
             .into(),
         examples: Vec::new(),
+        input_modes: Vec::new(),
+        output_modes: Vec::new(),
         id: "conversation".into(),
         name: "Conversation".into(),
         tags: vec!["conversation".into()],

@@ -93,6 +93,10 @@ pub struct Setup {
     pub env: Vec<(String, String)>,
     /// The TCP listener is `https://` (the config must then carry `[a2a.tls]`).
     pub https: bool,
+    /// The TCP entry of `a2a.listen` as TOML, instead of the plain URL: a table such as
+    /// `{ url = "tcp://127.0.0.1:0", public_url = "...", behind_proxy = true }` (it must
+    /// listen on 127.0.0.1, port 0).
+    pub tcp_entry: Option<String>,
     /// The `[store]` data directory. Unset: `data/` in the daemon's own temp dir, so no two
     /// daemons share one (and nothing lands in the user's state dir). A test that restarts
     /// a daemon on the same data names a directory it owns. Ignored when `sections` has its
@@ -196,9 +200,14 @@ impl Daemon {
         let unix = dir.join("a.sock");
         prepare(&dir);
         let config = dir.join("agentd.toml");
+        let tcp_entry = setup.tcp_entry.clone().unwrap_or_else(|| {
+            format!(
+                "\"{}://127.0.0.1:0\"",
+                if setup.https { "https" } else { "tcp" }
+            )
+        });
         let mut text = format!(
-            "[a2a]\nlisten = [\"{}://127.0.0.1:0\", \"unix://{}\"]\n",
-            if setup.https { "https" } else { "tcp" },
+            "[a2a]\nlisten = [{tcp_entry}, \"unix://{}\"]\n",
             unix.display()
         );
         text.push_str(&setup.a2a);

@@ -10,7 +10,16 @@ pub(crate) struct AgentCard {
     pub(crate) default_input_modes: Vec<String>,
     pub(crate) default_output_modes: Vec<String>,
     pub(crate) description: String,
+    /// `agent.documentation_url`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) documentation_url: Option<String>,
+    /// `agent.icon_url`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) icon_url: Option<String>,
     pub(crate) name: String,
+    /// `[agent.provider]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) provider: Option<AgentProvider>,
     /// The schemes this listener enforces, by name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) security_requirements: Option<Vec<Value>>,
@@ -54,6 +63,15 @@ pub(crate) struct AgentExtension {
     pub(crate) uri: String,
 }
 
+/// The card's `provider`: who runs the agent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AgentProvider {
+    /// The provider's organization, by name.
+    pub organization: String,
+    /// The provider's website or documentation.
+    pub url: String,
+}
+
 /// One of the card's `skills`: something the agent can do, as a host declares it
 /// (`HostCapabilities::skills`).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -66,8 +84,14 @@ pub struct AgentSkill {
     pub examples: Vec<String>,
     /// Unique among the card's skills.
     pub id: String,
+    /// The media types the skill takes, when they differ from the card's defaults.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub input_modes: Vec<String>,
     /// A short human-readable name.
     pub name: String,
+    /// The media types the skill answers with, when they differ from the card's defaults.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub output_modes: Vec<String>,
     /// Keywords for discovery.
     pub tags: Vec<String>,
 }

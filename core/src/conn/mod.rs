@@ -124,6 +124,14 @@ pub struct Connection {
     /// `None` for unix peers and embedders that give none: such a connection is neither
     /// counted nor refused by the failure limiter.
     source: Option<crate::limits::Source>,
+    /// The TCP peer's address, as the driver gave it ([`Connection::set_source`]): each
+    /// request's `source` is read from it (and, from a trusted proxy, from the request's
+    /// `X-Forwarded-For`).
+    peer_addr: Option<std::net::IpAddr>,
+    /// The `Strict-Transport-Security` value of a TLS listener's answers.
+    hsts: Option<std::borrow::Cow<'static, str>>,
+    /// The current request's number ([`Instance::next_request`]), for its made-up id.
+    req_no: (u64, u64),
     limits: ConnLimits,
     waker: Waker,
     /// This connection in the instance's registry of wakers, once it waits on anything
@@ -323,6 +331,9 @@ impl Connection {
             listener,
             peer,
             source: None,
+            peer_addr: None,
+            hsts: None,
+            req_no: (0, 0),
             limits,
             waker,
             key: None,
@@ -365,6 +376,18 @@ impl Connection {
     pub fn set_source(&mut self, addr: std::net::IpAddr) {
         if matches!(self.peer, Peer::Tcp | Peer::Cert(_)) {
             self.source = Some(crate::limits::Source::of(addr));
+            self.peer_addr = Some(addr);
+        }
+    }
+
+    /// A request's head was read: its number, and the source it counts against (the peer,
+    /// or on a listener behind a proxy, the client a trusted proxy's `X-Forwarded-For`
+    /// names: see [`crate::proxy`]).
+    pub(super) fn begin_request(&mut self, inst: &mut Instance, head: &crate::http::RequestHead) {
+        self.req_no = inst.next_request();
+        if let Some(addr) = self.peer_addr {
+            let client = inst.config().proxy.client(self.listener, addr, head);
+            self.source = Some(crate::limits::Source::of(client));
         }
     }
 
@@ -382,6 +405,13 @@ impl Connection {
                 Some(layer) => self.tls = Some(layer),
                 None => self.aborted = true,
             }
+            self.hsts = match inst.config().hsts_max_age_s {
+                0 => None,
+                crate::instance::DEFAULT_HSTS_MAX_AGE_S => {
+                    Some(std::borrow::Cow::Borrowed("max-age=31536000"))
+                }
+                n => Some(std::borrow::Cow::Owned(format!("max-age={n}"))),
+            };
         }
     }
 

@@ -32,6 +32,20 @@ impl Connection {
         std::mem::take(&mut self.dropped)
     }
 
+    /// A record of the request `head` names, read at `started`, with the request's id.
+    pub(super) fn new_record(
+        &self,
+        head: Option<&RequestHead>,
+        started: u64,
+    ) -> Box<RequestRecord> {
+        let mut r = Box::new(RequestRecord::new(head, started));
+        if r.request_id.is_empty() {
+            let (boot, n) = self.req_no;
+            r.request_id = crate::reqlog::Label::new(&format!("{boot:x}-{n}"));
+        }
+        r
+    }
+
     /// Queues a record for the driver, if it keeps that kind; counts it if the queue is
     /// full.
     pub(super) fn push_record(&mut self, r: Box<RequestRecord>) {
@@ -114,6 +128,10 @@ impl Connection {
         let r = self
             .current
             .get_or_insert_with(|| Box::new(RequestRecord::new(Some(head), started)));
+        if r.request_id.is_empty() {
+            let (boot, n) = self.req_no;
+            r.request_id = crate::reqlog::Label::new(&format!("{boot:x}-{n}"));
+        }
         r.refusal = Some(Refusal {
             limiter,
             retry_after_s,

@@ -162,8 +162,9 @@ impl Connection {
                     self.head_started = None;
                     self.body_started = Some(now.mono_ms);
                     self.req_started = now.mono_ms;
-                    self.current = (self.keep == Keep::All)
-                        .then(|| Box::new(RequestRecord::new(Some(&head), now.mono_ms)));
+                    self.begin_request(inst, &head);
+                    self.current =
+                        (self.keep == Keep::All).then(|| self.new_record(Some(&head), now.mono_ms));
                     let mut route = route(&head);
                     if inst.config().device_grant.enabled {
                         if let Some(endpoint) = crate::oauth::Endpoint::from_path(&head.path) {

@@ -53,6 +53,9 @@ impl Connection {
         }
         h.close = !chunked || !keep_alive;
         self.cors_headers(&mut h);
+        if let Some(hsts) = &self.hsts {
+            h.headers.push(("strict-transport-security", hsts.clone()));
+        }
         h.write_sse_start(&mut self.out, chunked);
         self.stream_started(now);
         chunked

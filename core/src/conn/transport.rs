@@ -529,6 +529,9 @@ impl Connection {
     pub(super) fn finish_head(&mut self, h: &mut Head<'_>, minor: u8, keep_alive: bool, now: Now) {
         self.answered(h.status, now);
         self.cors_headers(h);
+        if let Some(hsts) = &self.hsts {
+            h.headers.push(("strict-transport-security", hsts.clone()));
+        }
         if !keep_alive {
             h.close = true;
             self.closing = true;

@@ -36,6 +36,8 @@ pub fn every_op_and_conversation() -> HostCapabilities {
         skills: vec![AgentSkill {
             description: "Converse with this agent.".into(),
             examples: Vec::new(),
+            input_modes: Vec::new(),
+            output_modes: Vec::new(),
             id: "conversation".into(),
             name: "Conversation".into(),
             tags: vec!["conversation".into()],
