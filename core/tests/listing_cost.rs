@@ -169,3 +169,47 @@ fn listing_and_status_cost() {
         );
     }
 }
+
+/// What a restart spends putting 100k task records back, as the store hands them over (JSON
+/// text): through a JSON tree per record (`serde_json::Value`, then the record), against
+/// read straight into the record (`Instance::restore_record_json`).
+#[test]
+#[ignore = "a measurement: run it in release with --ignored --nocapture"]
+fn restore_cost() {
+    let n = 100_000;
+    let user = template(Principal::new("user:u0", Role::User, vec![]), "ctx-0");
+    let texts: Vec<(String, String)> = (0..n)
+        .map(|i| {
+            let mut doc = user.clone();
+            let id = format!("task-{i:08}");
+            doc["id"] = json!(id);
+            doc["statusSeq"] = json!(i + 1);
+            (id, doc.to_string())
+        })
+        .collect();
+    let fresh = || {
+        Harness::with(|c| {
+            c.tasks.max_tasks = 1_000_000;
+            c.tasks.total_bytes = usize::MAX / 2;
+        })
+    };
+    let mut h = fresh();
+    let t = Instant::now();
+    for (id, text) in &texts {
+        let doc: Value = serde_json::from_str(text).unwrap();
+        h.inst.restore_record("task", id, doc, h.now).unwrap();
+    }
+    let through_tree = t.elapsed();
+    drop(h);
+    let mut h = fresh();
+    let t = Instant::now();
+    for (id, text) in &texts {
+        h.inst.restore_record_json("task", id, text, h.now).unwrap();
+    }
+    let straight = t.elapsed();
+    println!(
+        "restore of {n} task records: through a JSON tree {through_tree:?}, read straight \
+         into the record {straight:?} ({:.2}x)",
+        through_tree.as_secs_f64() / straight.as_secs_f64()
+    );
+}
