@@ -6,10 +6,13 @@
 
 use crate::errors::ConfigError;
 use std::io::{Read, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+
+use crate::time::Now;
 
 use crate::auth::Principal;
 
@@ -19,6 +22,28 @@ pub struct TlsListener {
     pub(crate) config: Arc<rustls::ServerConfig>,
     /// Client certificates are required and verified (mutual TLS).
     pub(crate) client_auth: bool,
+    /// The time rustls reads, set from the drivers' `Now`.
+    pub(crate) time: Arc<DriverTime>,
+}
+
+/// The wall-clock time rustls reads on a listener (a client certificate's validity, the
+/// age of a session ticket): the latest `Now` a driver passed with bytes for one of its
+/// connections. The core reads no clock; rustls, left to itself, would.
+#[derive(Debug, Default)]
+pub(crate) struct DriverTime(AtomicU64);
+
+impl DriverTime {
+    pub(crate) fn set(&self, now: Now) {
+        self.0.fetch_max(now.epoch_ms, Ordering::Relaxed);
+    }
+}
+
+impl rustls::time_provider::TimeProvider for DriverTime {
+    fn current_time(&self) -> Option<UnixTime> {
+        // Unset (no bytes passed yet): rustls fails the handshake rather than guess.
+        let ms = self.0.load(Ordering::Relaxed);
+        (ms > 0).then(|| UnixTime::since_unix_epoch(std::time::Duration::from_millis(ms)))
+    }
 }
 
 /// Builds a listener's TLS configuration from PEM: the certificate chain, its key, and
@@ -36,7 +61,8 @@ pub fn listener(
     }
     let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| format!("key: {e}"))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+    let time = Arc::new(DriverTime::default());
+    let builder = rustls::ServerConfig::builder_with_details(provider.clone(), time.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?;
     let builder = match client_ca_pem {
@@ -68,6 +94,7 @@ pub fn listener(
     Ok(TlsListener {
         config: Arc::new(config),
         client_auth: client_ca_pem.is_some(),
+        time,
     })
 }
 
@@ -165,21 +192,31 @@ pub(crate) struct TlsLayer {
     conn: rustls::ServerConnection,
     out: Vec<u8>,
     out_pos: usize,
+    time: Arc<DriverTime>,
 }
 
 impl TlsLayer {
-    pub(crate) fn new(config: Arc<rustls::ServerConfig>) -> Option<TlsLayer> {
+    pub(crate) fn new(listener: &TlsListener) -> Option<TlsLayer> {
         Some(TlsLayer {
-            conn: rustls::ServerConnection::new(config).ok()?,
+            conn: rustls::ServerConnection::new(listener.config.clone()).ok()?,
             out: Vec::new(),
             out_pos: 0,
+            time: listener.time.clone(),
         })
     }
 
     /// Takes received bytes; appends the plaintext they carry to `plain`. `Err`: the
     /// session failed (its alert is queued to send) and the connection must close. `Ok(true)`:
     /// the peer closed the session.
-    pub(crate) fn receive(&mut self, mut bytes: &[u8], plain: &mut Vec<u8>) -> Result<bool, ()> {
+    pub(crate) fn receive(
+        &mut self,
+        mut bytes: &[u8],
+        plain: &mut Vec<u8>,
+        now: Now,
+    ) -> Result<bool, ()> {
+        // What rustls does with these bytes (a handshake, a client certificate checked)
+        // happens at the time the driver gave.
+        self.time.set(now);
         let mut closed = false;
         while !bytes.is_empty() {
             match self.conn.read_tls(&mut bytes) {

@@ -483,3 +483,38 @@ fn tls_answers_carry_hsts() {
     assert_eq!(r.status, 200);
     assert_eq!(r.header("strict-transport-security"), None, "plaintext");
 }
+
+/// rustls reads the time the driver passes in (`Now`), not the system clock: a client
+/// certificate valid only in 2090 is refused at the harness's 2026 and accepted once the
+/// driver's time is 2090, though the machine's clock says otherwise.
+#[test]
+fn certificate_validity_is_judged_at_the_drivers_time() {
+    let p = pki();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "from the future");
+    params.not_before = rcgen::date_time_ymd(2090, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2091, 1, 1);
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &p.ca.issuer).unwrap();
+    let future = (cert.pem(), key.serialize_pem());
+    let card = b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: localhost\r\n\r\n";
+
+    let mut h = harness(&p, vec![]);
+    let mut t = client(&p, Some(&future));
+    let mut c = h.conn_peer(0, Peer::Tcp);
+    t.writer().write_all(card).unwrap();
+    let got = pump(&mut h, &mut c, &mut t);
+    assert!(
+        got.is_err() || got.unwrap().is_empty(),
+        "not yet valid at the driver's 2026"
+    );
+
+    let mut h = harness(&p, vec![]);
+    h.now = agentd_core::Now::new(h.now.mono_ms, 3_799_958_400_000); // 2090-06-01
+    let mut t = client(&p, Some(&future));
+    let mut c = h.conn_peer(0, Peer::Tcp);
+    let r = request(&mut h, &mut c, &mut t, card);
+    assert_eq!(r.status, 200, "valid at the driver's 2090");
+}

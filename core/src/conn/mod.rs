@@ -401,7 +401,7 @@ impl Connection {
         self.tls_checked = true;
         self.large_pool = Some(inst.large_answers.clone());
         if let Some(t) = inst.config().tls.get(&self.listener) {
-            match crate::tls::TlsLayer::new(t.config.clone()) {
+            match crate::tls::TlsLayer::new(t) {
                 Some(layer) => self.tls = Some(layer),
                 None => self.aborted = true,
             }
@@ -417,12 +417,12 @@ impl Connection {
 
     /// Prepares a connection its driver did not prepare, and takes the bytes it received
     /// before.
-    fn prepare_late(&mut self, inst: &Instance) {
+    fn prepare_late(&mut self, inst: &Instance, now: Now) {
         if !self.tls_checked {
             self.prepare(inst);
             let bytes = std::mem::take(&mut self.unprepared);
             if !self.aborted && !bytes.is_empty() {
-                self.take_input(&bytes);
+                self.take_input(&bytes, now);
             }
         }
     }
@@ -438,7 +438,7 @@ impl Connection {
     /// The peer will send nothing more. What was asked is still answered; then it closes.
     pub fn handle_eof(&mut self, inst: &mut Instance, now: Now) {
         self.last_mono = now.mono_ms;
-        self.prepare_late(inst);
+        self.prepare_late(inst, now);
         // Every request read before the end is answered, not only the first.
         self.drive(inst, now);
         while self.produce(now) {

@@ -104,7 +104,7 @@ impl Connection {
     /// and TLS encrypts there.
     pub fn serve(&mut self, inst: &mut Instance, now: Now) {
         self.last_mono = now.mono_ms;
-        self.prepare_late(inst);
+        self.prepare_late(inst, now);
         if std::mem::take(&mut self.peer_closed) {
             self.handle_eof(inst, now);
             return;

@@ -167,7 +167,7 @@ impl Connection {
             self.unprepared.extend_from_slice(bytes);
             return true;
         }
-        let serve = self.take_input(bytes);
+        let serve = self.take_input(bytes, now);
         self.read_ahead();
         serve
     }
@@ -198,14 +198,14 @@ impl Connection {
 
     /// Decrypts (with TLS) and buffers `bytes`; true when there is plaintext or an end of
     /// input to act on.
-    pub(super) fn take_input(&mut self, bytes: &[u8]) -> bool {
+    pub(super) fn take_input(&mut self, bytes: &[u8], now: Now) -> bool {
         let Some(tls) = self.tls.as_mut() else {
             self.parser.push(bytes);
             return true;
         };
         let mut plain = Vec::new();
         let was_handshaking = tls.handshaking();
-        match tls.receive(bytes, &mut plain) {
+        match tls.receive(bytes, &mut plain, now) {
             Ok(peer_closed) => {
                 if was_handshaking && !tls.handshaking() {
                     // The handshake's clock stops here, though no poll may follow: the
