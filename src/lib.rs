@@ -5,6 +5,7 @@
 pub mod config;
 pub mod durable;
 pub mod memory;
+pub mod metrics;
 pub mod reload;
 pub mod runtime;
 pub mod store;
