@@ -236,6 +236,9 @@ pub fn spawn(
             let _ = tx.send(msg);
         }
     });
+    inst.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .add_metrics_source(Arc::new(crate::metrics::StoreMetrics(store.observer())));
     let mut degraded = store.stats().failed.map(|why| why.to_string());
     if degraded.is_none() && !host_records.is_empty() {
         if let Err(e) = store.append(&host_records) {

@@ -6,6 +6,7 @@ pub mod config;
 pub mod durable;
 pub mod logjson;
 pub mod memory;
+pub mod metrics;
 pub mod printconfig;
 pub mod reload;
 pub mod runtime;

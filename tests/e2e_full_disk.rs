@@ -17,7 +17,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::full_disk::{crash_and_copy, fill, inside, store_status, tmpfs_launcher, wait_healed};
-use common::{post, rpc_body, Daemon, Response, Setup, TempDir, Via, RPC_HEADERS};
+use common::{get, post, rpc_body, Daemon, Response, Setup, TempDir, Via, RPC_HEADERS};
 use serde_json::{json, Value};
 
 fn setup(data: &Path, launcher: Vec<String>) -> Setup {
@@ -59,6 +59,23 @@ fn assert_store_unavailable(r: &Response, what: &str) {
     assert!(v.get("result").is_none(), "{what}: nothing acknowledged");
 }
 
+/// `/healthz` or `/readyz`: the status and the body.
+fn probe(d: &Daemon, path: &str) -> (u16, String) {
+    let r = d.connect(Via::Tcp).request(&get(path, &[]));
+    (r.status, r.body_text())
+}
+
+/// One sample of `/metrics` (read over the unix socket, as the operator).
+fn metric(d: &Daemon, name: &str) -> String {
+    let r = d.connect(Via::Unix).request(&get("/metrics", &[]));
+    assert_eq!(r.status, 200);
+    let text = r.body_text();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        .to_owned()
+}
+
 fn get_task(d: &Daemon, id: &str) -> Value {
     d.connect(Via::Tcp)
         .request(&post(
@@ -78,6 +95,7 @@ fn a_full_disk_refuses_changes_keeps_reads_and_heals() {
     let mut acked: Vec<String> = (0..3)
         .map(|i| acknowledged(&send(&d, &format!("before-{i}"))))
         .collect();
+    assert_eq!(probe(&d, "/readyz"), (200, "ready\n".into()));
 
     let filler = fill(&d, &data.0);
     // The change that meets the full disk: its answer waited for the write, which failed.
@@ -119,10 +137,21 @@ fn a_full_disk_refuses_changes_keeps_reads_and_heals() {
         "one log line says the store is degraded:\n{log}"
     );
     d.assert_alive();
+    // A degraded store: not ready (a balancer sends its traffic elsewhere), still alive.
+    assert_eq!(
+        probe(&d, "/readyz"),
+        (503, "not ready: store unavailable\n".into())
+    );
+    assert_eq!(probe(&d, "/healthz"), (200, "ok\n".into()));
+    assert_eq!(metric(&d, "agentd_store_degraded"), "1");
+    assert_eq!(metric(&d, "agentd_store_failed"), "1");
 
     // Space returns: the store heals by itself, no restart.
     std::fs::remove_file(&filler).unwrap();
     wait_healed(&d);
+    assert_eq!(probe(&d, "/readyz"), (200, "ready\n".into()));
+    assert_eq!(metric(&d, "agentd_store_degraded"), "0");
+    assert_eq!(metric(&d, "agentd_store_heals_total"), "1");
     assert!(d.stderr().contains("store: healed"), "{}", d.stderr());
     acked.push(acknowledged(&send(&d, "after-0")));
     acked.push(acknowledged(&send(&d, "after-1")));

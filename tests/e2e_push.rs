@@ -10,7 +10,7 @@ use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{post, Daemon, Setup, RPC_HEADERS};
+use common::{get, post, Daemon, Setup, Via, RPC_HEADERS};
 use serde_json::{json, Value};
 
 const ANNOTATIONS_URI: &str = "https://agentd.dev/a2a/ext/task-annotations";
@@ -113,6 +113,20 @@ fn daemon(push: &str) -> Daemon {
     )
 }
 
+/// `agentd_push_deliveries_total{outcome}` from `/metrics` (read as the operator, over the
+/// unix socket).
+fn deliveries(d: &Daemon, outcome: &str) -> String {
+    let text = d
+        .connect(Via::Unix)
+        .request(&get("/metrics", &[]))
+        .body_text();
+    let series = format!("agentd_push_deliveries_total{{outcome=\"{outcome}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+        .to_owned()
+}
+
 fn call(d: &Daemon, method: &str, params: Value) -> Value {
     let ext = format!("A2A-Extensions: {ANNOTATIONS_URI}");
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
@@ -173,6 +187,12 @@ fn deliveries_carry_auth_and_the_task_and_retry_with_backoff() {
         "nothing more after the 200"
     );
     assert!(d.stderr().contains("a2a.push.delivered"), "{}", d.stderr());
+    assert_eq!(
+        deliveries(&d, "delivered"),
+        "1",
+        "one delivery, however many attempts"
+    );
+    assert_eq!(deliveries(&d, "failed"), "0");
 
     // The inline config was bound to the task; read-backs never show the credentials.
     let listed = call(&d, "ListTaskPushNotificationConfigs", json!({"taskId": id}));
@@ -327,6 +347,8 @@ fn a_delivery_gives_up_after_the_bound_and_says_so() {
         d.stderr()
     );
     assert!(d.stderr().contains("attempts=2"), "{}", d.stderr());
+    assert_eq!(deliveries(&d, "failed"), "1");
+    assert_eq!(deliveries(&d, "delivered"), "0");
 }
 
 #[test]

@@ -90,6 +90,38 @@ pub(crate) struct ErrorRow {
 }
 
 impl ErrorKind {
+    /// Every kind, in declaration order (`ALL[k as usize] == k`).
+    pub const ALL: [ErrorKind; 28] = [
+        ErrorKind::ParseError,
+        ErrorKind::InvalidRequest,
+        ErrorKind::MethodNotFound,
+        ErrorKind::InvalidParams,
+        ErrorKind::Internal,
+        ErrorKind::TaskNotFound,
+        ErrorKind::TaskNotCancelable,
+        ErrorKind::PushNotificationNotSupported,
+        ErrorKind::UnsupportedOperation,
+        ErrorKind::ContentTypeNotSupported,
+        ErrorKind::VersionNotSupported,
+        ErrorKind::ExtensionNotDeclared,
+        ErrorKind::MethodExtensionNotActivated,
+        ErrorKind::ExtensionNotActivated,
+        ErrorKind::ExtensionNotMarked,
+        ErrorKind::CommandEnvelopeAmbiguous,
+        ErrorKind::CommandTaskId,
+        ErrorKind::UnknownOp,
+        ErrorKind::InvalidCommandArgs,
+        ErrorKind::IntrospectionDisabled,
+        ErrorKind::PermissionDenied,
+        ErrorKind::OpNotServed,
+        ErrorKind::Unauthenticated,
+        ErrorKind::Draining,
+        ErrorKind::RateLimited,
+        ErrorKind::LimitReached,
+        ErrorKind::StoreUnavailable,
+        ErrorKind::InProgress,
+    ];
+
     pub(crate) const fn row(self) -> ErrorRow {
         use ErrorKind::*;
         let (code, message, reason, domain) = match self {
@@ -434,6 +466,15 @@ reason_error! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn all_lists_every_kind_at_its_own_index() {
+        for (i, k) in ErrorKind::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i, "{k:?}");
+        }
+        // A kind added after the last one must be added to ALL too.
+        assert_eq!(ErrorKind::InProgress as usize + 1, ErrorKind::ALL.len());
+    }
 
     #[test]
     fn codes_match_the_a2a_table() {

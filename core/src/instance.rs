@@ -549,6 +549,10 @@ pub struct Instance {
     pub(crate) large_answers: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// The failure limiter and the per-principal rates (§7.5).
     pub(crate) limits: crate::limits::Limits,
+    /// The core's counters for `/metrics`, shared with every connection.
+    pub(crate) metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// The host's parts of `/metrics` ([`Instance::add_metrics_source`]).
+    pub(crate) metric_sources: Vec<std::sync::Arc<dyn crate::metrics::MetricsSource>>,
 }
 
 /// The instance's side of write-ahead durability: what the host has confirmed durable, and
@@ -629,7 +633,24 @@ impl Instance {
             store_unavailable: None,
             large_answers: Default::default(),
             limits: crate::limits::Limits::default(),
+            metrics: Default::default(),
+            metric_sources: Vec::new(),
         }
+    }
+
+    /// Adds a host's part to `GET /metrics` (the store, the runtime, the process): it writes
+    /// its families after the core's, outside the instance lock, each time `/metrics` is
+    /// answered.
+    pub fn add_metrics_source(
+        &mut self,
+        source: std::sync::Arc<dyn crate::metrics::MetricsSource>,
+    ) {
+        self.metric_sources.push(source);
+    }
+
+    /// The core's counters (requests, latencies, refusals, connections, streams).
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
     }
 
     /// Turns write-ahead durability on: from now on every change to a task or session is

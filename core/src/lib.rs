@@ -103,6 +103,7 @@ pub mod ids;
 pub mod instance;
 pub mod jsonrpc;
 pub mod limits;
+pub mod metrics;
 mod oauth;
 pub mod proxy;
 pub mod push;

@@ -83,6 +83,8 @@ pub(crate) enum Reply {
 /// and the reply.
 pub(crate) struct Answer {
     pub(crate) id: RequestId,
+    /// The method the request named, when it is one served here (for `/metrics`).
+    pub(crate) route: Option<Route>,
     pub(crate) activated: ExtSet,
     pub(crate) reply: Reply,
 }
@@ -106,6 +108,7 @@ pub(crate) fn call(inst: &mut Instance, ctx: &CallContext<'_>, body: &[u8]) -> A
         Err(refusal) => {
             return Answer {
                 id: refusal.id,
+                route: None,
                 activated: ExtSet::EMPTY,
                 reply: Reply::Error(refusal.error),
             }
@@ -130,6 +133,7 @@ pub(crate) fn call(inst: &mut Instance, ctx: &CallContext<'_>, body: &[u8]) -> A
     audit::record(inst, &caller, &req.method, req.params, outcome);
     Answer {
         id,
+        route: Route::from_name(&req.method),
         activated,
         reply,
     }

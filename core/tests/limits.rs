@@ -145,6 +145,14 @@ fn twenty_failures_then_credentials_are_refused_429_until_one_is_forgiven() {
     h.advance(1_000_000);
     fail_n(&mut h, "192.0.2.1", 20);
     assert_limited(&one(&c.feed(&mut h, &list(Some("wrong")))));
+    // Each refusal is counted for /metrics (read by the operator, on the unix socket).
+    let mut op = h.conn_on(1);
+    let text = one(&op.feed(&mut h, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")).body;
+    let text = String::from_utf8(text).unwrap();
+    assert!(
+        text.contains("\nagentd_limiter_refusals_total{limiter=\"source-failures\"} 6\n"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! repeated on the addresses the URL's host resolves to, and retries with exponential
 //! backoff until a bound; a delivery that gives up is logged as `a2a.push.failed`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -138,6 +139,15 @@ pub fn deliver(d: &Delivery, opts: &DeliveryOptions) -> Outcome {
     }
 }
 
+/// Webhook deliveries by outcome since start: delivered (a 2xx), failed (gave up after its
+/// attempts, or refused at delivery), dropped (the queue was full, or no worker could start).
+#[derive(Debug, Default)]
+pub struct PushCounts {
+    pub delivered: AtomicU64,
+    pub failed: AtomicU64,
+    pub dropped: AtomicU64,
+}
+
 /// The deliveries in flight: at most `workers` threads, fed from a queue of at most `queue`
 /// deliveries. A webhook that never answers holds one worker for its attempts and backoffs
 /// (about a minute with the defaults), so a thread per delivery would let a slow webhook
@@ -145,6 +155,8 @@ pub fn deliver(d: &Delivery, opts: &DeliveryOptions) -> Outcome {
 /// that finds the queue full is given up at once (`a2a.push.failed`).
 pub struct DeliveryPool {
     opts: Arc<DeliveryOptions>,
+    /// Deliveries by outcome, for `/metrics`.
+    pub counts: Arc<PushCounts>,
     tx: SyncSender<Delivery>,
     rx: Arc<Mutex<Receiver<Delivery>>>,
     /// Workers started so far; they start on demand and then stay.
@@ -156,6 +168,7 @@ impl DeliveryPool {
         let (tx, rx) = mpsc::sync_channel(opts.queue.max(1));
         DeliveryPool {
             opts,
+            counts: Arc::default(),
             tx,
             rx: Arc::new(Mutex::new(rx)),
             started: 0,
@@ -165,13 +178,14 @@ impl DeliveryPool {
     /// Queues a delivery, starting a worker while fewer than `workers` run.
     pub fn submit(&mut self, d: Delivery) {
         if self.started < self.opts.workers.max(1) {
-            let (rx, opts) = (self.rx.clone(), self.opts.clone());
+            let (rx, opts, counts) = (self.rx.clone(), self.opts.clone(), self.counts.clone());
             match std::thread::Builder::new()
                 .name("agentd-push".into())
-                .spawn(move || work(&rx, &opts))
+                .spawn(move || work(&rx, &opts, &counts))
             {
                 Ok(_) => self.started += 1,
                 Err(e) if self.started == 0 => {
+                    self.counts.dropped.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(task = %d.task_id, config = %d.config_id, url = %d.url, error = %e, "a2a.push.failed: no worker thread");
                     return;
                 }
@@ -182,6 +196,7 @@ impl DeliveryPool {
         match self.tx.try_send(d) {
             Ok(()) => {}
             Err(TrySendError::Full(d)) | Err(TrySendError::Disconnected(d)) => {
+                self.counts.dropped.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
                     task = %d.task_id, config = %d.config_id, url = %d.url, attempts = 0u32,
                     error = %format!("{} deliveries are already waiting (a2a.push.queue)", self.opts.queue),
@@ -193,15 +208,17 @@ impl DeliveryPool {
 }
 
 /// A worker: takes deliveries one at a time until the pool is dropped.
-fn work(rx: &Mutex<Receiver<Delivery>>, opts: &DeliveryOptions) {
+fn work(rx: &Mutex<Receiver<Delivery>>, opts: &DeliveryOptions, counts: &PushCounts) {
     loop {
         let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
         let Ok(d) = next else { return };
         match deliver(&d, opts) {
             Outcome::Delivered { attempts, status } => {
+                counts.delivered.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(task = %d.task_id, config = %d.config_id, attempts, status, "a2a.push.delivered");
             }
             Outcome::Failed { attempts, error } => {
+                counts.failed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(task = %d.task_id, config = %d.config_id, url = %d.url, attempts, %error, "a2a.push.failed");
             }
         }

@@ -40,6 +40,21 @@ fn parse_journal_name(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// Journal segment files in `dir` now (0 if it cannot be read).
+pub(crate) fn count_segments(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .and_then(parse_journal_name)
+                    .is_some()
+            })
+            .count()
+    })
+}
+
 pub(crate) fn io_err(what: impl Into<String>, path: &Path) -> impl FnOnce(io::Error) -> Error {
     let what = what.into();
     let path = path.to_path_buf();

@@ -371,6 +371,36 @@ pub struct Stats {
     pub heals: u64,
 }
 
+/// The writer's latencies, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct Latency {
+    /// Writing one batch (its header and frames, one `writev`) to the journal.
+    pub append: agentd_core::metrics::Histogram,
+    /// The `fdatasync` after it.
+    pub fsync: agentd_core::metrics::Histogram,
+}
+
+/// A read-only view of an open store for another thread (`/metrics`): its counters, its
+/// writer's latencies and its segment files. It keeps the store's shared state alive, not
+/// the store open.
+#[derive(Clone)]
+pub struct Observer(Arc<Shared>);
+
+impl Observer {
+    pub fn stats(&self) -> Stats {
+        self.0.stats()
+    }
+
+    pub fn latency(&self) -> &Latency {
+        &self.0.latency
+    }
+
+    /// Journal segment files in the data directory now.
+    pub fn segments(&self) -> usize {
+        disk::count_segments(&self.0.dir)
+    }
+}
+
 type Callback = Arc<dyn Fn(&Notice) + Send + Sync>;
 
 struct Inner {
@@ -415,6 +445,8 @@ struct Shared {
     /// Appenders wait here for queue space, waiters for durability, `compact()` for its
     /// compaction.
     progress: Condvar,
+    /// How long the writer's writes and fsyncs take.
+    latency: Latency,
     /// Tests make the next write+fsync fail, to exercise the fatal path.
     #[cfg(test)]
     fail_next_sync: std::sync::atomic::AtomicBool,
@@ -545,6 +577,7 @@ impl Store {
             }),
             work: Condvar::new(),
             progress: Condvar::new(),
+            latency: Latency::default(),
             #[cfg(test)]
             fail_next_sync: Default::default(),
         });
@@ -785,7 +818,22 @@ impl Store {
     }
 
     pub fn stats(&self) -> Stats {
-        let g = self.shared.lock();
+        self.shared.stats()
+    }
+
+    /// A view of this store's counters and latencies for another thread.
+    pub fn observer(&self) -> Observer {
+        Observer(self.shared.clone())
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+}
+
+impl Shared {
+    fn stats(&self) -> Stats {
+        let g = self.lock();
         Stats {
             durable: g.durable,
             appended: g.appended,
@@ -799,11 +847,9 @@ impl Store {
             heals: g.heals,
         }
     }
+}
 
-    pub fn dir(&self) -> &Path {
-        &self.shared.dir
-    }
-
+impl Store {
     /// Writes out what is queued, stops the threads and releases the lock. Reports the
     /// failure if the store had failed.
     pub fn close(mut self) -> Result<(), Error> {
@@ -924,12 +970,19 @@ fn writer_loop(shared: &Shared, seg: Option<Segment>, jobs: &mpsc::Sender<Job>) 
             // after this one's fsync succeeded (this loop), which is what lets recovery tell
             // damage under a synced batch from a torn last one.
             let head = journal::batch_header(seg.batches + 1, batch.len() as u64);
+            let writing = Instant::now();
             let res = write_all_vectored(
                 &mut seg.file,
                 &mut [IoSlice::new(&head), IoSlice::new(&batch)],
             )
             .and_then(|()| injected_fault(shared))
-            .and_then(|()| seg.file.sync_data());
+            .and_then(|()| {
+                let syncing = Instant::now();
+                shared.latency.append.observe(syncing - writing);
+                let synced = seg.file.sync_data();
+                shared.latency.fsync.observe(syncing.elapsed());
+                synced
+            });
             if let Err(e) = res {
                 fail(
                     shared,

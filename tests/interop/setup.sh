@@ -34,7 +34,7 @@ want="$(
 stamp="$venv/.interop-requirements.sha256"
 
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] &&
-    "$venv/bin/python" -c 'import a2a.client, pytest, httpx' >/dev/null 2>&1; then
+    "$venv/bin/python" -c 'import a2a.client, pytest, httpx, prometheus_client' >/dev/null 2>&1; then
     log "venv up to date"
     printf '%s\n' "$venv"
     exit 0
@@ -71,7 +71,7 @@ fi
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 "${pip[@]}" install --quiet --requirement "$req" >&2
-"$venv/bin/python" -c 'import a2a.client, pytest, httpx' >&2
+"$venv/bin/python" -c 'import a2a.client, pytest, httpx, prometheus_client' >&2
 
 printf '%s\n' "$want" >"$stamp"
 log "installed into $venv"

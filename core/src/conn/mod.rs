@@ -51,7 +51,9 @@ mod streams;
 mod transport;
 
 use route::{cors_standing, etag_matches, route, Cors, Route, CARD_ALLOW};
-pub use route::{CARD_PATH, RPC_PATH};
+pub use route::{CARD_PATH, HEALTHZ_PATH, METRICS_PATH, READYZ_PATH, RPC_PATH};
+
+use crate::metrics::{InstanceFigures, MethodLabel, Metrics, Sources};
 
 #[derive(Debug)]
 enum State {
@@ -195,6 +197,16 @@ pub struct Connection {
     frames: VecDeque<Frame>,
     /// The request the frames answer, and whether its stream is chunked.
     frames_for: (RequestId, bool),
+    /// The instance's counters for `/metrics`, once prepared (this connection is counted
+    /// open in them until it is closed or dropped).
+    metrics: Option<Arc<Metrics>>,
+    /// What the request being answered is counted under, and what refused it.
+    m_method: MethodLabel,
+    m_error: Option<ErrorKind>,
+    /// A request is being answered and has not been counted yet.
+    m_open: bool,
+    /// This connection's open stream is counted in `agentd_streams_open`.
+    m_stream: bool,
 }
 
 /// Frames taken from the instance ahead of the output: enough to fill a write, few enough
@@ -248,6 +260,16 @@ enum Deferred {
         keep_alive: bool,
         minor: u8,
     },
+    /// `/metrics`: the core's counters and what it read of the instance, rendered here
+    /// with the host's sources.
+    Metrics {
+        metrics: Arc<Metrics>,
+        figures: Box<InstanceFigures>,
+        sources: Sources,
+        head_only: bool,
+        keep_alive: bool,
+        minor: u8,
+    },
     /// The agent card (shared with the instance), or `304` when the peer's copy is fresh.
     Card {
         card: Arc<CachedCard>,
@@ -294,6 +316,7 @@ impl Drop for Connection {
     /// bytes back.
     fn drop(&mut self) {
         self.release_large(usize::MAX);
+        self.release_metrics();
     }
 }
 
@@ -367,6 +390,11 @@ impl Connection {
             ahead: VecDeque::new(),
             frames: VecDeque::new(),
             frames_for: (RequestId::null(), false),
+            metrics: None,
+            m_method: MethodLabel::Other,
+            m_error: None,
+            m_open: false,
+            m_stream: false,
         }
     }
 
@@ -400,6 +428,8 @@ impl Connection {
         }
         self.tls_checked = true;
         self.large_pool = Some(inst.large_answers.clone());
+        inst.metrics.connection_opened();
+        self.metrics = Some(inst.metrics.clone());
         if let Some(t) = inst.config().tls.get(&self.listener) {
             match crate::tls::TlsLayer::new(t) {
                 Some(layer) => self.tls = Some(layer),
@@ -522,8 +552,19 @@ impl Connection {
         self.deferred = None;
         self.frames.clear();
         self.release_large(usize::MAX);
+        self.release_metrics();
         self.closing = true;
         self.aborted = true;
+    }
+
+    /// This connection is no longer counted open (nor its stream).
+    fn release_metrics(&mut self) {
+        if let Some(m) = self.metrics.take() {
+            if std::mem::take(&mut self.m_stream) {
+                m.stream_closed();
+            }
+            m.connection_closed();
+        }
     }
 
     /// Ends what the connection was doing (a wait, a stream, a feed, a command call) and

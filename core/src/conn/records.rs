@@ -69,6 +69,7 @@ impl Connection {
 
     /// The request being answered was answered `status`: its record is complete.
     pub(super) fn answered(&mut self, status: u16, now: Now) {
+        self.count_answer(status, now);
         if let Some(mut r) = self.current.take() {
             r.status = status;
             r.phase = Phase::Answered;
@@ -77,8 +78,32 @@ impl Connection {
         }
     }
 
+    /// A request's head was read: it is counted once its answer is framed, under `method`.
+    pub(super) fn count_request(&mut self, method: MethodLabel) {
+        self.m_method = method;
+        self.m_error = None;
+        self.m_open = true;
+    }
+
+    /// Counts the request being answered (once), with its latency from the `now` its head
+    /// was read to this one.
+    fn count_answer(&mut self, status: u16, now: Now) {
+        if std::mem::take(&mut self.m_open) {
+            if let Some(m) = &self.metrics {
+                let ms = now.mono_ms.saturating_sub(self.req_started);
+                m.answered(self.m_method, status, self.m_error, ms);
+            }
+        }
+    }
+
     /// The head of the answer's stream was written: recorded now, and again at its end.
     pub(super) fn stream_started(&mut self, now: Now) {
+        self.count_answer(200, now);
+        if let Some(m) = &self.metrics {
+            if !std::mem::replace(&mut self.m_stream, true) {
+                m.stream_opened();
+            }
+        }
         if let Some(r) = self.current.as_mut() {
             r.status = 200;
             r.phase = Phase::StreamStarted;
@@ -90,6 +115,11 @@ impl Connection {
 
     /// The answer's stream ended.
     pub(super) fn stream_ended(&mut self, now: Now) {
+        if std::mem::take(&mut self.m_stream) {
+            if let Some(m) = &self.metrics {
+                m.stream_closed();
+            }
+        }
         if let Some(mut r) = self.current.take() {
             r.phase = Phase::StreamEnded;
             r.duration_ms = now.mono_ms.saturating_sub(r.started_ms);
@@ -99,6 +129,7 @@ impl Connection {
 
     /// The answer being written refuses the request with `kind`.
     pub(super) fn note_error(&mut self, kind: ErrorKind) {
+        self.m_error = Some(kind);
         if let Some(r) = self.current.as_mut() {
             r.error = Some(kind);
         }
@@ -121,6 +152,9 @@ impl Connection {
         limiter: Limiter,
         retry_after_s: u32,
     ) {
+        if let Some(m) = &self.metrics {
+            m.refused(limiter);
+        }
         if self.keep == Keep::Off {
             return;
         }

@@ -7,7 +7,16 @@ pub const RPC_PATH: &str = "/";
 /// The public agent card.
 pub const CARD_PATH: &str = "/.well-known/agent-card.json";
 
+/// The Prometheus exposition (operator-only).
+pub const METRICS_PATH: &str = "/metrics";
+/// Liveness: the process serves (no credential).
+pub const HEALTHZ_PATH: &str = "/healthz";
+/// Readiness: listening, the store writable, not draining (no credential).
+pub const READYZ_PATH: &str = "/readyz";
+
 pub(super) const RPC_ALLOW: &str = "POST, OPTIONS";
+/// What `/metrics`, `/healthz` and `/readyz` answer.
+pub(super) const PROBE_ALLOW: &str = "GET, HEAD";
 pub(super) const CARD_ALLOW: &str = "GET, HEAD, OPTIONS";
 /// `OPTIONS *`: what the server as a whole answers.
 pub(super) const SERVER_ALLOW: &str = "GET, HEAD, POST, OPTIONS";
@@ -20,6 +29,15 @@ pub(super) enum Route {
     },
     /// A device-grant endpoint (only while the grant is enabled).
     OAuth(crate::oauth::Endpoint),
+    /// `GET /metrics`: the operator's.
+    Metrics {
+        head_only: bool,
+    },
+    /// `GET /healthz` (`ready: false`) or `GET /readyz` (`ready: true`): anyone's.
+    Health {
+        ready: bool,
+        head_only: bool,
+    },
     Rpc,
     Options {
         allow: &'static str,
@@ -117,6 +135,25 @@ pub(super) fn route(head: &RequestHead) -> Route {
                 allow: Some(CARD_ALLOW),
             },
         },
+        METRICS_PATH | HEALTHZ_PATH | READYZ_PATH => {
+            let head_only = match head.method {
+                Method::Get => false,
+                Method::Head => true,
+                _ => {
+                    return Route::Refuse {
+                        status: 405,
+                        allow: Some(PROBE_ALLOW),
+                    }
+                }
+            };
+            match head.path.as_str() {
+                METRICS_PATH => Route::Metrics { head_only },
+                p => Route::Health {
+                    ready: p == READYZ_PATH,
+                    head_only,
+                },
+            }
+        }
         "*" => match head.method {
             Method::Options => Route::Options {
                 allow: SERVER_ALLOW,

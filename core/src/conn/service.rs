@@ -191,6 +191,15 @@ impl Connection {
                             allow: None,
                         };
                     }
+                    self.count_request(match route {
+                        Route::Rpc => MethodLabel::UnknownRpc,
+                        Route::Card { .. } => MethodLabel::Card,
+                        Route::OAuth(_) => MethodLabel::OAuth,
+                        Route::Metrics { .. } => MethodLabel::Metrics,
+                        Route::Health { ready: false, .. } => MethodLabel::Healthz,
+                        Route::Health { ready: true, .. } => MethodLabel::Readyz,
+                        Route::Options { .. } | Route::Refuse { .. } => MethodLabel::Other,
+                    });
                     if let Route::Refuse { status, allow } = route {
                         if head.has_body() {
                             // Refused from its head: its body is never read, so the byte
@@ -249,6 +258,24 @@ impl Connection {
                 false
             }
             Route::Rpc => self.answer_rpc(inst, head, body, now),
+            Route::Health { ready, head_only } => {
+                let why = if ready {
+                    crate::metrics::not_ready(inst)
+                } else {
+                    None
+                };
+                let (status, text) = match why {
+                    None if ready => (200, Cow::Borrowed("ready\n")),
+                    None => (200, Cow::Borrowed("ok\n")),
+                    Some(why) => (503, Cow::Owned(format!("not ready: {why}\n"))),
+                };
+                self.write_text(status, text.as_bytes(), &head, head_only, now);
+                false
+            }
+            Route::Metrics { head_only } => {
+                self.answer_metrics(inst, &head, head_only, now);
+                false
+            }
             Route::OAuth(endpoint) => {
                 let mut hold = None;
                 let start = self.out.len();
@@ -312,64 +339,8 @@ impl Connection {
         body: &[u8],
         now: Now,
     ) -> bool {
-        let loopback = inst
-            .config()
-            .listeners
-            .get(self.listener)
-            .is_some_and(|l| l.loopback);
-        let authorization = head.header("authorization");
-        if let Some(source) = self.source {
-            // A source over its failure limit presents no more configured credentials: they
-            // are refused before they are checked. Session tokens (the store decides them,
-            // and a live one is served), certificates and requests presenting nothing pass.
-            let checked = authorization.is_some_and(|value| {
-                inst.config().auth.has_bearer() && !crate::auth::is_session_bearer(value)
-            });
-            if checked {
-                if let Some(wait) = inst.limits.failures.refusal(source, now.mono_ms) {
-                    let secs = crate::limits::retry_after_secs(wait);
-                    self.note_refusal(&head, Limiter::SourceFailures, secs);
-                    let err = RpcError::rate_limited(
-                        format!(
-                            "too many failed credentials from this address: try again in {secs} s"
-                        ),
-                        secs,
-                    );
-                    self.write_error_reply(
-                        &err,
-                        &RequestId::null(),
-                        head.keep_alive,
-                        head.minor_version,
-                        now,
-                    );
-                    return false;
-                }
-            }
-        }
-        let resolved = crate::auth::resolve_with_sessions(
-            &inst.config().auth,
-            Some((&inst.sessions, now.epoch_ms)),
-            &self.peer,
-            loopback,
-            authorization,
-            head.header("origin").is_some(),
-        );
-        let (principal, via, sid) = match resolved {
-            Ok(found) => found,
-            Err(why) => {
-                // A presented credential that failed, and a certificate no rule gives a role,
-                // count against the source; presenting nothing (or a browser refused the
-                // implicit operator) does not.
-                if let (Some(source), Unauthenticated::InvalidToken | Unauthenticated::NoRole) =
-                    (self.source, why)
-                {
-                    inst.limits.failures.count(source, now.mono_ms);
-                }
-                // Nothing costly runs before the caller is known: refused before the body is
-                // read as JSON, so the id is null.
-                self.write_unauthenticated(why, &head, now);
-                return false;
-            }
+        let Some((principal, via, sid)) = self.authenticate(inst, &head, now) else {
+            return false;
         };
         let ctx = CallContext {
             principal: &principal,
@@ -387,9 +358,15 @@ impl Connection {
         let before = inst.record_seq();
         let rpc::Answer {
             id,
+            route,
             activated,
             reply,
         } = rpc::call(inst, &ctx, body);
+        self.m_method = match route {
+            Some(crate::ext::registry::Route::Core(m)) => MethodLabel::Core(m),
+            Some(crate::ext::registry::Route::Events) => MethodLabel::Events,
+            None => MethodLabel::UnknownRpc,
+        };
         inst.announce_records();
         // The call changed something: its answer acknowledges that, so it waits for it.
         let changed = (inst.record_seq() > before).then(|| inst.record_seq());
@@ -543,6 +520,76 @@ impl Connection {
         }
     }
 
+    /// Who asks: the request's principal, how it was established and its session; or, when
+    /// it cannot be established, the refusal written (401, 403 or 429) and `None`. Nothing
+    /// costly runs before this.
+    pub(super) fn authenticate(
+        &mut self,
+        inst: &mut Instance,
+        head: &RequestHead,
+        now: Now,
+    ) -> Option<(Principal, crate::auth::Via, Option<String>)> {
+        let loopback = inst
+            .config()
+            .listeners
+            .get(self.listener)
+            .is_some_and(|l| l.loopback);
+        let authorization = head.header("authorization");
+        if let Some(source) = self.source {
+            // A source over its failure limit presents no more configured credentials: they
+            // are refused before they are checked. Session tokens (the store decides them,
+            // and a live one is served), certificates and requests presenting nothing pass.
+            let checked = authorization.is_some_and(|value| {
+                inst.config().auth.has_bearer() && !crate::auth::is_session_bearer(value)
+            });
+            if checked {
+                if let Some(wait) = inst.limits.failures.refusal(source, now.mono_ms) {
+                    let secs = crate::limits::retry_after_secs(wait);
+                    self.note_refusal(head, Limiter::SourceFailures, secs);
+                    let err = RpcError::rate_limited(
+                        format!(
+                            "too many failed credentials from this address: try again in {secs} s"
+                        ),
+                        secs,
+                    );
+                    self.write_error_reply(
+                        &err,
+                        &RequestId::null(),
+                        head.keep_alive,
+                        head.minor_version,
+                        now,
+                    );
+                    return None;
+                }
+            }
+        }
+        let resolved = crate::auth::resolve_with_sessions(
+            &inst.config().auth,
+            Some((&inst.sessions, now.epoch_ms)),
+            &self.peer,
+            loopback,
+            authorization,
+            head.header("origin").is_some(),
+        );
+        match resolved {
+            Ok(found) => Some(found),
+            Err(why) => {
+                // A presented credential that failed, and a certificate no rule gives a role,
+                // count against the source; presenting nothing (or a browser refused the
+                // implicit operator) does not.
+                if let (Some(source), Unauthenticated::InvalidToken | Unauthenticated::NoRole) =
+                    (self.source, why)
+                {
+                    inst.limits.failures.count(source, now.mono_ms);
+                }
+                // Nothing costly runs before the caller is known: refused before the body is
+                // read as JSON, so the id is null.
+                self.write_unauthenticated(why, head, now);
+                None
+            }
+        }
+    }
+
     /// Leaves the answer to request `id` for `produce` to frame. If the call changed
     /// something (`changed`: the record sequence it reached), the answer is held until that
     /// is durable, and becomes a STORE_UNAVAILABLE refusal if it never is.
@@ -584,6 +631,51 @@ impl Connection {
         *self
             .key
             .get_or_insert_with(|| inst.register_conn(&self.waker))
+    }
+
+    /// `/metrics`, the operator's: what it reads of the instance is taken here, under the
+    /// instance; `produce` renders it with the core's counters and the host's sources.
+    fn answer_metrics(
+        &mut self,
+        inst: &mut Instance,
+        head: &RequestHead,
+        head_only: bool,
+        now: Now,
+    ) {
+        let Some((principal, _, _)) = self.authenticate(inst, head, now) else {
+            return;
+        };
+        if !principal.is_operator() {
+            self.note_error(ErrorKind::PermissionDenied);
+            let text = b"the metrics are the operator's: present the operator's credential\n";
+            self.write_text(403, text, head, head_only, now);
+            return;
+        }
+        self.deferred = Some(Deferred::Metrics {
+            metrics: inst.metrics.clone(),
+            figures: Box::new(InstanceFigures::of(inst, now)),
+            sources: Sources(inst.metric_sources.clone()),
+            head_only,
+            keep_alive: head.keep_alive,
+            minor: head.minor_version,
+        });
+    }
+
+    /// A short plain-text answer that is never cached (probes, refusals of `/metrics`).
+    pub(super) fn write_text(
+        &mut self,
+        status: u16,
+        text: &[u8],
+        head: &RequestHead,
+        head_only: bool,
+        now: Now,
+    ) {
+        let date = self.date(now);
+        let mut h = Head::new(status, &date)
+            .header("content-type", "text/plain; charset=utf-8")
+            .header("cache-control", "no-store");
+        self.finish_head(&mut h, head.minor_version, head.keep_alive, now);
+        h.write_full(&mut self.out, text, head_only);
     }
 
     /// The card: taken (shared) under the instance, copied out by `produce`.

@@ -387,6 +387,28 @@ impl Connection {
                 self.write_json_keep(200, &doc, keep_alive, minor, echo, now);
             }
             Deferred::Task(answer) => self.write_task_result(answer, now),
+            Deferred::Metrics {
+                metrics,
+                figures,
+                sources,
+                head_only,
+                keep_alive,
+                minor,
+            } => {
+                let mut w = crate::metrics::MetricsWriter::new();
+                metrics.write(&mut w);
+                figures.write(&mut w);
+                for s in &sources.0 {
+                    s.write(&mut w);
+                }
+                let body = w.into_bytes();
+                let date = self.date(now);
+                let mut h = Head::new(200, &date)
+                    .header("content-type", crate::metrics::CONTENT_TYPE)
+                    .header("cache-control", "no-store");
+                self.finish_head(&mut h, minor, keep_alive, now);
+                h.write_full(&mut self.out, &body, head_only);
+            }
             Deferred::Error {
                 err,
                 id,
@@ -542,6 +564,11 @@ impl Connection {
 
     /// Answers a framing error and closes: after it the byte stream cannot be trusted.
     pub(super) fn refuse_and_close(&mut self, status: u16, reason: &str, now: Now) {
+        if !self.m_open {
+            // Bytes that never made a request head are counted too.
+            self.req_started = self.head_started.unwrap_or(now.mono_ms);
+            self.count_request(MethodLabel::Other);
+        }
         if self.keep == Keep::All && self.current.is_none() {
             // Bytes that never made a request head: recorded without a route.
             let started = self.head_started.unwrap_or(now.mono_ms);

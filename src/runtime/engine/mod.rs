@@ -199,6 +199,7 @@ pub fn spawn(
 ) -> std::io::Result<RuntimeHandle> {
     let (tx, rx) = channel();
     let (exit_tx, exit_rx) = channel();
+    let metrics = Arc::new(crate::metrics::RuntimeMetrics::default());
     {
         let mut inst = instance.lock().unwrap_or_else(|p| p.into_inner());
         inst.set_workflows(
@@ -213,6 +214,9 @@ pub fn spawn(
                 .collect(),
         );
         logring::set_recording(inst.config().introspection_enabled);
+        // The runtime's and the process's parts of `/metrics` (the store's is the pump's).
+        inst.add_metrics_source(metrics.clone());
+        inst.add_metrics_source(Arc::new(crate::metrics::ProcessMetrics));
     }
     let (agent_tx, agent_rx) = channel::<AgentEvent>();
     {
@@ -239,9 +243,12 @@ pub fn spawn(
         let mut inst = instance.lock().unwrap_or_else(|p| p.into_inner());
         inst.set_model(a.spec().command.first().cloned().unwrap_or_default());
     }
+    let mut push = super::push::DeliveryPool::new(Arc::new(settings.push));
+    push.counts = metrics.push.clone();
     let mut rt = Runtime {
         inst: instance,
-        push: super::push::DeliveryPool::new(Arc::new(settings.push)),
+        push,
+        metrics,
         peers: settings
             .peers
             .into_iter()
@@ -524,6 +531,8 @@ impl Subagent {
 struct Runtime {
     inst: Arc<Mutex<Instance>>,
     push: super::push::DeliveryPool,
+    /// What `/metrics` shows of the runtime, counted after each round of work.
+    metrics: Arc<crate::metrics::RuntimeMetrics>,
     peers: HashMap<String, Arc<PeerClient>>,
     conversation: Option<AgentProcess>,
     subagent_kinds: HashMap<String, AgentSpec>,
@@ -562,6 +571,38 @@ struct Runtime {
 type Inst<'a> = std::sync::MutexGuard<'a, Instance>;
 
 impl Runtime {
+    /// Counts the runtime's objects by state for `/metrics`: O(runs kept + subagents), a
+    /// few microseconds, once per round of work.
+    fn count_for_metrics(&self) {
+        use crate::metrics::{RuntimeCounts, AGENT_STATES, RUN_STATES};
+        let mut c = RuntimeCounts::default();
+        for r in self.runs.values() {
+            let state = if r.held && !r.status.is_final() {
+                "paused"
+            } else {
+                r.status.as_str()
+            };
+            if let Some(i) = RUN_STATES.iter().position(|s| *s == state) {
+                c.runs[i] += 1;
+            }
+        }
+        if let Some(a) = &self.conversation {
+            let state = a.state().as_str();
+            if let Some(i) = AGENT_STATES.iter().position(|s| *s == state) {
+                c.agents[i] += 1;
+            }
+        }
+        for s in self.subagents.values() {
+            match c.subagents.iter_mut().find(|(k, _)| *k == s.status) {
+                Some((_, n)) => *n += 1,
+                None => c.subagents.push((s.status, 1)),
+            }
+        }
+        c.subagents.sort_unstable();
+        c.conversations = self.conversations.len() as u64;
+        self.metrics.set(c);
+    }
+
     fn run(&mut self, rx: Receiver<Msg>) {
         let waker = Waker::from(Arc::new(EffectWake(Mutex::new(self.tx.clone()))));
         loop {
@@ -573,6 +614,7 @@ impl Runtime {
                     self.on_effect(&mut inst, effect, now);
                 }
                 self.on_timers(&mut inst, now);
+                self.count_for_metrics();
                 if self.drain_done(&mut inst, now) {
                     drop(inst);
                     tracing::info!("drained: every piece of in-flight work ended; exiting");
