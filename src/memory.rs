@@ -98,7 +98,7 @@ impl TrimPolicy {
     /// How far below the peak the open connections must fall.
     pub const FACTOR: usize = 4;
     /// Trims after the one a fall from the peak calls for, one a period.
-    pub const FOLLOW_UPS: usize = 3;
+    pub const FOLLOW_UPS: usize = 10;
     /// The periods after a fall from the peak in which follow-ups may trim: the most trims
     /// one fall calls for after its first.
     pub const MAX_FOLLOW_UPS: usize = 60;
