@@ -880,7 +880,7 @@ impl Instance {
         key: &str,
         rec: crate::tasks::TaskRecord,
     ) -> Result<(), RecordError> {
-        if rec.id != key {
+        if &*rec.id != key {
             return Err(format!("task record {key} holds task {}", rec.id).into());
         }
         self.tasks.restore(rec);
@@ -899,7 +899,7 @@ impl Instance {
             .tasks
             .newest_first(None)
             .filter(|t| !t.state.is_terminal())
-            .map(|t| t.id.clone())
+            .map(|t| t.id.to_string())
             .collect();
         for id in &stuck {
             let _ = self.set_status(id, TaskState::Failed, Some(vec![Part::text(reason)]), now);
@@ -1496,7 +1496,7 @@ impl Instance {
             context_id: t.context_id.clone(),
             metadata: None,
             status: t.status(),
-            task_id: t.id.clone(),
+            task_id: t.id.to_string(),
         });
         self.publish(task_id, event, state.ends_a_turn());
         self.task_changed(task_id, now);

@@ -661,7 +661,7 @@ fn retried(
     if !ctx.principal.may_see(&t.owner) {
         return Ok(None);
     }
-    let task_id = t.id.clone();
+    let task_id = t.id.to_string();
     if first != digest {
         return Err(RpcError::invalid_field(
             "message.messageId",

@@ -25,22 +25,38 @@ use support::*;
 struct Counting;
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
+/// Live bytes as glibc's malloc holds them: each block with its 8-byte header, rounded up to
+/// 16 bytes, 32 at least. What the requested bytes cost the process.
+static CHUNKS: AtomicUsize = AtomicUsize::new(0);
+/// Live allocations.
+static BLOCKS: AtomicUsize = AtomicUsize::new(0);
+
+/// What a block of `size` bytes takes in glibc's heap.
+fn chunk(size: usize) -> usize {
+    ((size + 8 + 15) & !15).max(32)
+}
 
 // SAFETY: every call is passed to the system allocator unchanged; only a counter is kept.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        CHUNKS.fetch_add(chunk(layout.size()), Ordering::Relaxed);
+        BLOCKS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: the caller's contract is the system allocator's.
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        CHUNKS.fetch_sub(chunk(layout.size()), Ordering::Relaxed);
+        BLOCKS.fetch_sub(1, Ordering::Relaxed);
         // SAFETY: as above.
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         LIVE.fetch_add(new_size, Ordering::Relaxed);
         LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        CHUNKS.fetch_add(chunk(new_size), Ordering::Relaxed);
+        CHUNKS.fetch_sub(chunk(layout.size()), Ordering::Relaxed);
         // SAFETY: as above.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -69,6 +85,19 @@ fn template(owner: Principal, key: &str) -> Value {
 /// Fills the instance with `n` tasks: one in ten the operator's, the rest spread over 100
 /// users; four tasks to a conversation; most finished. Returns the heap bytes per task.
 fn fill(h: &mut Harness, n: usize) -> usize {
+    fill_counted(h, n).requested
+}
+
+/// Heap held per task: bytes asked for, bytes as glibc's malloc holds them, blocks.
+#[derive(Debug)]
+struct PerTask {
+    requested: usize,
+    chunks: usize,
+    blocks: f64,
+}
+
+/// [`fill`], counting the heap every way [`PerTask`] does.
+fn fill_counted(h: &mut Harness, n: usize) -> PerTask {
     let op = template(Principal::operator(), "c");
     let user = template(Principal::new("user:u0", Role::User, vec![]), "ctx-0");
     let states = [
@@ -79,7 +108,11 @@ fn fill(h: &mut Harness, n: usize) -> usize {
         TaskState::InputRequired,
         TaskState::Failed,
     ];
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = (
+        LIVE.load(Ordering::Relaxed),
+        CHUNKS.load(Ordering::Relaxed),
+        BLOCKS.load(Ordering::Relaxed),
+    );
     for i in 0..n {
         let mut doc = if i % 10 == 0 {
             op.clone()
@@ -104,7 +137,12 @@ fn fill(h: &mut Harness, n: usize) -> usize {
         doc["statusSeq"] = json!(i + 1);
         h.inst.restore_record("task", &id, doc, h.now).unwrap();
     }
-    (LIVE.load(Ordering::Relaxed) - before) / n.max(1)
+    let n = n.max(1);
+    PerTask {
+        requested: (LIVE.load(Ordering::Relaxed) - before.0) / n,
+        chunks: (CHUNKS.load(Ordering::Relaxed) - before.1) / n,
+        blocks: (BLOCKS.load(Ordering::Relaxed) - before.2) as f64 / n as f64,
+    }
 }
 
 /// Microseconds one request takes, the median of `runs`.
@@ -168,6 +206,85 @@ fn listing_and_status_cost() {
              {list_ctx:>11.1} {status_op:>11.1} {status_user:>11.1}"
         );
     }
+}
+
+/// What a held task costs against its content (issue 17's lean-task target: at most 1.5 KiB
+/// above the serialized size of its history and artifacts), for the one-message task
+/// [`fill`] stores, at 10k tasks.
+#[test]
+#[ignore = "a measurement: run it in release with --ignored --nocapture"]
+fn task_memory() {
+    let doc = template(Principal::new("user:u0", Role::User, vec![]), "ctx-0");
+    let content = doc["history"].to_string().len() + doc["artifacts"].to_string().len();
+    let mut h = Harness::with(|c| {
+        c.tasks.max_tasks = 1_000_000;
+        c.tasks.total_bytes = usize::MAX / 2;
+    });
+    let p = fill_counted(&mut h, 10_000);
+    println!(
+        "per task at 10k: content (history + artifacts as JSON) {content} B; heap asked {} B, \
+         held by malloc {} B in {:.1} blocks; {} B above the content",
+        p.requested,
+        p.chunks,
+        p.blocks,
+        p.chunks.saturating_sub(content)
+    );
+    // The same tasks made as a daemon makes them: created, the message accepted, REJECTED
+    // with a reason (no agent), with ids of a uuid's length.
+    let mut s = TaskStore::new(TaskLimits {
+        max_tasks: 1_000_000,
+        total_bytes: usize::MAX / 2,
+        ..TaskLimits::DEFAULT
+    });
+    let owner = Principal::new("user:u0", Role::User, vec![]);
+    let (before, chunks, blocks) = (
+        LIVE.load(Ordering::Relaxed),
+        CHUNKS.load(Ordering::Relaxed),
+        BLOCKS.load(Ordering::Relaxed),
+    );
+    let n = 10_000;
+    let mut content = 0;
+    for i in 0..n {
+        let id = format!("{i:08x}-0000-4000-8000-000000000000");
+        let first = Message {
+            message_id: format!("m-{i:08x}-0000-4000-8000-000000000000"),
+            role: MessageRole::User,
+            parts: vec![Part::text("hello")],
+            ..Message::default()
+        };
+        let context = ContextIds {
+            name: format!("c-{i:08x}-0000-4000-8000-000000000000"),
+            key: format!("k-{i:08x}-0000-4000-8000-000000000000"),
+        };
+        let mid = first.message_id.clone();
+        s.create(id.clone(), context, owner.clone(), first, T0)
+            .unwrap();
+        s.accept_message(&id, &owner.id, &mid, "0".repeat(64));
+        let reason = vec![Part::text("no agent is configured")];
+        s.set_status(&id, TaskState::Rejected, Some(reason), T0)
+            .unwrap();
+        if i == 0 {
+            let doc = s.get(&id).unwrap().to_doc();
+            content = doc["history"].to_string().len()
+                + doc["artifacts"].to_string().len()
+                + doc["statusMessage"].to_string().len();
+        }
+    }
+    let chunks = (CHUNKS.load(Ordering::Relaxed) - chunks) / n;
+    println!(
+        "made live at 10k: content (history, artifacts, status message) {content} B; heap \
+         asked {} B, held by malloc {chunks} B in {:.1} blocks; {} B above the content",
+        (LIVE.load(Ordering::Relaxed) - before) / n,
+        (BLOCKS.load(Ordering::Relaxed) - blocks) as f64 / n as f64,
+        chunks.saturating_sub(content)
+    );
+    println!(
+        "sizes: TaskRecord {} B, Message {} B, Part {} B, Principal {} B",
+        std::mem::size_of::<agentd_core::tasks::TaskRecord>(),
+        std::mem::size_of::<Message>(),
+        std::mem::size_of::<Part>(),
+        std::mem::size_of::<Principal>()
+    );
 }
 
 /// What a restart spends putting 100k task records back, as the store hands them over (JSON

@@ -392,7 +392,7 @@ mod tests {
     /// Every filter a caller may ask for, answered by the index (listing, paging and count)
     /// and by a filtered walk of the whole store: they must agree.
     fn check(s: &TaskStore, step: usize) {
-        let all: Vec<&TaskRecord> = s.order.values().filter_map(|id| s.tasks.get(id)).collect();
+        let all: Vec<&TaskRecord> = s.order.values().filter_map(|id| s.get(id)).collect();
         assert_eq!(
             all.len(),
             s.tasks.len(),
@@ -432,9 +432,9 @@ mod tests {
                             .iter()
                             .rev()
                             .filter(|t| f.matches(t))
-                            .map(|t| t.id.as_str())
+                            .map(|t| &*t.id)
                             .collect();
-                        let got: Vec<&str> = s.list(&f, None).map(|t| t.id.as_str()).collect();
+                        let got: Vec<&str> = s.list(&f, None).map(|t| &*t.id).collect();
                         assert_eq!(got, want, "step {step}: {f:?}");
                         assert_eq!(s.count(&f), want.len(), "step {step}: {f:?}");
                         // From a task's position (matching or not, as a page token's
@@ -442,13 +442,13 @@ mod tests {
                         for (i, t) in all.iter().enumerate().skip(step % 4).step_by(4) {
                             let rest: Vec<&str> = s
                                 .list(&f, Some((t.status_ms, t.status_seq)))
-                                .map(|t| t.id.as_str())
+                                .map(|t| &*t.id)
                                 .collect();
                             let want: Vec<&str> = all[..i]
                                 .iter()
                                 .rev()
                                 .filter(|t| f.matches(t))
-                                .map(|t| t.id.as_str())
+                                .map(|t| &*t.id)
                                 .collect();
                             assert_eq!(rest, want, "step {step}: {f:?} after {}", t.id);
                         }
@@ -472,7 +472,7 @@ mod tests {
             // Time mostly moves on, sometimes stands still; a status change may come with an
             // earlier clock (it must not move the task back).
             now += rng.below(3) as u64;
-            let ids: Vec<String> = s.tasks.keys().cloned().collect();
+            let ids: Vec<String> = s.tasks.keys().map(|id| id.to_string()).collect();
             match rng.below(10) {
                 0..=3 => {
                     made += 1;
@@ -501,7 +501,7 @@ mod tests {
                 8 if !ids.is_empty() => {
                     // A task read back from the durable store over the one held.
                     let id = &ids[rng.below(ids.len())];
-                    let rec = TaskRecord::from_doc(s.tasks[id].to_doc()).unwrap();
+                    let rec = TaskRecord::from_doc(s.tasks[id.as_str()].to_doc()).unwrap();
                     s.restore(rec);
                 }
                 _ => {
@@ -523,7 +523,7 @@ mod tests {
             check(&s, step);
         }
         // Everything removed: nothing is left in the index.
-        let ids: Vec<String> = s.tasks.keys().cloned().collect();
+        let ids: Vec<String> = s.tasks.keys().map(|id| id.to_string()).collect();
         for id in ids {
             s.remove(&id);
         }

@@ -81,8 +81,9 @@ impl ContextIds {
 /// Everything the instance knows about one task.
 #[derive(Clone, Debug)]
 pub struct TaskRecord {
-    /// The task's id, unique in the store.
-    pub(crate) id: String,
+    /// The task's id, unique in the store: one allocation shared by every map of the store
+    /// that names the task.
+    pub(crate) id: Arc<str>,
     /// The owner's own name for the task's context: what `Task.contextId` shows.
     pub context_id: String,
     /// The internal key of the task's conversation: what the host sees.
@@ -137,9 +138,11 @@ pub struct TaskRecord {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Accepted {
-    /// The sender's principal id (not always the owner: an operator answers others' gates).
-    pub(crate) by: String,
-    pub(crate) message_id: String,
+    /// The sender's principal id (not always the owner: an operator answers others' gates);
+    /// one allocation per sender, shared with the store's `by_message` key.
+    pub(crate) by: Arc<str>,
+    /// Shared with the store's `by_message` key.
+    pub(crate) message_id: Arc<str>,
     pub(crate) digest: String,
 }
 
@@ -167,7 +170,7 @@ impl TaskRecord {
                 .skip(self.history.len() - keep)
                 .map(|(m, _)| m.clone())
                 .collect(),
-            id: self.id.clone(),
+            id: self.id.to_string(),
             metadata: None,
             status: self.status(),
         }
@@ -222,6 +225,11 @@ impl TaskRecord {
 
     fn push_history(&mut self, message: Arc<Message>, limits: &TaskLimits) {
         let size = serialized_len(&message) + message.parts.len() * PART_COST;
+        // Most tasks hold one or two messages: the first is given room for itself alone,
+        // not the four a growing deque starts with.
+        if self.history.capacity() == 0 {
+            self.history.reserve_exact(1);
+        }
         self.history.push_back((message, size));
         self.history_bytes += size;
         while self.history.len() > limits.history_messages
@@ -241,7 +249,7 @@ impl TaskRecord {
             message_id: format!("{}.status.{}", self.id, self.status_count),
             parts,
             role: Role::Agent,
-            task_id: self.id.clone(),
+            task_id: self.id.to_string(),
             ..Message::default()
         }
     }
@@ -283,6 +291,10 @@ fn record_transition(history: &mut Vec<(TaskState, u64)>, state: TaskState, at_m
     if history.len() >= STATUS_HISTORY_KEPT {
         history.remove(1);
     }
+    if history.capacity() == history.len() && history.len() < 4 {
+        // A task passes through a handful of states: grow one at a time until four.
+        history.reserve_exact(1);
+    }
     history.push((state, at_ms));
 }
 
@@ -300,13 +312,14 @@ struct ContextEntry {
 #[derive(Debug)]
 pub struct TaskStore {
     limits: TaskLimits,
-    tasks: HashMap<String, TaskRecord>,
+    /// Boxed, so the map's spare capacity costs a pointer per slot rather than a record.
+    tasks: HashMap<Arc<str>, Box<TaskRecord>>,
     /// (status time, update sequence) of every task, to its id: newest last.
-    order: BTreeMap<(u64, u64), String>,
+    order: BTreeMap<(u64, u64), Arc<str>>,
     /// Counts status changes; never repeats.
     seq: u64,
     /// (created time, id) of terminal tasks: the eviction order.
-    terminal: BTreeSet<(u64, String)>,
+    terminal: BTreeSet<(u64, Arc<str>)>,
     /// Tasks evicted to make room, not yet reported: (id, owner).
     evicted: Vec<(String, Principal)>,
     /// Write-ahead: tasks changed (or removed) since the host last drained them. Off for a
@@ -327,7 +340,9 @@ pub struct TaskStore {
     bytes: usize,
     /// (sender's principal id, messageId) of every message a held task still lists as
     /// accepted, to that task: bounded by the tasks held times the history bound.
-    by_message: HashMap<(String, String), String>,
+    /// Keyed by sender, then messageId, so a lookup borrows both strings and each is held
+    /// once, shared with the task's own list.
+    by_message: HashMap<Arc<str>, HashMap<Arc<str>, Arc<str>>>,
     /// The listing's indexes: by owner, state, owner and state, and context, with counts.
     index: index::TaskIndex,
 }
@@ -356,13 +371,11 @@ impl TaskStore {
 
     /// The task that accepted `by`'s message `message_id`, with that message's digest.
     pub fn accepted_by(&self, by: &str, message_id: &str) -> Option<(&TaskRecord, &str)> {
-        let id = self
-            .by_message
-            .get(&(by.to_owned(), message_id.to_owned()))?;
+        let id = self.by_message.get(by)?.get(message_id)?;
         let t = self.tasks.get(id)?;
         let a = t
             .accepted()
-            .find(|a| a.by == by && a.message_id == message_id)?;
+            .find(|a| &*a.by == by && &*a.message_id == message_id)?;
         Some((t, a.digest.as_str()))
     }
 
@@ -374,12 +387,21 @@ impl TaskStore {
             return;
         };
         let before = t.weight();
+        let task = t.id.clone();
+        let by = match self.by_message.get_key_value(by) {
+            Some((k, _)) => k.clone(),
+            None => Arc::from(by),
+        };
+        let message_id: Arc<str> = Arc::from(message_id);
         let entry = Accepted {
-            by: by.to_owned(),
-            message_id: message_id.to_owned(),
+            by: by.clone(),
+            message_id: message_id.clone(),
             digest,
         };
         let size = serialized_len(&entry);
+        if t.accepted.capacity() == 0 {
+            t.accepted.reserve_exact(1);
+        }
         t.accepted.push_back((entry, size));
         t.accepted_bytes += size;
         let mut dropped = Vec::new();
@@ -395,7 +417,9 @@ impl TaskStore {
             self.unindex(id, old);
         }
         self.by_message
-            .insert((by.to_owned(), message_id.to_owned()), id.to_owned());
+            .entry(by)
+            .or_default()
+            .insert(message_id, task);
         self.touch(id);
         if after > before {
             self.shed(id, 0);
@@ -404,9 +428,14 @@ impl TaskStore {
 
     /// Forgets an index entry, if it still names task `id`.
     fn unindex(&mut self, id: &str, a: &Accepted) {
-        let key = (a.by.clone(), a.message_id.clone());
-        if self.by_message.get(&key).is_some_and(|t| t == id) {
-            self.by_message.remove(&key);
+        let Some(sent) = self.by_message.get_mut(&*a.by) else {
+            return;
+        };
+        if sent.get(&*a.message_id).is_some_and(|t| &**t == id) {
+            sent.remove(&*a.message_id);
+            if sent.is_empty() {
+                self.by_message.remove(&*a.by);
+            }
         }
     }
 
@@ -422,7 +451,7 @@ impl TaskStore {
             let Some(oldest) = self
                 .terminal
                 .iter()
-                .find(|(_, id)| id != keep)
+                .find(|(_, id)| &**id != keep)
                 .map(|(_, id)| id.clone())
             else {
                 return false;
@@ -562,7 +591,8 @@ impl TaskStore {
     /// Marks every task changed, for a drain of the whole state.
     pub(crate) fn mark_all_dirty(&mut self) {
         if self.track {
-            self.dirty.extend(self.tasks.keys().cloned());
+            self.dirty
+                .extend(self.tasks.keys().map(|id| id.to_string()));
         }
     }
 
@@ -576,7 +606,7 @@ impl TaskStore {
         std::mem::take(&mut self.dirty)
             .into_iter()
             .map(|id| {
-                let body = self.tasks.get(&id).map(TaskRecord::to_doc);
+                let body = self.tasks.get(id.as_str()).map(|t| t.to_doc());
                 (id, body)
             })
             .collect()
@@ -608,11 +638,17 @@ impl TaskStore {
             self.terminal.insert((rec.created_ms, rec.id.clone()));
         }
         self.context_used(&rec);
-        for a in rec.accepted() {
+        for (a, _) in rec.accepted.iter_mut() {
+            // The sender's id is held once, whichever task names it.
+            if let Some((by, _)) = self.by_message.get_key_value(&*a.by) {
+                a.by = by.clone();
+            }
             self.by_message
-                .insert((a.by.clone(), a.message_id.clone()), rec.id.clone());
+                .entry(a.by.clone())
+                .or_default()
+                .insert(a.message_id.clone(), rec.id.clone());
         }
-        self.tasks.insert(rec.id.clone(), rec);
+        self.tasks.insert(rec.id.clone(), Box::new(rec));
     }
 
     /// After a restore: evicts the oldest terminal tasks while more are held than
@@ -636,7 +672,7 @@ impl TaskStore {
 
     /// The task of that id, whoever owns it: the caller checks access.
     pub fn get(&self, id: &str) -> Option<&TaskRecord> {
-        self.tasks.get(id)
+        self.tasks.get(id).map(|t| &**t)
     }
 
     /// Counts a task as changed without changing it: its record is written again, and an
@@ -652,12 +688,15 @@ impl TaskStore {
         if self.tasks.contains_key(id) {
             self.touch(id);
         }
-        self.tasks.get_mut(id)
+        self.tasks.get_mut(id).map(|t| &mut **t)
     }
 
     /// A task `principal` may see.
     pub fn visible(&self, id: &str, principal: &Principal) -> Option<&TaskRecord> {
-        self.tasks.get(id).filter(|t| principal.may_see(&t.owner))
+        self.tasks
+            .get(id)
+            .map(|t| &**t)
+            .filter(|t| principal.may_see(&t.owner))
     }
 
     /// Creates a task in SUBMITTED holding the client's first message.
@@ -686,6 +725,11 @@ impl TaskStore {
         }
         first.task_id = id.clone();
         first.context_id = context.name.clone();
+        let link = Link {
+            kind: LinkKind::Turn,
+            id: id.clone(),
+        };
+        let id: Arc<str> = id.into();
         let mut rec = TaskRecord {
             id: id.clone(),
             context_id: context.name,
@@ -702,10 +746,7 @@ impl TaskStore {
             artifact_bytes: 0,
             status_count: 0,
             status_history: vec![(TaskState::Submitted, now_ms)],
-            link: Link {
-                kind: LinkKind::Turn,
-                id: id.clone(),
-            },
+            link,
             command: None,
             ask_schema: None,
             ask_channel: None,
@@ -719,7 +760,7 @@ impl TaskStore {
         self.order.insert((now_ms, rec.status_seq), id.clone());
         self.index.insert(rec.entry());
         self.touch(&id);
-        Ok(self.tasks.entry(id).or_insert(rec))
+        Ok(self.tasks.entry(id).or_insert(Box::new(rec)))
     }
 
     fn next_seq(&mut self) -> u64 {
@@ -727,7 +768,7 @@ impl TaskStore {
         self.seq
     }
 
-    fn remove(&mut self, id: &str) -> Option<TaskRecord> {
+    fn remove(&mut self, id: &str) -> Option<Box<TaskRecord>> {
         let t = self.tasks.remove(id)?;
         self.bytes -= t.weight();
         self.order.remove(&(t.status_ms, t.status_seq));
@@ -746,7 +787,7 @@ impl TaskStore {
     fn evict(&mut self, id: &str) {
         if let Some(t) = self.remove(id) {
             self.touch(id);
-            self.evicted.push((t.id, t.owner));
+            self.evicted.push((t.id.to_string(), t.owner));
         }
     }
 
@@ -756,7 +797,7 @@ impl TaskStore {
     }
 
     fn live_mut(&mut self, id: &str) -> Result<&mut TaskRecord, StoreError> {
-        let t = self.tasks.get_mut(id).ok_or(StoreError::NotFound)?;
+        let t = &mut **self.tasks.get_mut(id).ok_or(StoreError::NotFound)?;
         if t.state.is_terminal() {
             return Err(StoreError::Terminal(t.state));
         }
@@ -790,7 +831,7 @@ impl TaskStore {
         };
         self.room_to_grow(id, growth)?;
         self.reweigh(id, |t| {
-            message.task_id = t.id.clone();
+            message.task_id = t.id.to_string();
             message.context_id = t.context_id.clone();
             // The agent's question came before this answer: keep the history in that order.
             if let Some(prev) = t.status_message.take() {
@@ -832,7 +873,9 @@ impl TaskStore {
         })?;
         self.seq = seq;
         self.order.remove(&old_key);
-        self.order.insert(new_key, id.to_owned());
+        if let Some(t) = self.tasks.get(id) {
+            self.order.insert(new_key, t.id.clone());
+        }
         if let Some(t) = self.tasks.get(id) {
             self.index.remove(index::Entry {
                 state: old_state,
@@ -942,7 +985,7 @@ impl TaskStore {
         self.order
             .range((std::ops::Bound::Unbounded, upper))
             .rev()
-            .filter_map(|(_, id)| self.tasks.get(id))
+            .filter_map(|(_, id)| self.tasks.get(id).map(|t| &**t))
     }
 }
 
@@ -998,7 +1041,7 @@ impl TaskStore {
             ),
         };
         keys.filter_map(|at| self.order.get(&at))
-            .filter_map(|id| self.tasks.get(id))
+            .filter_map(|id| self.tasks.get(id).map(|t| &**t))
     }
 
     /// How many tasks `filter` selects (ListTasks' `totalSize`): a bucket's count when the
@@ -1175,7 +1218,7 @@ mod tests {
         for id in ["b", "c", "d"] {
             s.set_status(id, TaskState::Completed, None, 12).unwrap();
         }
-        let weights: usize = s.tasks.values().map(TaskRecord::weight).sum();
+        let weights: usize = s.tasks.values().map(|t| t.weight()).sum();
         assert_eq!(s.total_bytes(), weights);
     }
 
@@ -1292,11 +1335,11 @@ mod tests {
         // The oldest past the bound is forgotten, in the list and the index.
         assert!(s.accepted_by(&op.id, "a").is_none());
         let (t, digest) = s.accepted_by(&op.id, "c").unwrap();
-        assert_eq!((t.id.as_str(), digest), ("t", "d-c"));
+        assert_eq!((&*t.id, digest), ("t", "d-c"));
         assert!(s.accepted_by("user:other", "c").is_none());
         // Counted in the task's weight, and in its record.
         assert!(s.total_bytes() > bare);
-        let weights: usize = s.tasks.values().map(TaskRecord::weight).sum();
+        let weights: usize = s.tasks.values().map(|t| t.weight()).sum();
         assert_eq!(s.total_bytes(), weights);
         let back = TaskRecord::from_doc(s.get("t").unwrap().to_doc()).unwrap();
         assert_eq!(back.weight(), s.get("t").unwrap().weight());

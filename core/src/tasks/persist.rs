@@ -56,7 +56,7 @@ impl TaskRecord {
     pub fn to_doc(&self) -> Value {
         let doc = TaskDoc {
             v: 1,
-            id: self.id.clone(),
+            id: self.id.to_string(),
             context_id: self.context_id.clone(),
             context_key: Some(self.context_key.clone()),
             owner: PrincipalDoc::from(&self.owner),
@@ -127,7 +127,7 @@ impl TaskRecord {
                 .sum(),
             history_bytes: history.iter().map(|(_, s)| s).sum(),
             history,
-            id: d.id,
+            id: d.id.into(),
             context_key: d.context_key.unwrap_or_else(|| d.context_id.clone()),
             context_id: d.context_id,
             owner: d.owner.into_principal()?,
