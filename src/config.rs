@@ -42,6 +42,9 @@ pub struct Config {
     /// `[log]`: how log lines are written.
     #[serde(default)]
     pub log: LogSection,
+    /// `[telemetry]`: where spans are exported.
+    #[serde(default)]
+    pub telemetry: TelemetrySection,
     /// The file's name and text, for `file:line` in load errors.
     #[serde(skip)]
     pub source: Option<(String, String)>,
@@ -111,6 +114,46 @@ pub struct LogSection {
     /// `text` (the default) or `json` (one JSON object a line). `AGENTD_LOG_FORMAT`, when
     /// set, wins.
     pub format: Option<String>,
+}
+
+/// `[telemetry]`: traces (see `crate::telemetry`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySection {
+    /// The OTLP/HTTP collector's base URL: spans are POSTed to `<it>/v1/traces`. Unset,
+    /// nothing is exported (trace context is still carried on).
+    pub otlp_endpoint: Option<String>,
+    /// The spans' `service.name` (default `agentd`).
+    pub service_name: Option<String>,
+}
+
+/// The default `telemetry.service_name`.
+pub const DEFAULT_SERVICE_NAME: &str = "agentd";
+
+impl Config {
+    /// `[telemetry]`, checked: `None` when no collector is configured.
+    pub fn telemetry(&self) -> Result<Option<crate::telemetry::TelemetrySettings>, String> {
+        let t = &self.telemetry;
+        if let Some(name) = &t.service_name {
+            if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
+                return Err(format!(
+                    "telemetry.service_name: {name:?} is not 1 to 128 printable characters"
+                ));
+            }
+        }
+        let Some(url) = &t.otlp_endpoint else {
+            return Ok(None);
+        };
+        let otlp_endpoint = crate::telemetry::check_endpoint(url)
+            .map_err(|e| format!("telemetry.otlp_endpoint: {e}"))?;
+        Ok(Some(crate::telemetry::TelemetrySettings {
+            otlp_endpoint,
+            service_name: t
+                .service_name
+                .clone()
+                .unwrap_or_else(|| DEFAULT_SERVICE_NAME.into()),
+        }))
+    }
 }
 
 /// `[a2a.proxy]`: the TLS-terminating proxies in front of `behind_proxy` listeners.
@@ -1196,6 +1239,7 @@ impl Config {
         if let Some(f) = &self.log.format {
             LogFormat::parse(f).map_err(|e| format!("log.format: {e}"))?;
         }
+        self.telemetry()?;
         let d = &self.a2a.device_grant;
         if let Some(t) = d.token_ttl_s {
             in_range(

@@ -48,6 +48,7 @@ impl Runtime {
             finished: None,
             output: Value::Null,
             error: None,
+            trace: call.trace.cloned(),
         };
         tracing::info!(run = %id, workflow = %run.workflow.name, principal = %run.owner.id, "run started");
         self.runs.insert(id.clone(), run);
@@ -96,6 +97,7 @@ impl Runtime {
             let attempt = st.attempt;
             r.updated = now.epoch_ms;
             let task_id = r.task_id.clone();
+            let trace = r.trace.clone();
             push(
                 inst,
                 "step",
@@ -133,13 +135,21 @@ impl Runtime {
                                 .collect::<Result<Vec<_>, String>>()?;
                             Ok((args, env))
                         });
-                    let (args, env) = match rendered {
+                    let (args, mut env) = match rendered {
                         Ok(x) => x,
                         Err(e) => {
                             self.step_finished(inst, id, Err(e), now);
                             continue;
                         }
                     };
+                    // The run's trace, for a program that joins it (set last: it wins
+                    // over the step's own env).
+                    if let Some(t) = &trace {
+                        env.push(("TRACEPARENT".into(), t.traceparent()));
+                        if let Some(s) = t.tracestate() {
+                            env.push(("TRACESTATE".into(), s.to_owned()));
+                        }
+                    }
                     let job = ExecJob {
                         program: program.clone(),
                         args,
@@ -330,14 +340,30 @@ impl Runtime {
         let cancel = r.cancel.clone();
         let tx = self.tx.clone();
         let run = id.to_owned();
+        let trace = r.trace.clone();
+        let span_name = format!("{} {}", kind.name(), client.name());
+        let step_id = r.workflow.steps[i].id.clone();
         let spawned = thread::Builder::new()
             .name(format!("peer-{run}"))
             .spawn(move || {
+                use agentd_core::trace::AttrValue;
+                // The call's client span: the peer's server spans are its children.
+                let span = crate::telemetry::ClientSpan::start(
+                    trace.as_ref(),
+                    span_name,
+                    vec![
+                        ("agentd.peer", AttrValue::Str(client.name().to_owned())),
+                        ("agentd.run", AttrValue::Str(run.clone())),
+                        ("agentd.step", AttrValue::Str(step_id)),
+                    ],
+                );
+                send.trace = span.context().cloned();
                 let deadline = std::time::Instant::now() + Duration::from_millis(timeout_ms);
                 let result = client
                     .send(send, deadline, &cancel)
                     .map_err(|e| peer_failure(client.name(), &e))
                     .and_then(|o| peer_output(client.name(), o));
+                span.end(result.as_ref().err().cloned());
                 let _ = tx.send(Msg::StepDone {
                     run,
                     step: i,
