@@ -365,7 +365,7 @@ fn one_trace_spans_two_instances_delegating_over_a_unix_socket() {
         local_parent, front_span,
         "the exec step's TRACEPARENT names the request's server span"
     );
-    for s in [front_server] {
+    for s in &in_trace {
         let start: u64 = s["startTimeUnixNano"].as_str().unwrap().parse().unwrap();
         let end: u64 = s["endTimeUnixNano"].as_str().unwrap().parse().unwrap();
         assert!(
