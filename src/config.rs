@@ -1593,6 +1593,40 @@ mod tests {
     use super::*;
 
     #[test]
+    fn telemetry_is_checked_at_load() {
+        let t = |text: &str| toml::from_str::<Config>(text).unwrap().telemetry();
+        assert_eq!(t("").unwrap(), None, "no collector: nothing exported");
+        let s = t("[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318/\"")
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.otlp_endpoint, "http://127.0.0.1:4318");
+        assert_eq!(s.service_name, "agentd");
+        let s = t("[telemetry]\notlp_endpoint = \"http://[::1]:4318\"\nservice_name = \"front\"")
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.service_name, "front");
+        for (bad, says) in [
+            (
+                "otlp_endpoint = \"http://10.0.0.5:4318\"",
+                "telemetry.otlp_endpoint",
+            ),
+            (
+                "otlp_endpoint = \"grpc://h:4317\"",
+                "telemetry.otlp_endpoint",
+            ),
+            ("service_name = \"\"", "telemetry.service_name"),
+            ("service_name = \"a\\nb\"", "telemetry.service_name"),
+        ] {
+            let e = t(&format!("[telemetry]\n{bad}")).unwrap_err();
+            assert!(e.starts_with(says), "{bad}: {e}");
+            // The same error stops the load (and --check-config).
+            let c: Config = toml::from_str(&format!("[telemetry]\n{bad}")).unwrap();
+            assert!(c.runtime_settings().is_err(), "{bad}");
+        }
+        assert!(toml::from_str::<Config>("[telemetry]\nendpoint = \"x\"").is_err());
+    }
+
+    #[test]
     fn the_config_op_reports_effective_values() {
         let c: Config =
             toml::from_str("[agent]\nname = \"reviewer\"\n[limits]\nmax_body_bytes = 1024")
