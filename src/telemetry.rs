@@ -5,7 +5,9 @@
 //!   record to [`on_record`] (registered with [`agentd_io_common::log::set_record_sink`]),
 //!   which makes the span with this process's clock ([`agentd_core::trace::server_span`]).
 //! - Client spans: each outbound peer call (`a2a.send`, `a2a.delegate`) and webhook delivery
-//!   ([`ClientSpan`]), whose id is the parent the callee sees in `traceparent`.
+//!   ([`WorkSpan::client`]), whose id is the parent the callee sees in `traceparent`; and an
+//!   internal span per exec step ([`WorkSpan::internal`]), the parent its program's
+//!   `TRACEPARENT` names.
 //!
 //! The exporter is one background thread that POSTs batches (`application/json`, the OTLP
 //! JSON mapping, [`agentd_core::trace::encode_traces`]) to `<otlp_endpoint>/v1/traces` with
@@ -265,26 +267,46 @@ pub fn now_unix_nano() -> u64 {
         .unwrap_or(0)
 }
 
-/// An outbound call's span: made before the call, its context ([`ClientSpan::context`])
-/// goes out as `traceparent`, and [`ClientSpan::end`] records it.
+/// The span of some work the daemon does for a trace (an outbound call, an exec step):
+/// made before the work, its context ([`WorkSpan::context`]) goes out as `traceparent`,
+/// and [`WorkSpan::end`] records it.
 ///
-/// With an exporter, the call gets a span of its own (a child of `parent`, or the root of a
+/// With an exporter, the work gets a span of its own (a child of `parent`, or the root of a
 /// new trace when there is none). Without one, nothing is recorded and the parent's context
 /// goes out as it came in, so the callee's spans still join the caller's trace.
-pub struct ClientSpan {
+pub struct WorkSpan {
     context: Option<TraceContext>,
     span: Option<Span>,
 }
 
-impl ClientSpan {
-    /// A span named `name` (`a2a.delegate worker`, `webhook`) under `parent`.
-    pub fn start(
+impl WorkSpan {
+    /// An outbound call's span named `name` (`a2a.delegate worker`, `webhook`) under
+    /// `parent`.
+    pub fn client(
         parent: Option<&TraceContext>,
         name: String,
         attributes: Vec<(&'static str, AttrValue)>,
-    ) -> ClientSpan {
+    ) -> WorkSpan {
+        WorkSpan::start(parent, name, SpanKind::Client, attributes)
+    }
+
+    /// A span of work in this process (an exec step) named `name` under `parent`.
+    pub fn internal(
+        parent: Option<&TraceContext>,
+        name: String,
+        attributes: Vec<(&'static str, AttrValue)>,
+    ) -> WorkSpan {
+        WorkSpan::start(parent, name, SpanKind::Internal, attributes)
+    }
+
+    fn start(
+        parent: Option<&TraceContext>,
+        name: String,
+        kind: SpanKind,
+        attributes: Vec<(&'static str, AttrValue)>,
+    ) -> WorkSpan {
         if !enabled() {
-            return ClientSpan {
+            return WorkSpan {
                 context: parent.cloned(),
                 span: None,
             };
@@ -300,13 +322,13 @@ impl ClientSpan {
             span_id,
             parent_span_id: parent.map(|p| p.span_id),
             name,
-            kind: SpanKind::Client,
+            kind,
             start_unix_nano: now,
             end_unix_nano: now,
             attributes,
             error: None,
         };
-        ClientSpan {
+        WorkSpan {
             context: Some(context),
             span: Some(span),
         }
@@ -414,7 +436,7 @@ mod tests {
             ]
         );
         // No exporter in unit tests: the parent's context goes out unchanged.
-        let s = ClientSpan::start(Some(&c), "x".into(), Vec::new());
+        let s = WorkSpan::client(Some(&c), "x".into(), Vec::new());
         assert_eq!(s.context(), Some(&c));
         s.end(None);
     }

@@ -333,8 +333,9 @@ fn one_trace_spans_two_instances_delegating_over_a_unix_socket() {
         "the front's own span is the exec step's parent"
     );
 
-    // The spans: the front's server span of the send, its two client spans, the worker's
-    // server spans of the two sends it got, all in the caller's trace.
+    // The spans: the front's server span of the send, its two client spans and its exec
+    // step's, the worker's server spans of the two sends it got and its exec step's, all
+    // in the caller's trace.
     let spans = collector.wait_spans("spans of both instances", |spans| {
         let front_clients = spans
             .iter()
@@ -344,7 +345,8 @@ fn one_trace_spans_two_instances_delegating_over_a_unix_socket() {
             .iter()
             .filter(|s| s["service"] == "worker" && is_send(s))
             .count();
-        front_clients >= 2 && worker_sends >= 2
+        let execs = spans.iter().filter(|s| s["kind"] == 1).count();
+        front_clients >= 2 && worker_sends >= 2 && execs >= 2
     });
     let in_trace: Vec<&Value> = spans.iter().filter(|s| s["traceId"] == TRACE).collect();
     let front_server = in_trace
@@ -361,9 +363,23 @@ fn one_trace_spans_two_instances_delegating_over_a_unix_socket() {
         Some(&json!({"stringValue": "SendMessage"}))
     );
     let front_span = front_server["spanId"].as_str().unwrap();
+    // An exec step's program gets its step's span as parent, a child of the server span.
+    let exec_span = |service: &str, name: &str| {
+        *in_trace
+            .iter()
+            .find(|s| s["service"] == service && s["kind"] == 1 && s["name"] == name)
+            .unwrap_or_else(|| panic!("no {service} span {name:?}: {spans:#?}"))
+    };
+    let report = exec_span("front", "exec report");
     assert_eq!(
-        local_parent, front_span,
-        "the exec step's TRACEPARENT names the request's server span"
+        local_parent,
+        report["spanId"].as_str().unwrap(),
+        "the exec step's TRACEPARENT names its step's span"
+    );
+    assert_eq!(report["parentSpanId"], front_span);
+    assert_eq!(
+        attr(report, "process.executable.path"),
+        Some(&json!({"stringValue": "/bin/sh"}))
     );
     for s in &in_trace {
         let start: u64 = s["startTimeUnixNano"].as_str().unwrap().parse().unwrap();
@@ -420,13 +436,19 @@ fn one_trace_spans_two_instances_delegating_over_a_unix_socket() {
         wanted.iter().map(String::as_str).collect::<HashSet<_>>(),
         "each worker send is the child of a front client span"
     );
-    // The worker's exec step and its agent's turn name the worker's server spans.
+    // The worker's agent's turn names a worker server span; its exec step its own span,
+    // whose parent is one.
     let worker_ids: HashSet<&str> = worker_sends
         .iter()
         .map(|s| s["spanId"].as_str().unwrap())
         .collect();
-    assert!(worker_ids.contains(deleg_parent.as_str()), "{result}");
     assert!(worker_ids.contains(turn_parent.as_str()), "{result}");
+    let compile = exec_span("worker", "exec compile");
+    assert_eq!(compile["spanId"], deleg_parent.as_str(), "{result}");
+    assert!(
+        worker_ids.contains(compile["parentSpanId"].as_str().unwrap()),
+        "{compile}"
+    );
     // Nothing of this request left the trace: every span either instance made for it
     // carries the caller's trace id (the worker's only other requests are none).
     let worker_other = spans

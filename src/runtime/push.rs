@@ -72,7 +72,7 @@ pub enum Outcome {
 /// Every attempt carries the delivery's `traceparent`; the delivery is one client span.
 pub fn deliver(d: &Delivery, opts: &DeliveryOptions) -> Outcome {
     use agentd_core::trace::AttrValue;
-    let span = crate::telemetry::ClientSpan::start(
+    let span = crate::telemetry::WorkSpan::client(
         d.trace.as_ref(),
         "webhook".into(),
         vec![

@@ -2,6 +2,7 @@
 //! calls), finishing, cancelling, and the drain that waits for them.
 
 use super::*;
+use agentd_core::trace::AttrValue;
 
 /// How often a drain that is still waiting says what for.
 const DRAIN_REPORT_EVERY_MS: u64 = 10_000;
@@ -135,22 +136,14 @@ impl Runtime {
                                 .collect::<Result<Vec<_>, String>>()?;
                             Ok((args, env))
                         });
-                    let (args, mut env) = match rendered {
+                    let (args, env) = match rendered {
                         Ok(x) => x,
                         Err(e) => {
                             self.step_finished(inst, id, Err(e), now);
                             continue;
                         }
                     };
-                    // The run's trace, for a program that joins it (set last: it wins
-                    // over the step's own env).
-                    if let Some(t) = &trace {
-                        env.push(("TRACEPARENT".into(), t.traceparent()));
-                        if let Some(s) = t.tracestate() {
-                            env.push(("TRACESTATE".into(), s.to_owned()));
-                        }
-                    }
-                    let job = ExecJob {
+                    let mut job = ExecJob {
                         program: program.clone(),
                         args,
                         env,
@@ -197,11 +190,32 @@ impl Runtime {
                     let cancel = r.cancel.clone();
                     let tx = self.tx.clone();
                     let run = id.to_owned();
+                    // The step's span; its program gets the context in its environment,
+                    // set last so it wins over the step's own `env`.
+                    let span = crate::telemetry::WorkSpan::internal(
+                        trace.as_ref(),
+                        format!("exec {}", step.id),
+                        vec![
+                            ("agentd.run", AttrValue::Str(run.clone())),
+                            ("agentd.step", AttrValue::Str(step.id.clone())),
+                            (
+                                "process.executable.path",
+                                AttrValue::Str(job.program.clone()),
+                            ),
+                        ],
+                    );
+                    if let Some(t) = span.context() {
+                        job.env.push(("TRACEPARENT".into(), t.traceparent()));
+                        if let Some(s) = t.tracestate() {
+                            job.env.push(("TRACESTATE".into(), s.to_owned()));
+                        }
+                    }
                     let spawned =
                         thread::Builder::new()
                             .name(format!("exec-{run}"))
                             .spawn(move || {
                                 let result = exec::run(&job, &cancel);
+                                span.end(result.as_ref().err().cloned());
                                 let _ = tx.send(Msg::StepDone {
                                     run,
                                     step: i,
@@ -346,9 +360,8 @@ impl Runtime {
         let spawned = thread::Builder::new()
             .name(format!("peer-{run}"))
             .spawn(move || {
-                use agentd_core::trace::AttrValue;
                 // The call's client span: the peer's server spans are its children.
-                let span = crate::telemetry::ClientSpan::start(
+                let span = crate::telemetry::WorkSpan::client(
                     trace.as_ref(),
                     span_name,
                     vec![
