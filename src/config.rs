@@ -42,6 +42,9 @@ pub struct Config {
     /// `[log]`: how log lines are written.
     #[serde(default)]
     pub log: LogSection,
+    /// `[telemetry]`: where spans are exported.
+    #[serde(default)]
+    pub telemetry: TelemetrySection,
     /// The file's name and text, for `file:line` in load errors.
     #[serde(skip)]
     pub source: Option<(String, String)>,
@@ -111,6 +114,46 @@ pub struct LogSection {
     /// `text` (the default) or `json` (one JSON object a line). `AGENTD_LOG_FORMAT`, when
     /// set, wins.
     pub format: Option<String>,
+}
+
+/// `[telemetry]`: traces (see `crate::telemetry`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySection {
+    /// The OTLP/HTTP collector's base URL: spans are POSTed to `<it>/v1/traces`. Unset,
+    /// nothing is exported (trace context is still carried on).
+    pub otlp_endpoint: Option<String>,
+    /// The spans' `service.name` (default `agentd`).
+    pub service_name: Option<String>,
+}
+
+/// The default `telemetry.service_name`.
+pub const DEFAULT_SERVICE_NAME: &str = "agentd";
+
+impl Config {
+    /// `[telemetry]`, checked: `None` when no collector is configured.
+    pub fn telemetry(&self) -> Result<Option<crate::telemetry::TelemetrySettings>, String> {
+        let t = &self.telemetry;
+        if let Some(name) = &t.service_name {
+            if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
+                return Err(format!(
+                    "telemetry.service_name: {name:?} is not 1 to 128 printable characters"
+                ));
+            }
+        }
+        let Some(url) = &t.otlp_endpoint else {
+            return Ok(None);
+        };
+        let otlp_endpoint = crate::telemetry::check_endpoint(url)
+            .map_err(|e| format!("telemetry.otlp_endpoint: {e}"))?;
+        Ok(Some(crate::telemetry::TelemetrySettings {
+            otlp_endpoint,
+            service_name: t
+                .service_name
+                .clone()
+                .unwrap_or_else(|| DEFAULT_SERVICE_NAME.into()),
+        }))
+    }
 }
 
 /// `[a2a.proxy]`: the TLS-terminating proxies in front of `behind_proxy` listeners.
@@ -1196,6 +1239,7 @@ impl Config {
         if let Some(f) = &self.log.format {
             LogFormat::parse(f).map_err(|e| format!("log.format: {e}"))?;
         }
+        self.telemetry()?;
         let d = &self.a2a.device_grant;
         if let Some(t) = d.token_ttl_s {
             in_range(
@@ -1547,6 +1591,40 @@ fn effective_document(c: &InstanceConfig, limits: &LimitsSection) -> serde_json:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn telemetry_is_checked_at_load() {
+        let t = |text: &str| toml::from_str::<Config>(text).unwrap().telemetry();
+        assert_eq!(t("").unwrap(), None, "no collector: nothing exported");
+        let s = t("[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318/\"")
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.otlp_endpoint, "http://127.0.0.1:4318");
+        assert_eq!(s.service_name, "agentd");
+        let s = t("[telemetry]\notlp_endpoint = \"http://[::1]:4318\"\nservice_name = \"front\"")
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.service_name, "front");
+        for (bad, says) in [
+            (
+                "otlp_endpoint = \"http://10.0.0.5:4318\"",
+                "telemetry.otlp_endpoint",
+            ),
+            (
+                "otlp_endpoint = \"grpc://h:4317\"",
+                "telemetry.otlp_endpoint",
+            ),
+            ("service_name = \"\"", "telemetry.service_name"),
+            ("service_name = \"a\\nb\"", "telemetry.service_name"),
+        ] {
+            let e = t(&format!("[telemetry]\n{bad}")).unwrap_err();
+            assert!(e.starts_with(says), "{bad}: {e}");
+            // The same error stops the load (and --check-config).
+            let c: Config = toml::from_str(&format!("[telemetry]\n{bad}")).unwrap();
+            assert!(c.runtime_settings().is_err(), "{bad}");
+        }
+        assert!(toml::from_str::<Config>("[telemetry]\nendpoint = \"x\"").is_err());
+    }
 
     #[test]
     fn the_config_op_reports_effective_values() {

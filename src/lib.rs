@@ -11,3 +11,4 @@ pub mod printconfig;
 pub mod reload;
 pub mod runtime;
 pub mod store;
+pub mod telemetry;

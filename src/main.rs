@@ -221,6 +221,7 @@ fn run(args: Args, loaded: Result<config::Config, String>) -> Result<(), Failure
     let settings = config.runtime_settings().map_err(Failure::Config)?;
     let declared = config.declared_commands().map_err(Failure::Config)?;
     let store_kind = config.store.resolve().map_err(Failure::Config)?;
+    let telemetry = config.telemetry().map_err(Failure::Config)?;
     config
         .check_store(&store_kind, &endpoints)
         .map_err(Failure::Config)?;
@@ -276,6 +277,12 @@ fn run(args: Args, loaded: Result<config::Config, String>) -> Result<(), Failure
         instance
             .register_command(decl)
             .map_err(|e| Failure::Config(format!("workflow command {op:?}: {e:?}")))?;
+    }
+    if let Some(t) = &telemetry {
+        let counts = agentd::telemetry::start(t).map_err(Failure::Runtime)?;
+        instance.set_trace_requests(true);
+        instance.add_metrics_source(Arc::new(agentd::telemetry::TraceMetrics(counts)));
+        agentd_io_common::log::set_record_sink(agentd::telemetry::on_record);
     }
     let mut first_records = Vec::new();
     let store = match &store_kind {
@@ -413,6 +420,8 @@ fn run(args: Args, loaded: Result<config::Config, String>) -> Result<(), Failure
         // The last changes (a drain's final states) are written before the process ends.
         pump.finish();
     }
+    // The spans of the last requests, best effort.
+    agentd::telemetry::flush(std::time::Duration::from_secs(2));
     match outcome {
         Ok(Ok(())) | Err(_) => Ok(()),
         Ok(Err(e)) => Err(Failure::Runtime(e)),

@@ -181,6 +181,11 @@ fn defaults(config: &Config, ic: &InstanceConfig, s: &Settings) -> Result<Table,
         None => LogFormat::Text,
     };
     section(&mut root, "log").insert("format".into(), Value::String(format.as_str().into()));
+    // `otlp_endpoint` has no default (nothing is exported): it stays out unless set.
+    section(&mut root, "telemetry").insert(
+        "service_name".into(),
+        Value::String(crate::config::DEFAULT_SERVICE_NAME.into()),
+    );
     Ok(root)
 }
 

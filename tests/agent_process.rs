@@ -42,6 +42,7 @@ fn turn(task: &str, parts: Vec<Part>) -> TurnIn {
         context: "ctx-1".into(),
         principal: "user:alice".into(),
         parts,
+        trace: None,
     }
 }
 

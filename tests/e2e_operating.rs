@@ -860,6 +860,7 @@ kind = "memory"
         "turn_timeout_ms = 300000",
         "hsts_max_age_s = 31536000",
         "format = \"text\"",
+        "service_name = \"agentd\"",
         "ring = 1024",
         "public_url = \"https://printed.example.com/\"",
     ] {

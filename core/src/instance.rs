@@ -244,6 +244,10 @@ pub enum Effect {
         message: Box<Message>,
         /// Who sent it: the host acts on their behalf and may scope what it does by it.
         owner: Principal,
+        /// The trace the turn belongs to: the request's server span as parent while the
+        /// instance traces requests, else the caller's `traceparent` as sent; `None` when
+        /// neither. The host passes it on (the agent's turn line, its outbound calls).
+        trace: Option<crate::trace::TraceContext>,
     },
     /// The task was canceled: stop working on it. Completions for it are refused from now.
     Cancel {
@@ -266,6 +270,10 @@ pub enum Effect {
         headers: Vec<(String, String)>,
         /// The JSON body to POST, already serialized.
         body: Vec<u8>,
+        /// The trace of the request that last handed the task out (a turn or a command),
+        /// for the delivery's `traceparent`; `None` when it had none, or it is forgotten
+        /// (the instance remembers the latest [`TASK_TRACES`] tasks' traces).
+        trace: Option<crate::trace::TraceContext>,
     },
     /// A command that passed every check: run it and answer with
     /// [`Completion::CommandResult`] (a message op, or a refusal of any op) or
@@ -296,8 +304,15 @@ pub enum Effect {
         context_name: String,
         /// The id the task gets if the host starts it (task ops only).
         task_id: Option<String>,
+        /// The trace the command belongs to, as for [`Effect::Turn`]: a run it starts
+        /// carries it into its steps.
+        trace: Option<crate::trace::TraceContext>,
     },
 }
+
+/// Tasks whose trace the instance remembers for their webhook deliveries (the latest ones
+/// handed out with a trace); an older task's deliveries carry none.
+pub const TASK_TRACES: usize = 1024;
 
 /// What the host did, reported back.
 #[derive(Clone, Debug, PartialEq)]
@@ -517,6 +532,11 @@ pub struct Instance {
     started: Now,
     /// Requests read so far: the number in a request id the instance makes up.
     requests: u64,
+    /// Whether A2A requests get server spans ([`Instance::set_trace_requests`]).
+    trace_requests: bool,
+    /// The traces of the latest tasks handed out with one, newest last, at most
+    /// [`TASK_TRACES`]: their webhook deliveries carry them.
+    task_traces: VecDeque<(String, crate::trace::TraceContext)>,
     pub(crate) commands: Commands,
     calls: HashMap<CallId, PendingCall>,
     next_call: CallId,
@@ -618,6 +638,8 @@ impl Instance {
             effect_waker: None,
             started: now,
             requests: 0,
+            trace_requests: false,
+            task_traces: VecDeque::new(),
             sessions: crate::sessions::Sessions::default(),
             feed_watchers: Default::default(),
             ready: Ready::default(),
@@ -1518,6 +1540,7 @@ impl Instance {
         };
         let body = serde_json::to_vec(&StreamResponse::Task(t.view(Some(0), true, false)))
             .unwrap_or_default();
+        let trace = self.trace_of_task(task_id);
         for c in configs {
             self.push_effect(Effect::Deliver {
                 task_id: task_id.to_owned(),
@@ -1529,6 +1552,7 @@ impl Instance {
                     .unwrap_or_else(|_| c.url.clone()),
                 headers: crate::push::delivery_headers(&c),
                 body: body.clone(),
+                trace: trace.clone(),
             });
         }
     }
@@ -1617,6 +1641,62 @@ impl Instance {
 
     pub(crate) fn new_id(&mut self) -> String {
         crate::ids::uuid_v4(self.entropy.as_mut())
+    }
+
+    /// Gives every A2A request a server span (on), or none (off, the default). On, each
+    /// request's record carries its span's ids ([`crate::reqlog::RequestRecord::span`]), a
+    /// request without a valid `traceparent` starts a new trace, and the work it hands out
+    /// names its server span as parent. Off, the work carries the caller's `traceparent` as
+    /// sent, and nothing is drawn from the entropy. See [`crate::trace`].
+    pub fn set_trace_requests(&mut self, on: bool) {
+        self.trace_requests = on;
+    }
+
+    /// The trace of an A2A request with this inbound context, and its server span's ids
+    /// while the instance traces requests.
+    pub(crate) fn request_trace(
+        &mut self,
+        inbound: Option<crate::trace::TraceContext>,
+    ) -> (
+        Option<crate::trace::TraceContext>,
+        Option<crate::trace::SpanIds>,
+    ) {
+        use crate::trace::{new_span_id, new_trace_id, SpanIds, TraceContext};
+        if !self.trace_requests {
+            return (inbound, None);
+        }
+        let span_id = new_span_id(self.entropy.as_mut());
+        let ctx = match &inbound {
+            Some(c) => c.child(span_id),
+            None => TraceContext::root(new_trace_id(self.entropy.as_mut()), span_id),
+        };
+        let ids = SpanIds {
+            trace_id: ctx.trace_id,
+            span_id,
+            parent_span_id: inbound.map(|c| c.span_id),
+            flags: ctx.flags,
+        };
+        (Some(ctx), Some(ids))
+    }
+
+    /// Remembers the trace a task was handed out with, for its webhook deliveries.
+    pub(crate) fn remember_trace(&mut self, task_id: &str, trace: &crate::trace::TraceContext) {
+        // No search for an older entry of the task: the newest is found first, and the
+        // ring forgets the oldest.
+        if self.task_traces.len() >= TASK_TRACES {
+            self.task_traces.pop_front();
+        }
+        self.task_traces
+            .push_back((task_id.to_owned(), trace.clone()));
+    }
+
+    /// The trace a task was last handed out with, if remembered.
+    fn trace_of_task(&self, task_id: &str) -> Option<crate::trace::TraceContext> {
+        self.task_traces
+            .iter()
+            .rev()
+            .find(|(t, _)| t == task_id)
+            .map(|(_, c)| c.clone())
     }
 
     /// The conversation a caller's `contextId` names (§7.6 "contextId namespace"). An

@@ -114,6 +114,7 @@ pub mod sessions;
 pub mod tasks;
 mod time;
 pub mod tls;
+pub mod trace;
 pub mod view;
 
 pub use conn::Connection;

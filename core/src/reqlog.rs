@@ -263,6 +263,10 @@ pub struct RequestRecord {
     /// The trace id of the request's W3C `traceparent` header (32 lowercase hex digits),
     /// when it carries a valid one.
     pub trace_id: Label,
+    /// The ids of the request's server span: set on an A2A request while the instance
+    /// traces requests ([`crate::Instance::set_trace_requests`]); the host makes the span
+    /// from the record with [`crate::trace::server_span`].
+    pub span: Option<crate::trace::SpanIds>,
     /// The monotonic millisecond the request's head was read.
     pub(crate) started_ms: u64,
 }
@@ -305,6 +309,7 @@ impl RequestRecord {
             refusal: None,
             request_id,
             trace_id,
+            span: None,
             started_ms,
         }
     }
@@ -320,27 +325,12 @@ impl RequestRecord {
     }
 }
 
-/// The trace id of a W3C `traceparent` value (`00-<32 hex>-<16 hex>-<2 hex>`, lowercase; a
-/// later version may add fields after them): `None` for anything else, or an all-zero id.
+/// The trace id of a W3C `traceparent` value, as [`crate::trace::TraceContext::parse`]
+/// reads it: `None` for an invalid one.
 fn trace_of(value: &[u8]) -> Option<&str> {
-    let text = std::str::from_utf8(value).ok()?.trim();
-    let mut parts = text.split('-');
-    let (version, trace, parent, flags) =
-        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    let hex = |s: &str, n: usize| {
-        s.len() == n
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    };
-    let ok = hex(version, 2)
-        && version != "ff"
-        && (version != "00" || parts.next().is_none())
-        && hex(trace, 32)
-        && hex(parent, 16)
-        && hex(flags, 2)
-        && trace.bytes().any(|b| b != b'0')
-        && parent.bytes().any(|b| b != b'0');
-    ok.then_some(trace)
+    crate::trace::TraceContext::parse(value, None)?;
+    let text = std::str::from_utf8(value).ok()?.trim_matches([' ', '\t']);
+    text.get(3..35)
 }
 
 /// Records a connection could not queue, since they were last taken.

@@ -99,6 +99,8 @@ pub(crate) struct CallContext<'a> {
     pub(crate) now: Now,
     /// The device or launch session the caller's token belongs to (audit events carry it).
     pub(crate) sid: Option<&'a str>,
+    /// The request's trace, as the work it hands out carries it ([`crate::trace`]).
+    pub(crate) trace: Option<&'a crate::trace::TraceContext>,
 }
 
 /// Answers one JSON-RPC request body.
@@ -483,12 +485,16 @@ fn send(
         message.task_id = task_id.clone();
         message.context_id = context.key.clone();
         inst.task_changed(&task_id, ctx.now);
+        if let Some(t) = ctx.trace {
+            inst.remember_trace(&task_id, t);
+        }
         inst.push_effect(Effect::Turn {
             task_id: task_id.clone(),
             context_id: context.key,
             context_name: context.name,
             message: Box::new(message),
             owner: ctx.principal.clone(),
+            trace: ctx.trace.cloned(),
         });
         task_id
     } else {
@@ -573,12 +579,16 @@ fn send(
             .map_err(|_| RpcError::task_not_found(&task_id))?;
         message.task_id = task_id.clone();
         message.context_id = context.key.clone();
+        if let Some(t) = ctx.trace {
+            inst.remember_trace(&task_id, t);
+        }
         inst.push_effect(Effect::Turn {
             task_id: task_id.clone(),
             context_id: context.key,
             context_name: context.name,
             message: Box::new(message),
             owner,
+            trace: ctx.trace.cloned(),
         });
         task_id
     };
@@ -1021,6 +1031,9 @@ fn run_command(
         digest,
     };
     let principal = ctx.principal.clone();
+    if let (Some(t), Some(task)) = (ctx.trace, &task_id) {
+        inst.remember_trace(task, t);
+    }
     let call = inst.start_call(call, |call| Effect::Command {
         call,
         op,
@@ -1031,6 +1044,7 @@ fn run_command(
         context_id: context.key,
         context_name: context.name,
         task_id,
+        trace: ctx.trace.cloned(),
     });
     Ok(Reply::Call {
         call,

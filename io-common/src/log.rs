@@ -44,11 +44,23 @@ pub fn log_accept_failed(failures: u64, error: Option<&io::Error>) {
 /// The target of the request log's lines.
 pub const REQUEST_LOG_TARGET: &str = "agentd::request";
 
+/// Where every request record goes besides the log (the daemon's span exporter), if set.
+static RECORD_SINK: std::sync::OnceLock<fn(&RequestRecord)> = std::sync::OnceLock::new();
+
+/// Hands every request record to `sink` too (once per process; a second call is ignored):
+/// from now on connections keep every request's record, whatever the log level.
+pub fn set_record_sink(sink: fn(&RequestRecord)) {
+    let _ = RECORD_SINK.set(sink);
+}
+
 /// Which request records a new connection should keep, from the log level in force: every
-/// request's at `debug`, only limiter refusals at `info`, none below. Both drivers ask once
-/// per connection, so a connection costs nothing for a log that would discard its lines.
+/// request's at `debug`, only limiter refusals at `info`, none below; every request's when
+/// a record sink is set ([`set_record_sink`]). Both drivers ask once per connection, so a
+/// connection costs nothing for a log that would discard its lines.
 pub fn request_log_keep() -> Keep {
-    if tracing::enabled!(target: REQUEST_LOG_TARGET, tracing::Level::DEBUG) {
+    if RECORD_SINK.get().is_some()
+        || tracing::enabled!(target: REQUEST_LOG_TARGET, tracing::Level::DEBUG)
+    {
         Keep::All
     } else if tracing::enabled!(target: REQUEST_LOG_TARGET, tracing::Level::INFO) {
         Keep::Refusals
@@ -60,8 +72,12 @@ pub fn request_log_keep() -> Keep {
 /// Logs the records `conn` queued (and says how many it had to drop). Call it after each
 /// call into the connection, outside the instance's lock.
 pub fn log_requests(conn: &mut Connection) {
+    let sink = RECORD_SINK.get();
     while let Some(r) = conn.poll_request_record() {
         log_request(&r);
+        if let Some(sink) = sink {
+            sink(&r);
+        }
     }
     let dropped = conn.take_dropped_records();
     if dropped.refusals > 0 {

@@ -85,6 +85,8 @@ pub struct TurnIn {
     pub principal: String,
     /// The parts of the message that opened or continues the task.
     pub parts: Vec<Part>,
+    /// The trace the turn belongs to: the turn line's `traceparent` and `tracestate`.
+    pub trace: Option<agentd_core::trace::TraceContext>,
 }
 
 impl TurnIn {
@@ -96,12 +98,14 @@ impl TurnIn {
                 context_id,
                 message,
                 owner,
+                trace,
                 ..
             } => Some(TurnIn {
                 task: task_id.clone(),
                 context: context_id.clone(),
                 principal: owner.id.clone(),
                 parts: message.parts.clone(),
+                trace: trace.clone(),
             }),
             _ => None,
         }
@@ -110,14 +114,21 @@ impl TurnIn {
     /// The `turn` line written to the agent, newline included.
     fn line(&self) -> Vec<u8> {
         let text = Part::joined_text(&self.parts);
-        line_of(&serde_json::json!({
+        let mut line = serde_json::json!({
             "type": "turn",
             "task": self.task,
             "context": self.context,
             "principal": self.principal,
             "parts": self.parts,
             "text": text,
-        }))
+        });
+        if let Some(t) = &self.trace {
+            line["traceparent"] = t.traceparent().into();
+            if let Some(s) = t.tracestate() {
+                line["tracestate"] = s.into();
+            }
+        }
+        line_of(&line)
     }
 }
 

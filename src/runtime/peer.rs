@@ -86,6 +86,8 @@ pub struct OutboundSend {
     /// so the peer can tell a repeat. A fresh random id when `None`.
     pub message_id: Option<String>,
     pub mode: SendMode,
+    /// The trace context every request of the call carries (`traceparent`, `tracestate`).
+    pub trace: Option<agentd_core::trace::TraceContext>,
 }
 
 impl OutboundSend {
@@ -95,6 +97,7 @@ impl OutboundSend {
             context_id: None,
             message_id: None,
             mode: SendMode::Auto,
+            trace: None,
         }
     }
 
@@ -107,6 +110,7 @@ impl OutboundSend {
             context_id: None,
             message_id: None,
             mode: SendMode::Auto,
+            trace: None,
         }
     }
 }
@@ -337,6 +341,8 @@ const OWNED_HEADERS: &[&str] = &[
     "accept",
     "a2a-version",
     "a2a-extensions",
+    "traceparent",
+    "tracestate",
 ];
 
 impl PeerClient {
@@ -368,7 +374,7 @@ impl PeerClient {
         };
         // Header names and values (no CR/LF) are checked now, not at the first send.
         client
-            .rpc_request(Vec::new(), false, &[])
+            .rpc_request(Vec::new(), false, &[], &[])
             .encode()
             .map_err(|e| PeerError::Config(format!("peer {}: {e}", client.config.name)))?;
         Ok(client)
@@ -514,8 +520,19 @@ impl PeerClient {
         deadline: Instant,
         cancel: &AtomicBool,
     ) -> Result<Task, PeerError> {
+        self.get_task_traced(task_id, tenant, deadline, cancel, &[])
+    }
+
+    fn get_task_traced(
+        &self,
+        task_id: &str,
+        tenant: Option<&str>,
+        deadline: Instant,
+        cancel: &AtomicBool,
+        trace: &[(String, String)],
+    ) -> Result<Task, PeerError> {
         let id = self.next_id();
-        let req = self.rpc_request(wire::get_task_body(id, task_id, tenant), false, &[]);
+        let req = self.rpc_request(wire::get_task_body(id, task_id, tenant), false, &[], trace);
         let (head, body) = self.roundtrip(&req, deadline, cancel)?;
         if head.status != 200 {
             return Err(http_error(&head, &body));
@@ -530,8 +547,23 @@ impl PeerClient {
         tenant: Option<&str>,
         deadline: Instant,
     ) -> Result<Task, PeerError> {
+        self.cancel_task_traced(task_id, tenant, deadline, &[])
+    }
+
+    fn cancel_task_traced(
+        &self,
+        task_id: &str,
+        tenant: Option<&str>,
+        deadline: Instant,
+        trace: &[(String, String)],
+    ) -> Result<Task, PeerError> {
         let id = self.next_id();
-        let req = self.rpc_request(wire::cancel_task_body(id, task_id, tenant), false, &[]);
+        let req = self.rpc_request(
+            wire::cancel_task_body(id, task_id, tenant),
+            false,
+            &[],
+            trace,
+        );
         let (head, body) = self.roundtrip(&req, deadline, &AtomicBool::new(false))?;
         if head.status != 200 {
             return Err(http_error(&head, &body));
@@ -567,12 +599,14 @@ impl PeerClient {
             SendMode::Stream => true,
             SendMode::Poll => false,
         };
+        let trace = crate::telemetry::headers(req.trace.as_ref());
         let call = Call {
             message: &message,
             extensions,
             tenant: tenant.as_deref(),
             deadline,
             cancel,
+            trace: &trace,
         };
         if stream {
             if let Some(outcome) = self.send_streaming(&call)? {
@@ -595,6 +629,7 @@ impl PeerClient {
             wire::send_message_body(id, true, call.message, &opts),
             true,
             call.extensions,
+            call.trace,
         );
         let mut head: Option<ResponseHead> = None;
         let mut sse = SseDecoder::new(MAX_EVENT_BYTES);
@@ -667,6 +702,7 @@ impl PeerClient {
             wire::send_message_body(id, false, call.message, &opts),
             false,
             call.extensions,
+            call.trace,
         );
         let (head, body) = self
             .roundtrip(&req, call.deadline, call.cancel)
@@ -687,8 +723,15 @@ impl PeerClient {
             if task.status.state.ends_a_turn() {
                 return settled(task);
             }
-            let step = pause(interval, call.deadline, call.cancel)
-                .and_then(|_| self.get_task(&task.id, call.tenant, call.deadline, call.cancel));
+            let step = pause(interval, call.deadline, call.cancel).and_then(|_| {
+                self.get_task_traced(
+                    &task.id,
+                    call.tenant,
+                    call.deadline,
+                    call.cancel,
+                    call.trace,
+                )
+            });
             match step {
                 Ok(t) => task = t,
                 Err(e) => return Err(self.interrupted(e, Some(&task.id), call)),
@@ -703,7 +746,12 @@ impl PeerClient {
         match e {
             PeerError::Timeout { .. } | PeerError::Canceled { .. } => {
                 if let Some(id) = &task_id {
-                    let _ = self.cancel_task(id, call.tenant, Instant::now() + CANCEL_GRACE);
+                    let _ = self.cancel_task_traced(
+                        id,
+                        call.tenant,
+                        Instant::now() + CANCEL_GRACE,
+                        call.trace,
+                    );
                 }
                 if matches!(e, PeerError::Timeout { .. }) {
                     PeerError::Timeout { task_id }
@@ -715,9 +763,18 @@ impl PeerClient {
         }
     }
 
-    fn rpc_request(&self, body: Vec<u8>, streaming: bool, extensions: &[&str]) -> OutRequest {
+    fn rpc_request(
+        &self,
+        body: Vec<u8>,
+        streaming: bool,
+        extensions: &[&str],
+        trace: &[(String, String)],
+    ) -> OutRequest {
         let mut r = wire::rpc_request(&self.host, &self.path, body, streaming, extensions)
             .header("Connection", "close");
+        for (n, v) in trace {
+            r = r.header(n, v);
+        }
         if let Some(token) = &self.config.bearer {
             r = r.header("Authorization", &format!("Bearer {token}"));
         }
@@ -934,6 +991,8 @@ struct Call<'a> {
     tenant: Option<&'a str>,
     deadline: Instant,
     cancel: &'a AtomicBool,
+    /// `traceparent` (and `tracestate`), on every request of the call.
+    trace: &'a [(String, String)],
 }
 
 /// What a stream has told so far.

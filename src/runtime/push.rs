@@ -54,6 +54,9 @@ pub struct Delivery {
     pub url: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// The trace of the request that handed the task out: the delivery's `traceparent`
+    /// names its client span (or, with no exporter, this context as is).
+    pub trace: Option<agentd_core::trace::TraceContext>,
 }
 
 /// How a delivery ended.
@@ -66,7 +69,28 @@ pub enum Outcome {
 }
 
 /// Delivers one notification, retrying as the options say. Blocks: run it on a worker.
+/// Every attempt carries the delivery's `traceparent`; the delivery is one client span.
 pub fn deliver(d: &Delivery, opts: &DeliveryOptions) -> Outcome {
+    use agentd_core::trace::AttrValue;
+    let span = crate::telemetry::WorkSpan::client(
+        d.trace.as_ref(),
+        "webhook".into(),
+        vec![
+            ("a2a.task_id", AttrValue::Str(d.task_id.clone())),
+            ("agentd.push_config_id", AttrValue::Str(d.config_id.clone())),
+        ],
+    );
+    let mut headers = d.headers.clone();
+    headers.extend(crate::telemetry::headers(span.context()));
+    let outcome = deliver_with(d, &headers, opts);
+    span.end(match &outcome {
+        Outcome::Delivered { .. } => None,
+        Outcome::Failed { error, .. } => Some(error.clone()),
+    });
+    outcome
+}
+
+fn deliver_with(d: &Delivery, headers: &[(String, String)], opts: &DeliveryOptions) -> Outcome {
     let policy = opts.policy;
     let filter = AddressFilter(Arc::new(move |ip| {
         check_address(ip, policy).map_err(String::from)
@@ -95,7 +119,7 @@ pub fn deliver(d: &Delivery, opts: &DeliveryOptions) -> Outcome {
     let mut last = String::new();
     for attempt in 1..=opts.max_attempts.max(1) {
         let deadline = Instant::now() + opts.timeout;
-        match client.post(&d.headers, d.body.clone(), deadline) {
+        match client.post(headers, d.body.clone(), deadline) {
             Ok((status, _)) if (200..300).contains(&status) => {
                 return Outcome::Delivered {
                     attempts: attempt,
@@ -239,6 +263,7 @@ mod tests {
             url: "https://localhost:9/hook".into(),
             headers: Vec::new(),
             body: b"{}".to_vec(),
+            trace: None,
         };
         let opts = DeliveryOptions {
             first_backoff: Duration::from_millis(1),

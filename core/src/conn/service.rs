@@ -342,6 +342,7 @@ impl Connection {
         let Some((principal, via, sid)) = self.authenticate(inst, &head, now) else {
             return false;
         };
+        let (trace, span) = inst.request_trace(crate::trace::TraceContext::of_head(&head));
         let ctx = CallContext {
             principal: &principal,
             via,
@@ -349,11 +350,19 @@ impl Connection {
             head: &head,
             now,
             sid: sid.as_deref(),
+            trace: trace.as_ref(),
         };
         if let Some(r) = self.current.as_mut() {
             // Who asked and what, for the request log: read only for a known caller.
             r.principal = Label::new(&principal.id);
             (r.method, r.task_id) = reqlog::peek_call(body);
+            if let Some(ids) = span {
+                r.span = Some(ids);
+                if r.trace_id.is_empty() {
+                    // A trace started here: the log names it too.
+                    r.trace_id = Label::new(&crate::ids::hex(&ids.trace_id));
+                }
+            }
         }
         let before = inst.record_seq();
         let rpc::Answer {

@@ -690,6 +690,7 @@ impl Runtime {
             context: call.context_id.to_owned(),
             principal: call.principal.id.clone(),
             parts: vec![Part::text(text.clone())],
+            trace: call.trace.cloned(),
         };
         let sub = self.subagents.get_mut(&handle).expect("ensured above");
         sub.attempt += 1;

@@ -387,6 +387,9 @@ struct Run {
     finished: Option<u64>,
     output: Value,
     error: Option<String>,
+    /// The trace of the request that started it: its exec steps' `TRACEPARENT`, its peer
+    /// calls' parent.
+    trace: Option<agentd_core::trace::TraceContext>,
 }
 
 impl Run {
@@ -714,6 +717,8 @@ impl Runtime {
                 context_name,
                 message,
                 owner,
+                trace,
+                ..
             } => {
                 if let Some(run_id) = self.gates.remove(&task_id) {
                     self.answer_gate(inst, &run_id, &message, now);
@@ -726,6 +731,7 @@ impl Runtime {
                         context: context_id,
                         principal: owner.id.clone(),
                         parts: message.parts.clone(),
+                        trace,
                     };
                     let sent = match self.subagents.get(&handle) {
                         Some(s) => s.process.turn(turn).map_err(|e| e.to_string()),
@@ -755,6 +761,7 @@ impl Runtime {
                         context_name,
                         message,
                         owner,
+                        trace,
                     });
                     return;
                 }
@@ -765,6 +772,7 @@ impl Runtime {
                     context: context_id,
                     principal: owner.id.clone(),
                     parts: message.parts.clone(),
+                    trace,
                 };
                 let sent = self
                     .conversation
@@ -806,6 +814,8 @@ impl Runtime {
                 url,
                 headers,
                 body,
+                trace,
+                ..
             } => {
                 let d = super::push::Delivery {
                     task_id,
@@ -813,6 +823,7 @@ impl Runtime {
                     url,
                     headers,
                     body,
+                    trace,
                 };
                 self.push.submit(d);
             }
@@ -825,6 +836,7 @@ impl Runtime {
                 context_id,
                 context_name,
                 task_id,
+                trace,
                 ..
             } => {
                 let name = op.name().to_owned();
@@ -837,6 +849,7 @@ impl Runtime {
                         context_id: &context_id,
                         context_name: &context_name,
                         task_id: task_id.as_deref(),
+                        trace: trace.as_ref(),
                     },
                     op,
                     now,
@@ -873,6 +886,8 @@ struct Call<'a> {
     /// The caller's own name for it.
     context_name: &'a str,
     task_id: Option<&'a str>,
+    /// The trace of the request that made the call: a run it starts carries it.
+    trace: Option<&'a agentd_core::trace::TraceContext>,
 }
 
 fn complete(inst: &mut Inst<'_>, c: Completion, now: Now) {

@@ -2,6 +2,7 @@
 //! calls), finishing, cancelling, and the drain that waits for them.
 
 use super::*;
+use agentd_core::trace::AttrValue;
 
 /// How often a drain that is still waiting says what for.
 const DRAIN_REPORT_EVERY_MS: u64 = 10_000;
@@ -48,6 +49,7 @@ impl Runtime {
             finished: None,
             output: Value::Null,
             error: None,
+            trace: call.trace.cloned(),
         };
         tracing::info!(run = %id, workflow = %run.workflow.name, principal = %run.owner.id, "run started");
         self.runs.insert(id.clone(), run);
@@ -96,6 +98,7 @@ impl Runtime {
             let attempt = st.attempt;
             r.updated = now.epoch_ms;
             let task_id = r.task_id.clone();
+            let trace = r.trace.clone();
             push(
                 inst,
                 "step",
@@ -140,7 +143,7 @@ impl Runtime {
                             continue;
                         }
                     };
-                    let job = ExecJob {
+                    let mut job = ExecJob {
                         program: program.clone(),
                         args,
                         env,
@@ -187,11 +190,32 @@ impl Runtime {
                     let cancel = r.cancel.clone();
                     let tx = self.tx.clone();
                     let run = id.to_owned();
+                    // The step's span; its program gets the context in its environment,
+                    // set last so it wins over the step's own `env`.
+                    let span = crate::telemetry::WorkSpan::internal(
+                        trace.as_ref(),
+                        format!("exec {}", step.id),
+                        vec![
+                            ("agentd.run", AttrValue::Str(run.clone())),
+                            ("agentd.step", AttrValue::Str(step.id.clone())),
+                            (
+                                "process.executable.path",
+                                AttrValue::Str(job.program.clone()),
+                            ),
+                        ],
+                    );
+                    if let Some(t) = span.context() {
+                        job.env.push(("TRACEPARENT".into(), t.traceparent()));
+                        if let Some(s) = t.tracestate() {
+                            job.env.push(("TRACESTATE".into(), s.to_owned()));
+                        }
+                    }
                     let spawned =
                         thread::Builder::new()
                             .name(format!("exec-{run}"))
                             .spawn(move || {
                                 let result = exec::run(&job, &cancel);
+                                span.end(result.as_ref().err().cloned());
                                 let _ = tx.send(Msg::StepDone {
                                     run,
                                     step: i,
@@ -330,14 +354,29 @@ impl Runtime {
         let cancel = r.cancel.clone();
         let tx = self.tx.clone();
         let run = id.to_owned();
+        let trace = r.trace.clone();
+        let span_name = format!("{} {}", kind.name(), client.name());
+        let step_id = r.workflow.steps[i].id.clone();
         let spawned = thread::Builder::new()
             .name(format!("peer-{run}"))
             .spawn(move || {
+                // The call's client span: the peer's server spans are its children.
+                let span = crate::telemetry::WorkSpan::client(
+                    trace.as_ref(),
+                    span_name,
+                    vec![
+                        ("agentd.peer", AttrValue::Str(client.name().to_owned())),
+                        ("agentd.run", AttrValue::Str(run.clone())),
+                        ("agentd.step", AttrValue::Str(step_id)),
+                    ],
+                );
+                send.trace = span.context().cloned();
                 let deadline = std::time::Instant::now() + Duration::from_millis(timeout_ms);
                 let result = client
                     .send(send, deadline, &cancel)
                     .map_err(|e| peer_failure(client.name(), &e))
                     .and_then(|o| peer_output(client.name(), o));
+                span.end(result.as_ref().err().cloned());
                 let _ = tx.send(Msg::StepDone {
                     run,
                     step: i,
