@@ -10,7 +10,6 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::{get, post, rpc_body, Daemon, Setup, Via, RPC_HEADERS};
@@ -55,23 +54,9 @@ both_drivers!(
     readiness_through_start_and_drain,
 );
 
-/// The interop venv's python, built once per test process.
+/// The interop venv's python.
 fn python() -> &'static str {
-    static PY: OnceLock<String> = OnceLock::new();
-    PY.get_or_init(|| {
-        let setup = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/setup.sh");
-        let out = Command::new("bash")
-            .arg(setup)
-            .output()
-            .expect("bash runs tests/interop/setup.sh");
-        assert!(
-            out.status.success(),
-            "the interop venv could not be built:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let venv = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-        format!("{venv}/bin/python")
-    })
+    common::interop_python()
 }
 
 /// One scrape as the parser read it: `name{labels}` (labels sorted) → value, and each
