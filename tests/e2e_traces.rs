@@ -591,7 +591,10 @@ fn without_telemetry_the_callers_context_is_carried_as_is() {
     let d = Daemon::start_setup(
         "smol",
         &Setup {
-            sections: format!("[agent]\ncommand = [\"python3\", \"{agent}\"]\n"),
+            sections: format!(
+                "[agent]\ncommand = [\"python3\", \"{agent}\"]\n\n\
+                 [[subagents]]\nname = \"tracer\"\ncommand = [\"python3\", \"{agent}\"]\n"
+            ),
             ..Setup::default()
         },
     );
@@ -613,4 +616,24 @@ fn without_telemetry_the_callers_context_is_carried_as_is() {
     assert_eq!(seen, json!({"traceparent": null, "tracestate": null}));
     let seen = send(&["traceparent: ff-garbage"], "m-3");
     assert_eq!(seen, json!({"traceparent": null, "tracestate": null}));
+
+    // A subagent's turn line carries the trace of the command that sent it.
+    let r = call(
+        &d,
+        &[
+            &format!("traceparent: {tp}"),
+            "tracestate: vendor=sub",
+            &format!("A2A-Extensions: {COMMAND_URI}"),
+        ],
+        "SendMessage",
+        json!({"message": {"role": "ROLE_USER", "messageId": "m-sub", "extensions": [COMMAND_URI],
+               "parts": [{"data": {"agentd": {"op": "subagent.send", "handle": "tracer:a", "message": "hi"}}}]}}),
+    );
+    let t = &r["result"]["task"];
+    assert_eq!(t["status"]["state"], "TASK_STATE_COMPLETED", "{r}");
+    let artifacts = t["artifacts"].to_string();
+    assert!(
+        artifacts.contains(&tp) && artifacts.contains("vendor=sub"),
+        "the subagent's reply should name the command's trace: {r}"
+    );
 }
