@@ -128,6 +128,12 @@ pub fn restore(
         ..Restored::default()
     };
     let fresh = recovered.records.is_empty();
+    let tasks = recovered
+        .records
+        .iter()
+        .filter(|r| r.kind == agentd_core::tasks::TASK_KIND)
+        .count();
+    inst.reserve_tasks(tasks);
     let mut old_base = 0;
     for rec in recovered.records {
         let Op::Put(text) = rec.op else { continue };

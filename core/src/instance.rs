@@ -880,6 +880,12 @@ impl Instance {
         }
     }
 
+    /// Makes room for `tasks` task records about to be restored, so the store's maps are
+    /// sized once rather than rehashed at every doubling as they fill.
+    pub fn reserve_tasks(&mut self, tasks: usize) {
+        self.tasks.reserve(tasks);
+    }
+
     /// [`Instance::restore_record`] from the record's JSON text, as the store keeps it: a
     /// task is read straight into its record (the bulk of a large store, read faster so);
     /// other kinds through a JSON tree.

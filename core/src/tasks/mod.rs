@@ -369,6 +369,12 @@ impl TaskStore {
         }
     }
 
+    /// Room for `n` more tasks in the map of tasks by id (the other maps grow with what
+    /// the tasks share: owners, conversations, senders).
+    pub(crate) fn reserve(&mut self, n: usize) {
+        self.tasks.reserve(n.min(self.limits.max_tasks));
+    }
+
     /// The task that accepted `by`'s message `message_id`, with that message's digest.
     pub fn accepted_by(&self, by: &str, message_id: &str) -> Option<(&TaskRecord, &str)> {
         let id = self.by_message.get(by)?.get(message_id)?;
