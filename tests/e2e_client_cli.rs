@@ -921,3 +921,186 @@ fn https_with_a_ca_and_mutual_tls() {
     // --cert without --key is a usage error.
     fails(&["list", &url, "--cert", &peer_cert], 2);
 }
+
+/// The official A2A Python SDK's server (tests/interop/sdk_server.py), in a venv that
+/// tests/interop/setup.sh builds on first use from PyPI (a machine that cannot build it
+/// fails this test rather than skipping it). Killed and reaped on drop.
+struct SdkServer {
+    child: Child,
+    url: String,
+    addr: std::net::SocketAddr,
+}
+
+impl SdkServer {
+    fn start() -> SdkServer {
+        let root = env!("CARGO_MANIFEST_DIR");
+        let venv = std::path::Path::new(root).join("target/sdk-server-venv");
+        let setup = Command::new("bash")
+            .arg(format!("{root}/tests/interop/setup.sh"))
+            .env("AGENTD_INTEROP_VENV", &venv)
+            .env(
+                "AGENTD_INTEROP_EXTRA_REQUIREMENTS",
+                format!("{root}/tests/interop/sdk-server-requirements.txt"),
+            )
+            .env(
+                "AGENTD_INTEROP_CHECK",
+                "a2a.server, starlette, sse_starlette, uvicorn",
+            )
+            .stdin(Stdio::null())
+            .output()
+            .expect("bash runs tests/interop/setup.sh");
+        assert!(
+            setup.status.success(),
+            "the SDK server's venv could not be built: {}",
+            String::from_utf8_lossy(&setup.stderr)
+        );
+        let mut child = Command::new(venv.join("bin/python"))
+            .arg(format!("{root}/tests/interop/sdk_server.py"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the SDK server");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut first = String::new();
+            let mut r = BufReader::new(out);
+            let _ = r.read_line(&mut first);
+            let _ = tx.send(first);
+            // Drain the rest, so the server never blocks on a full pipe.
+            let mut rest = Vec::new();
+            let _ = r.read_to_end(&mut rest);
+        });
+        let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+        let Some(url) = line.trim().strip_prefix("listening ").map(str::to_owned) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the SDK server did not start: {line:?}");
+        };
+        let addr = url
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .parse()
+            .expect("an address");
+        SdkServer { child, url, addr }
+    }
+
+    /// A task left working (the executor waits on a "wait" turn), sent with
+    /// returnImmediately by the test itself.
+    fn working_task(&self) -> String {
+        let s = TcpStream::connect(self.addr).expect("connect to the SDK server");
+        let r = common::Client::new(s).rpc_ok(
+            "SendMessage",
+            json!({"message": {"role": "ROLE_USER", "messageId": fresh_id(), "parts": [{"text": "wait here"}]},
+                   "configuration": {"returnImmediately": true}}),
+        );
+        r["task"]["id"].as_str().expect("a task id").to_owned()
+    }
+}
+
+impl Drop for SdkServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn against_the_python_sdk_server() {
+    let sdk = SdkServer::start();
+    let url = sdk.url.as_str();
+
+    let card = ok(&["card", url]);
+    assert!(
+        card.contains("sdk echo") && card.contains("version 1.0.0"),
+        "{card}"
+    );
+    assert!(card.contains(&format!("JSONRPC 1.0  {url}")), "{card}");
+    assert!(!card.contains("extensions:"), "it declares none: {card}");
+    let served = ok_json(&["card", url, "--json"]);
+    assert_eq!(served["name"], "sdk echo");
+
+    // A blocking send, then the same task read back.
+    let out = ok(&["send", url, "hello", "--no-stream"]);
+    assert!(out.contains("state    completed"), "{out}");
+    assert!(
+        out.contains("message  echo: hello") && out.contains("artifact echo: hello"),
+        "{out}"
+    );
+    let id = out
+        .lines()
+        .find_map(|l| l.strip_prefix("task     "))
+        .expect("a task line")
+        .trim()
+        .to_owned();
+    let got = ok(&["get", url, &id, "--history", "5"]);
+    assert!(
+        got.contains("state    completed") && got.contains("user: hello"),
+        "{got}"
+    );
+    let t = ok_json(&["get", url, &id, "--json"]);
+    assert_eq!(t["status"]["state"], "TASK_STATE_COMPLETED", "{t}");
+
+    // A streamed send: the updates as they come, to completed.
+    let out = ok(&["send", url, "streamed"]);
+    assert!(out.contains("state    working  echoing"), "{out}");
+    assert!(out.contains("artifact echo: streamed"), "{out}");
+    assert!(out.contains("state    completed  echo: streamed"), "{out}");
+
+    // Paging through a context.
+    for n in 0..3 {
+        ok(&[
+            "send",
+            url,
+            &format!("paged {n}"),
+            "--no-stream",
+            "--context",
+            "sdk-pages",
+        ]);
+    }
+    let page1 = ok(&["list", url, "--context", "sdk-pages", "--page-size", "2"]);
+    assert_eq!(
+        page1.lines().filter(|l| l.contains("completed")).count(),
+        2,
+        "{page1}"
+    );
+    let token = page1
+        .lines()
+        .find_map(|l| l.strip_prefix("next page: --page-token "))
+        .unwrap_or_else(|| panic!("no next page token:\n{page1}"))
+        .trim()
+        .to_owned();
+    let page2 = ok(&[
+        "list",
+        url,
+        "--context",
+        "sdk-pages",
+        "--page-size",
+        "2",
+        "--page-token",
+        &token,
+    ]);
+    assert_eq!(
+        page2.lines().filter(|l| l.contains("completed")).count(),
+        1,
+        "{page2}"
+    );
+    assert!(!page2.contains("next page"), "{page2}");
+
+    // Subscribe to a working task, cancel it: the subscriber sees the end.
+    let id = sdk.working_task();
+    let mut live = Live::start(&["subscribe", url, &id]);
+    live.until("working");
+    let out = ok(&["cancel", url, &id]);
+    assert!(out.contains("state    canceled"), "{out}");
+    let (code, out, err) = live.finish();
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("canceled"), "{out}");
+
+    // Its refusals: exit 1 with the code.
+    let err = fails(&["cancel", url, &id], 1);
+    assert!(err.contains("error -32002"), "{err}");
+    let err = fails(&["get", url, "no-such-task"], 1);
+    assert!(err.contains("error -32001"), "{err}");
+}
