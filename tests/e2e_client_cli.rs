@@ -315,6 +315,30 @@ fn send_get_and_list_over_both_listeners() {
         assert_eq!(parts[1]["data"], json!({"k": [1, 2]}), "{t}");
     }
 
+    // agentd takes text and data parts: a file part is refused with -32005.
+    let dir = TempDir::new("cli-file");
+    let file = dir.path().join("a.bin");
+    std::fs::write(&file, [0u8, 1, 2, 250]).unwrap();
+    let err = fails(
+        &[
+            "send",
+            &d.tcp_url(),
+            "x",
+            "--file",
+            &file.display().to_string(),
+            "--no-stream",
+        ],
+        1,
+    );
+    assert!(
+        err.contains("error -32005 CONTENT_TYPE_NOT_SUPPORTED"),
+        "{err}"
+    );
+    fails(
+        &["send", &d.tcp_url(), "x", "--file", "/nonexistent/file"],
+        2,
+    );
+
     // A turn that waits for input is continued with --task.
     let url = d.tcp_url();
     let out = ok(&["send", &url, "confirm deploy", "--no-stream"]);
@@ -1097,6 +1121,36 @@ fn against_the_python_sdk_server() {
     let (code, out, err) = live.finish();
     assert_eq!(code, Some(0), "{out}\n{err}");
     assert!(out.contains("canceled"), "{out}");
+
+    // A file part: its bytes, name and media type reach the server.
+    let dir = TempDir::new("cli-sdk-file");
+    let file = dir.path().join("notes.txt");
+    std::fs::write(&file, "file body\n").unwrap();
+    let r = ok_json(&[
+        "send",
+        url,
+        "with a file",
+        "--file",
+        &file.display().to_string(),
+        "--no-stream",
+        "--json",
+    ]);
+    assert_eq!(r["task"]["status"]["state"], "TASK_STATE_COMPLETED", "{r}");
+    let t = ok_json(&[
+        "get",
+        url,
+        r["task"]["id"].as_str().unwrap(),
+        "--history",
+        "5",
+        "--json",
+    ]);
+    let user = t["history"]
+        .as_array()
+        .and_then(|h| h.iter().find(|m| m["role"] == "ROLE_USER"))
+        .unwrap_or_else(|| panic!("no user message: {t}"));
+    assert_eq!(user["parts"][1]["raw"], "ZmlsZSBib2R5Cg==", "{t}");
+    assert_eq!(user["parts"][1]["filename"], "notes.txt", "{t}");
+    assert_eq!(user["parts"][1]["mediaType"], "text/plain", "{t}");
 
     // Its refusals: exit 1 with the code.
     let err = fails(&["cancel", url, &id], 1);

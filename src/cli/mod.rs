@@ -26,7 +26,7 @@ pub const HELP: &str = "\
 Client subcommands (an A2A 1.0 client of any server; see docs/client.md):
   agentd card URL                 the agent card: name, interfaces, skills, extensions
   agentd send URL [TEXT]          send a message (streams; --no-stream waits for the answer)
-         [--no-stream] [--task ID] [--context ID] [--data JSON]
+         [--no-stream] [--task ID] [--context ID] [--data JSON] [--file PATH]
   agentd get URL TASK [--history N]
                                   one task, with its newest N history messages
   agentd list URL [--context ID] [--state STATE] [--page-size N] [--page-token TOKEN]
