@@ -1158,3 +1158,60 @@ fn against_the_python_sdk_server() {
     let err = fails(&["get", url, "no-such-task"], 1);
     assert!(err.contains("error -32001"), "{err}");
 }
+
+#[test]
+fn a_blocking_send_on_a_terminal_shows_a_progress_line() {
+    let d = paced_daemon();
+    let gates = TempDir::new("cli-progress");
+    let gate = gates.path().join("p").display().to_string();
+    // `script` runs the client on a pseudo-terminal (util-linux).
+    let command = format!(
+        "{} send {} {gate} --no-stream",
+        env!("CARGO_BIN_EXE_agentd"),
+        d.tcp_url()
+    );
+    let mut child = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script (util-linux) runs");
+    std::thread::sleep(Duration::from_millis(1500));
+    std::fs::write(format!("{gate}.1"), "").unwrap();
+    std::fs::write(format!("{gate}.2"), "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the client on a terminal did not end");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let all = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(
+        all.contains("waiting for the answer 1s"),
+        "a progress line: {all:?}"
+    );
+    assert!(all.contains("\x1b[2K"), "the line is cleared: {all:?}");
+    assert!(
+        all.contains("\x1b[32mcompleted\x1b[0m"),
+        "colour on a terminal: {all:?}"
+    );
+
+    // NO_COLOR: a terminal without colour.
+    let out = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("script (util-linux) runs");
+    let all = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(all.contains("state    completed"), "{all:?}");
+    assert!(!all.contains("\x1b[3"), "no colour with NO_COLOR: {all:?}");
+}

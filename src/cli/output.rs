@@ -263,3 +263,45 @@ pub fn first_line(text: &str, max: usize) -> String {
         l.to_owned()
     }
 }
+
+/// Runs `work` while a progress line on stderr (a terminal only, and not with `--json`)
+/// says how long the answer has been awaited; the line is cleared before `work` returns.
+pub fn with_progress<T>(what: &str, json: bool, work: impl FnOnce() -> T) -> T {
+    if json || !std::io::stderr().is_terminal() {
+        return work();
+    }
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let start = std::time::Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            const FRAMES: [char; 4] = ['|', '/', '-', '\\'];
+            let mut n = 0usize;
+            // Nothing for the first moment: a quick answer draws no line at all.
+            let mut drawn = false;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let waited = start.elapsed();
+                if waited >= std::time::Duration::from_millis(300) {
+                    let mut err = std::io::stderr().lock();
+                    let _ = write!(
+                        err,
+                        "\r{} {what} {}s",
+                        FRAMES[n % FRAMES.len()],
+                        waited.as_secs()
+                    );
+                    let _ = err.flush();
+                    drawn = true;
+                    n += 1;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            if drawn {
+                let mut err = std::io::stderr().lock();
+                let _ = write!(err, "\r\x1b[2K");
+                let _ = err.flush();
+            }
+        });
+        let r = work();
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        r
+    })
+}

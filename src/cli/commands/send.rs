@@ -71,7 +71,9 @@ pub fn send(words: &[String]) -> Result<(), Failure> {
     params.insert("message".into(), message);
     let mut client = Client::new(&common)?;
     if p.switch("--no-stream") || !client.streams()? {
-        let result = client.call("SendMessage", params)?;
+        let result = output::with_progress("waiting for the answer", common.json, || {
+            client.call("SendMessage", params)
+        })?;
         if common.json {
             output::json_pretty(&result);
             return Ok(());
