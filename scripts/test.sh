@@ -31,7 +31,9 @@ echo "== system packages (Debian)"
 # interop venv setup locks with util-linux's flock; the full-disk tests mount a tmpfs in a
 # mount namespace of the daemon's own with util-linux's unshare and mount's mount.
 # tests/common signals daemons with the
-# kill program (procps). .ci/run's release start check asks for the card with curl. A python3
+# kill program (procps). tests/e2e_package.rs verifies the systemd unit with systemd-analyze
+# (systemd; dpkg and dpkg-deb are essential). .ci/run's release start check asks for the card
+# with curl. A python3
 # without ensurepip or pip (Debian's, without python3-venv) cannot build the interop venv.
 missing=()
 have chromium || missing+=(chromium)
@@ -39,6 +41,7 @@ have chromium || missing+=(chromium)
 have mount || missing+=(mount)
 have kill || missing+=(procps)
 have curl || missing+=(curl)
+have systemd-analyze || missing+=(systemd)
 [ -x /usr/bin/python3 ] || missing+=(python3-minimal)
 python3 -c 'import ensurepip' >/dev/null 2>&1 || python3 -m pip --version >/dev/null 2>&1 ||
     missing+=(python3-venv)

@@ -263,6 +263,15 @@ fn run(args: Args, loaded: Result<config::Config, String>) -> Result<(), Failure
                 .map_err(|e| Failure::Runtime(format!("cannot listen on {ep}: {e}")))?,
         );
     }
+    // Unix socket files this process made: removed when it stops cleanly (the drivers'
+    // handles, which would remove them, are waited on by threads that never return).
+    let unix_paths: Vec<std::path::PathBuf> = endpoints
+        .iter()
+        .filter_map(|ep| match ep {
+            agentd_io_common::Endpoint::Unix(path) => Some(path.clone()),
+            _ => None,
+        })
+        .collect();
     let infos = listeners
         .iter()
         .zip(&endpoints)
@@ -425,6 +434,9 @@ fn run(args: Args, loaded: Result<config::Config, String>) -> Result<(), Failure
     }
     // The spans of the last requests, best effort.
     agentd::telemetry::flush(std::time::Duration::from_secs(2));
+    for path in &unix_paths {
+        let _ = std::fs::remove_file(path);
+    }
     match outcome {
         Ok(Ok(())) | Err(_) => Ok(()),
         Ok(Err(e)) => Err(Failure::Runtime(e)),

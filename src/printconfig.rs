@@ -221,6 +221,18 @@ fn redact(root: &mut Table) {
             }
         }
     }
+    // An exec step's env is where a program's own credentials go, as for an agent.
+    if let Some(Value::Array(workflows)) = root.get_mut("workflows") {
+        for w in workflows {
+            if let Some(Value::Array(steps)) = w.as_table_mut().and_then(|w| w.get_mut("steps")) {
+                for step in steps {
+                    if let Value::Table(step) = step {
+                        values(step.get_mut("env"));
+                    }
+                }
+            }
+        }
+    }
     if let Some(Value::Table(a2a)) = root.get_mut("a2a") {
         if let Some(Value::Array(peers)) = a2a.get_mut("peers") {
             for p in peers {

@@ -242,7 +242,7 @@ fn card_get_head_and_conditional(driver: &str) {
 }
 
 fn unix_socket_is_private_and_advertises_its_binding(driver: &str) {
-    let d = Daemon::start(driver);
+    let mut d = Daemon::start(driver);
     assert_eq!(
         d.listening,
         vec![
@@ -275,6 +275,16 @@ fn unix_socket_is_private_and_advertises_its_binding(driver: &str) {
         card["supportedInterfaces"].as_array().map(Vec::len),
         Some(1),
         "expected the unix card to name only its own interface"
+    );
+    // A clean stop takes its socket file with it.
+    drop(c);
+    d.signal("TERM");
+    let status = d.wait_exit(Duration::from_secs(10));
+    assert!(status.is_some_and(|s| s.success()), "SIGTERM: {status:?}");
+    assert!(
+        !d.unix.exists(),
+        "the unix socket file {} outlived a clean stop",
+        d.unix.display()
     );
 }
 

@@ -10,13 +10,13 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::{get, post, rpc_body, Daemon, Setup, Via, RPC_HEADERS};
 use serde_json::{json, Value};
 
 const COMMAND_URI: &str = "https://agentd.dev/a2a/ext/command";
+const EVENTS_URI: &str = "https://agentd.dev/a2a/ext/events";
 
 const WORKFLOWS: &str = r#"
 [[workflows]]
@@ -49,27 +49,14 @@ macro_rules! both_drivers {
 
 both_drivers!(
     counters_and_histograms_move_with_traffic,
+    gauges_follow_connections_feed_subscribers_and_the_agent,
     only_the_operator_reads_metrics_and_probes_need_no_credential,
     readiness_through_start_and_drain,
 );
 
-/// The interop venv's python, built once per test process.
+/// The interop venv's python.
 fn python() -> &'static str {
-    static PY: OnceLock<String> = OnceLock::new();
-    PY.get_or_init(|| {
-        let setup = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/setup.sh");
-        let out = Command::new("bash")
-            .arg(setup)
-            .output()
-            .expect("bash runs tests/interop/setup.sh");
-        assert!(
-            out.status.success(),
-            "the interop venv could not be built:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let venv = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-        format!("{venv}/bin/python")
-    })
+    common::interop_python()
 }
 
 /// One scrape as the parser read it: `name{labels}` (labels sorted) → value, and each
@@ -360,6 +347,76 @@ fn counters_and_histograms_move_with_traffic(driver: &str) {
     watch.join().unwrap();
     eventually("the stream counted closed", || {
         scrape(&d).value("agentd_streams_open", &[]) == 0.0
+    });
+}
+
+/// The gauges that go down as well as up: connections, feed subscribers, and the
+/// conversation agent's process by state.
+fn gauges_follow_connections_feed_subscribers_and_the_agent(driver: &str) {
+    let agent =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/agents/echo_agent.py");
+    // A subscriber that went away is found on the next write to it: a quiet feed's next
+    // keep-alive comment, soon here.
+    let setup = Setup {
+        limits: "sse_keepalive_ms = 200".into(),
+        sections: format!(
+            "[agent]\ncommand = [\"python3\", {:?}]\n\n[a2a.events]\nenabled = true\n",
+            agent.display().to_string()
+        ),
+        ..Setup::default()
+    };
+    let d = Daemon::start_setup(driver, &setup);
+    // The agent is counted once, in one state, and a turn leaves it alive.
+    let r = d.connect_tcp().rpc(
+        "1",
+        "SendMessage",
+        common::text_message(&common::fresh_id(), "hi"),
+    );
+    let task = r["result"]["task"]["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    d.wait_task_state(&task, "TASK_STATE_COMPLETED");
+    eventually("the agent counted alive", || {
+        let s = scrape(&d);
+        s.value("agentd_agents", &[("state", "idle")])
+            + s.value("agentd_agents", &[("state", "running")])
+            == 1.0
+    });
+    let s = scrape(&d);
+    for state in ["crashed", "killed", "stopped"] {
+        assert_eq!(
+            s.value("agentd_agents", &[("state", state)]),
+            0.0,
+            "{state}"
+        );
+    }
+
+    // Three held connections count, and stop counting when they close; the scrape's own
+    // (on the unix socket) is the one left.
+    let quiet = || scrape(&d).value("agentd_connections_open", &[]);
+    eventually("only the scrape's connection open", || quiet() == 1.0);
+    let mut held: Vec<_> = (0..3).map(|_| d.connect_tcp()).collect();
+    for c in &mut held {
+        assert_eq!(c.get_card().status, 200);
+    }
+    assert_eq!(quiet(), 4.0, "three held connections and the scrape's");
+    drop(held);
+    eventually("the held connections counted closed", || quiet() == 1.0);
+
+    // A feed subscriber counts while its stream is open.
+    assert_eq!(scrape(&d).value("agentd_feed_subscribers", &[]), 0.0);
+    let mut reader = d.connect_tcp();
+    let ext = format!("A2A-Extensions: {EVENTS_URI}");
+    let headers = [RPC_HEADERS[0], RPC_HEADERS[1], ext.as_str()];
+    let body = rpc_body("1", "agentd.events/SubscribeToEvents", &json!({}));
+    reader.send(&post(&headers, &body));
+    eventually("the subscriber counted", || {
+        scrape(&d).value("agentd_feed_subscribers", &[]) == 1.0
+    });
+    drop(reader);
+    eventually("the subscriber counted gone", || {
+        scrape(&d).value("agentd_feed_subscribers", &[]) == 0.0
     });
 }
 

@@ -826,6 +826,15 @@ name = "other"
 endpoint = "https://other.example.com"
 headers = {{ X-Api-Key = "sk-peer-secret-3" }}
 
+[[workflows]]
+name = "ship"
+
+[[workflows.steps]]
+id = "upload"
+kind = "exec"
+program = "/bin/true"
+env = {{ UPLOAD_TOKEN = "sk-step-secret-5" }}
+
 [limits]
 max_body_bytes = 1048576
 
@@ -847,10 +856,11 @@ kind = "memory"
         "sk-sub-secret-2",
         "sk-peer-secret-3",
         "op-secret-token-4",
+        "sk-step-secret-5",
     ] {
         assert!(!printed.contains(secret), "{secret} printed:\n{printed}");
     }
-    assert_eq!(printed.matches("\"(redacted)\"").count(), 3, "{printed}");
+    assert_eq!(printed.matches("\"(redacted)\"").count(), 4, "{printed}");
     // The reference stays a reference; set keys stand; defaults are filled in.
     for line in [
         "bearer = \"{{secret:E2E_PRINT_OP}}\"",

@@ -132,6 +132,43 @@ impl Collector {
         out
     }
 
+    /// Every span exported so far, as the OpenTelemetry project's protobuf classes read the
+    /// bodies (tests/interop/parse_otlp.py): `(traceId, spanId, parentSpanId, name)`, sorted.
+    fn spans_read_by_opentelemetry_proto(&self) -> Vec<(String, String, String, String)> {
+        let bodies: Vec<Value> = self
+            .hits()
+            .into_iter()
+            .filter(|h| h.path == "/v1/traces")
+            .map(|h| h.body)
+            .collect();
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/parse_otlp.py");
+        let mut child = std::process::Command::new(common::interop_python())
+            .arg(script)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run the OTLP reader");
+        let text = serde_json::to_vec(&bodies).unwrap();
+        child.stdin.take().unwrap().write_all(&text).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "opentelemetry-proto cannot read the export: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let spans: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+        let mut got: Vec<_> = spans
+            .iter()
+            .map(|s| {
+                let f = |k: &str| s[k].as_str().unwrap_or_default().to_owned();
+                (f("traceId"), f("spanId"), f("parentSpanId"), f("name"))
+            })
+            .collect();
+        got.sort();
+        got
+    }
+
     /// Waits until `done` holds of the spans exported, up to 20 s.
     fn wait_spans(&self, what: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
         let end = Instant::now() + Duration::from_secs(20);
@@ -514,6 +551,23 @@ fn one_trace_spans_two_instances_delegating_over_a_unix_socket() {
     assert_ne!(get_task["traceId"], TRACE);
     assert_eq!(get_task["traceId"].as_str().unwrap().len(), 32);
 
+    // An independent reader takes every export as this test's own reading does.
+    let mut ours: Vec<_> = collector
+        .spans()
+        .iter()
+        .map(|s| {
+            let f = |k: &str| s[k].as_str().unwrap_or_default().to_owned();
+            (f("traceId"), f("spanId"), f("parentSpanId"), f("name"))
+        })
+        .collect();
+    ours.sort();
+    let theirs = collector.spans_read_by_opentelemetry_proto();
+    assert_eq!(theirs, ours);
+    assert!(
+        theirs.iter().any(|(trace, ..)| trace == TRACE),
+        "{theirs:?}"
+    );
+
     // The front counts what it exported.
     let mut c = front.connect_tcp();
     let metrics = c.request(&common::get("/metrics", &[])).body_text();
@@ -537,7 +591,10 @@ fn without_telemetry_the_callers_context_is_carried_as_is() {
     let d = Daemon::start_setup(
         "smol",
         &Setup {
-            sections: format!("[agent]\ncommand = [\"python3\", \"{agent}\"]\n"),
+            sections: format!(
+                "[agent]\ncommand = [\"python3\", \"{agent}\"]\n\n\
+                 [[subagents]]\nname = \"tracer\"\ncommand = [\"python3\", \"{agent}\"]\n"
+            ),
             ..Setup::default()
         },
     );
@@ -559,4 +616,24 @@ fn without_telemetry_the_callers_context_is_carried_as_is() {
     assert_eq!(seen, json!({"traceparent": null, "tracestate": null}));
     let seen = send(&["traceparent: ff-garbage"], "m-3");
     assert_eq!(seen, json!({"traceparent": null, "tracestate": null}));
+
+    // A subagent's turn line carries the trace of the command that sent it.
+    let r = call(
+        &d,
+        &[
+            &format!("traceparent: {tp}"),
+            "tracestate: vendor=sub",
+            &format!("A2A-Extensions: {COMMAND_URI}"),
+        ],
+        "SendMessage",
+        json!({"message": {"role": "ROLE_USER", "messageId": "m-sub", "extensions": [COMMAND_URI],
+               "parts": [{"data": {"agentd": {"op": "subagent.send", "handle": "tracer:a", "message": "hi"}}}]}}),
+    );
+    let t = &r["result"]["task"];
+    assert_eq!(t["status"]["state"], "TASK_STATE_COMPLETED", "{r}");
+    let artifacts = t["artifacts"].to_string();
+    assert!(
+        artifacts.contains(&tp) && artifacts.contains("vendor=sub"),
+        "the subagent's reply should name the command's trace: {r}"
+    );
 }

@@ -37,12 +37,26 @@ pub struct Histogram {
     buckets: [AtomicU64; BUCKETS_US.len() + 1],
     count: AtomicU64,
     sum_us: AtomicU64,
+    /// Buckets below this bound are not rendered: the durations are not measured finely
+    /// enough to tell them apart ([`Histogram::with_resolution_us`]).
+    resolution_us: u64,
 }
 
 impl Histogram {
     /// An empty histogram.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty histogram of durations measured to `us` microseconds: only buckets from
+    /// `us` up are rendered (the cumulative counts still hold every observation). The
+    /// core's request durations are whole milliseconds of the driver's clock, so a
+    /// sub-millisecond bucket would claim a precision they do not have.
+    pub fn with_resolution_us(us: u64) -> Self {
+        Histogram {
+            resolution_us: us,
+            ..Self::default()
+        }
     }
 
     /// Counts one duration of `us` microseconds.
@@ -127,6 +141,7 @@ impl MetricsWriter {
             cumulative += b.load(Relaxed);
             le.clear();
             match BUCKETS_US.get(i) {
+                Some(us) if *us < h.resolution_us => continue,
                 Some(us) => le.push_str(&float(*us as f64 / 1e6)),
                 None => le.push_str("+Inf"),
             }
@@ -347,7 +362,9 @@ impl Default for Metrics {
             requests: Box::new(std::array::from_fn(|_| {
                 std::array::from_fn(|_| AtomicU64::new(0))
             })),
-            latency: Box::new(std::array::from_fn(|_| Histogram::new())),
+            latency: Box::new(std::array::from_fn(|_| {
+                Histogram::with_resolution_us(1_000)
+            })),
             refusals: Default::default(),
             connections_open: AtomicU64::new(0),
             connections_total: AtomicU64::new(0),
@@ -617,6 +634,27 @@ mod tests {
             text.contains("x_seconds_count{a=\"b\\\"\\n\\\\\"} 4\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_coarse_histogram_renders_no_bucket_finer_than_its_resolution() {
+        let h = Histogram::with_resolution_us(1_000);
+        h.observe_us(0);
+        h.observe_us(2_000);
+        let mut w = MetricsWriter::new();
+        w.histogram("r_seconds", &[], &h);
+        let text = w.as_str();
+        assert!(!text.contains("le=\"0.0001\""), "{text}");
+        assert!(!text.contains("le=\"0.0005\""), "{text}");
+        assert!(
+            text.contains("r_seconds_bucket{le=\"0.001\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("r_seconds_bucket{le=\"0.0025\"} 2\n"),
+            "{text}"
+        );
+        assert!(text.contains("r_seconds_count 2\n"), "{text}");
     }
 
     #[test]

@@ -1034,3 +1034,24 @@ pub fn assert_json_200(resp: &Response, what: &str) {
 pub fn task_state(task: &Value) -> &str {
     task["status"]["state"].as_str().unwrap_or("")
 }
+
+/// The interop venv's python (tests/interop/setup.sh builds the venv once from PyPI, with
+/// the independent readers the tests check agentd's output with: the A2A SDK, the
+/// Prometheus and OTLP parsers); built once per test process.
+pub fn interop_python() -> &'static str {
+    static PY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PY.get_or_init(|| {
+        let setup = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/setup.sh");
+        let out = Command::new("bash")
+            .arg(setup)
+            .output()
+            .expect("bash runs tests/interop/setup.sh");
+        assert!(
+            out.status.success(),
+            "the interop venv could not be built:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let venv = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        format!("{venv}/bin/python")
+    })
+}

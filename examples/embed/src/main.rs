@@ -1,18 +1,15 @@
-//! A minimal embedder of agentd-core, on std alone: its own non-blocking loop over a TCP
-//! socket (neither of agentd's drivers) serves the card, SendMessage and SendStreamingMessage,
-//! and answers every turn with an echo through the effect/completion API. See README.md.
+//! A minimal embedder of agentd-core on std alone: its own loop over a TCP socket (no agentd
+//! driver) serves the card and (streaming) SendMessage, echoing each turn. See README.md.
 
+use agentd_core::a2a::types::{Part, TaskState};
+use agentd_core::{auth::Peer, ids::Entropy, Completion, Connection, Effect, Instance, Now};
+use agentd_core::{InstanceConfig, ListenerInfo, ListenerKind};
 use std::io::{ErrorKind::WouldBlock, Read, Result, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
-use agentd_core::a2a::types::{Part, PartContent, TaskState};
-use agentd_core::{auth::Peer, ids::Entropy, Completion, Connection, Effect, Instance, Now};
-use agentd_core::{InstanceConfig, ListenerInfo, ListenerKind};
-
 /// The core draws task ids and tokens from entropy its host supplies: here, the OS's.
 struct Urandom(std::fs::File);
-
 impl Entropy for Urandom {
     fn fill(&mut self, buf: &mut [u8]) {
         self.0.read_exact(buf).expect("reading /dev/urandom");
@@ -27,11 +24,7 @@ fn now(origin: Instant) -> Now {
 
 /// The host's side: a turn is answered with the echo of its text, which completes its task.
 fn echo(task_id: String, parts: &[Part]) -> Completion {
-    let text = parts.iter().filter_map(|p| match &p.content {
-        PartContent::Text(t) => Some(t.as_str()),
-        _ => None,
-    });
-    let echo = format!("echo: {}", text.collect::<Vec<_>>().join(" "));
+    let echo = format!("echo: {}", Part::joined_text(parts));
     Completion::Status {
         task_id,
         state: TaskState::Completed,
@@ -77,8 +70,7 @@ fn main() -> Result<()> {
     let mut inst = Instance::new(config.clone(), entropy, now(origin));
     println!("listening {url}");
     let mut conns: Vec<(TcpStream, Connection)> = Vec::new();
-    // It polls: each round accepts, answers the turns asked for and moves every connection's
-    // bytes, then sleeps a millisecond. (An event loop would wait on readiness and wakers.)
+    // Each round: accept, answer turns, move every connection's bytes, sleep 1 ms (polling).
     loop {
         while let Ok((stream, _)) = listener.accept() {
             stream.set_nonblocking(true)?;
@@ -87,13 +79,14 @@ fn main() -> Result<()> {
             conns.push((stream, conn));
         }
         while let Some(effect) = inst.poll_effect() {
-            if let Effect::Turn {
+            let Effect::Turn {
                 task_id, message, ..
             } = effect
-            {
-                if let Err(e) = inst.handle_completion(echo(task_id, &message.parts), now(origin)) {
-                    eprintln!("echo refused: {e}");
-                }
+            else {
+                continue; // this host serves turns alone
+            };
+            if let Err(e) = inst.handle_completion(echo(task_id, &message.parts), now(origin)) {
+                eprintln!("echo refused: {e}");
             }
         }
         conns.retain_mut(|(s, c)| {

@@ -134,3 +134,12 @@ fn the_embedder_serves_its_card_and_echoes_turns() {
         "{events}"
     );
 }
+
+/// README.md, docs/architecture.md and the core's crate docs promise a whole embedder in
+/// under 100 lines: this is the one.
+#[test]
+fn the_embedder_is_under_100_lines() {
+    let source = include_str!("../src/main.rs");
+    let lines = source.lines().count();
+    assert!(lines < 100, "examples/embed/src/main.rs has {lines} lines");
+}
