@@ -10,10 +10,13 @@ use agentd_io_common::{BoundListener, Clock, OsEntropy};
 
 use agentd::{config, durable, runtime};
 
+mod cli;
+
 const HELP: &str = "\
 agentd — an A2A 1.0 agent daemon
 
 Usage: agentd [--config FILE] [--listen URL]... [--driver smol|std]
+       agentd card|send|get|list|cancel|subscribe URL ...   (the client: below)
        agentd --check-config [--config FILE]
        agentd --print-config [--config FILE] [--listen URL]...
        agentd --extensions
@@ -77,7 +80,7 @@ fn parse_args() -> Result<Option<Args>, String> {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "-h" | "--help" => {
-                print!("{HELP}");
+                print!("{HELP}\n{}", cli::HELP);
                 return Ok(None);
             }
             "-V" | "--version" => {
@@ -490,6 +493,14 @@ fn main() -> ExitCode {
         .is_some_and(|a| a == runtime::child::KEEPER_FLAG)
     {
         runtime::child::keeper_main(argv);
+    }
+    // `agentd card|send|get|list|cancel|subscribe|help ...`: the client, not the daemon.
+    let words: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(name) = words
+        .first()
+        .filter(|w| cli::SUBCOMMANDS.contains(&w.as_str()))
+    {
+        return cli::main(name, &words[1..]);
     }
     // Before any thread starts: see `agentd::memory`.
     agentd::memory::limit_arenas(agentd::memory::default_arenas());

@@ -763,7 +763,9 @@ impl PeerClient {
         }
     }
 
-    fn rpc_request(
+    /// A JSON-RPC POST to the endpoint (`A2A-Version: 1.0`, the bearer token, the
+    /// configured headers), for callers that build their own documents (the client CLI).
+    pub fn rpc_request(
         &self,
         body: Vec<u8>,
         streaming: bool,
@@ -895,7 +897,7 @@ impl PeerClient {
 
     /// One request on a fresh connection; `on` sees every response event and returns false
     /// to stop reading early. Returns once the response ended or `on` stopped.
-    fn exchange(
+    pub fn exchange(
         &self,
         req: &OutRequest,
         deadline: Instant,
@@ -963,7 +965,7 @@ impl PeerClient {
     }
 
     /// One request, its whole response.
-    fn roundtrip(
+    pub fn roundtrip(
         &self,
         req: &OutRequest,
         deadline: Instant,

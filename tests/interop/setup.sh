@@ -12,6 +12,10 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 venv="${AGENTD_INTEROP_VENV:-$repo/target/interop-venv}"
 req="$here/requirements.txt"
+# More requirements on top (the SDK's server for the client CLI's tests), and the modules
+# whose import proves the venv whole.
+extra="${AGENTD_INTEROP_EXTRA_REQUIREMENTS:-}"
+check="${AGENTD_INTEROP_CHECK:-a2a.client, pytest, httpx, prometheus_client}"
 python="${PYTHON:-python3}"
 
 log() { printf 'interop setup: %s\n' "$*" >&2; }
@@ -27,14 +31,14 @@ flock 9
 # (say after an upgrade) has stale compiled wheels and must be rebuilt.
 want="$(
     {
-        cat "$req"
+        cat "$req" ${extra:+"$extra"}
         "$python" -c 'import sys; print(sys.version)'
     } | sha256sum | cut -d' ' -f1
 )"
 stamp="$venv/.interop-requirements.sha256"
 
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] &&
-    "$venv/bin/python" -c 'import a2a.client, pytest, httpx, prometheus_client' >/dev/null 2>&1; then
+    "$venv/bin/python" -c "import $check" >/dev/null 2>&1; then
     log "venv up to date"
     printf '%s\n' "$venv"
     exit 0
@@ -70,8 +74,8 @@ else
 fi
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
-"${pip[@]}" install --quiet --requirement "$req" >&2
-"$venv/bin/python" -c 'import a2a.client, pytest, httpx, prometheus_client' >&2
+"${pip[@]}" install --quiet --requirement "$req" ${extra:+--requirement "$extra"} >&2
+"$venv/bin/python" -c "import $check" >&2
 
 printf '%s\n' "$want" >"$stamp"
 log "installed into $venv"

@@ -19,6 +19,14 @@ pub struct SseEvent {
     pub(crate) retry: Option<u64>,
 }
 
+impl SseEvent {
+    /// The last event id seen on the stream so far: what a reconnect sends back as
+    /// `Last-Event-ID`.
+    pub fn id(&self) -> Option<&str> {
+        self.id.as_deref()
+    }
+}
+
 /// Why a stream was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]

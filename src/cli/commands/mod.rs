@@ -1,0 +1,56 @@
+//! One file per subcommand.
+
+mod cancel;
+mod card;
+mod get;
+mod list;
+mod send;
+mod subscribe;
+
+pub use cancel::cancel;
+pub use card::card;
+pub use get::get;
+pub use list::list;
+pub use send::send;
+pub use subscribe::subscribe;
+
+use serde_json::Value;
+
+use super::output::{self, Style};
+use super::Failure;
+
+/// Prints a subcommand's usage when `--help` was given; true if it was.
+fn help(p: &super::args::Parsed, usage: &str) -> bool {
+    if p.help() {
+        output::say(usage);
+        return true;
+    }
+    false
+}
+
+/// A Task answer, bare (as A2A 1.0 answers `GetTask` and `CancelTask`) or `{"task": …}`.
+fn task_of(result: Value) -> Result<Value, Failure> {
+    let t = match result {
+        Value::Object(mut m) if !m.contains_key("id") && m.contains_key("task") => {
+            m.remove("task").unwrap_or_default()
+        }
+        other => other,
+    };
+    if t.get("id").and_then(Value::as_str).is_none() {
+        return Err(Failure::BadAnswer(
+            "the answer is not a task (no id)".into(),
+        ));
+    }
+    Ok(t)
+}
+
+/// Prints a task answer: as served with `--json`, else for people.
+fn show_task(json: bool, result: Value, with_history: bool) -> Result<(), Failure> {
+    if json {
+        output::json_pretty(&result);
+        return Ok(());
+    }
+    let t = task_of(result)?;
+    output::task(Style::detect(), &t, with_history);
+    Ok(())
+}
