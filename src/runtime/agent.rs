@@ -111,24 +111,35 @@ impl TurnIn {
         }
     }
 
-    /// The `turn` line written to the agent, newline included.
+    /// The `turn` line written to the agent, newline included: serialized straight from
+    /// the turn, with no JSON tree copied in between.
     fn line(&self) -> Vec<u8> {
-        let text = Part::joined_text(&self.parts);
-        let mut line = serde_json::json!({
-            "type": "turn",
-            "task": self.task,
-            "context": self.context,
-            "principal": self.principal,
-            "parts": self.parts,
-            "text": text,
-        });
-        if let Some(t) = &self.trace {
-            line["traceparent"] = t.traceparent().into();
-            if let Some(s) = t.tracestate() {
-                line["tracestate"] = s.into();
-            }
+        #[derive(serde::Serialize)]
+        struct Line<'a> {
+            r#type: &'static str,
+            task: &'a str,
+            context: &'a str,
+            principal: &'a str,
+            parts: &'a [Part],
+            text: String,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            traceparent: Option<String>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            tracestate: Option<&'a str>,
         }
-        line_of(&line)
+        let line = Line {
+            r#type: "turn",
+            task: &self.task,
+            context: &self.context,
+            principal: &self.principal,
+            parts: &self.parts,
+            text: Part::joined_text(&self.parts),
+            traceparent: self.trace.as_ref().map(|t| t.traceparent()),
+            tracestate: self.trace.as_ref().and_then(|t| t.tracestate()),
+        };
+        let mut out = serde_json::to_vec(&line).expect("a turn serializes");
+        out.push(b'\n');
+        out
     }
 }
 
@@ -265,6 +276,20 @@ impl fmt::Display for AgentError {
 
 impl std::error::Error for AgentError {}
 
+/// Where an [`AgentProcess`] reports its [`AgentEvent`]s. A channel's `Sender` is one; the
+/// runtime's own sink puts them straight on its queue, with no thread in between. `send` is
+/// called with the supervisor's lock held (that keeps the events in order), so it must not
+/// block: an unbounded channel's send is right. A gone receiver is not an error.
+pub trait EventSink: Send + Sync + 'static {
+    fn send(&self, event: AgentEvent);
+}
+
+impl EventSink for Sender<AgentEvent> {
+    fn send(&self, event: AgentEvent) {
+        let _ = Sender::send(self, event);
+    }
+}
+
 /// One supervised agent program. Dropping it kills the program (and its process group).
 pub struct AgentProcess {
     shared: Arc<Shared>,
@@ -273,7 +298,7 @@ pub struct AgentProcess {
 
 impl AgentProcess {
     /// Supervises `spec`; nothing runs until the first turn. Events go to `events`.
-    pub fn new(spec: AgentSpec, events: Sender<AgentEvent>) -> Result<Self, AgentError> {
+    pub fn new(spec: AgentSpec, events: impl EventSink) -> Result<Self, AgentError> {
         if spec.name.is_empty() {
             return Err(AgentError::InvalidSpec("an agent needs a name".into()));
         }
@@ -285,7 +310,7 @@ impl AgentProcess {
         }
         let shared = Arc::new(Shared {
             spec,
-            events,
+            events: Box::new(events),
             inner: Mutex::new(Inner {
                 state: AgentState::Idle,
                 proc: None,
@@ -298,6 +323,7 @@ impl AgentProcess {
                 last_stderr: None,
                 stopping: false,
                 closing: false,
+                monitor_until: None,
             }),
             wake: Condvar::new(),
         });
@@ -367,6 +393,12 @@ impl AgentProcess {
                     sent_to: Some(generation),
                     line: None,
                 });
+                // The monitor need not hear of a turn to a live process unless its deadline
+                // comes before the monitor's next look: a wake-up per turn is a thread hop
+                // (and a waitid) for nothing.
+                if inner.monitor_until.is_some_and(|at| at <= deadline) {
+                    return Ok(());
+                }
             }
             // A process that is stopping takes no turn; `stopping` refused it above.
             Some((_, None)) => return Err(AgentError::Stopped(sh.spec.name.clone())),
@@ -538,7 +570,13 @@ impl Agents {
 /// `Instance::handle_completion`, in order. Process events (`Started`, `Exited`,
 /// `StartFailed`) map to none: their tasks get their own `Fail` events.
 pub fn to_completions(event: &AgentEvent) -> Vec<Completion> {
-    let Some(task_id) = event.task.clone() else {
+    into_completions(event.clone())
+}
+
+/// [`to_completions`] of an event the caller is done with: its parts move into the
+/// completions instead of being copied.
+pub fn into_completions(event: AgentEvent) -> Vec<Completion> {
+    let Some(task_id) = event.task else {
         return Vec::new();
     };
     let status = |task_id, state, message| Completion::Status {
@@ -546,11 +584,11 @@ pub fn to_completions(event: &AgentEvent) -> Vec<Completion> {
         state,
         message,
     };
-    match &event.kind {
+    match event.kind {
         AgentEventKind::Status { text } => vec![status(
             task_id,
             TaskState::Working,
-            text.as_ref().map(|t| vec![Part::text(t.clone())]),
+            text.map(|t| vec![Part::text(t)]),
         )],
         AgentEventKind::Artifact {
             id,
@@ -561,18 +599,18 @@ pub fn to_completions(event: &AgentEvent) -> Vec<Completion> {
         } => vec![Completion::Artifact {
             task_id,
             artifact: Artifact {
-                artifact_id: id.clone(),
+                artifact_id: id,
                 description: String::new(),
                 extensions: Vec::new(),
                 metadata: None,
-                name: name.clone(),
-                parts: parts.clone(),
+                name,
+                parts,
             },
-            append: *append,
-            last_chunk: *last,
+            append,
+            last_chunk: last,
         }],
         AgentEventKind::Reply { parts } => {
-            vec![status(task_id, TaskState::Completed, Some(parts.clone()))]
+            vec![status(task_id, TaskState::Completed, Some(parts))]
         }
         AgentEventKind::Ask {
             text,
@@ -582,21 +620,21 @@ pub fn to_completions(event: &AgentEvent) -> Vec<Completion> {
             // The gate's facts first, so the input-required status carries them.
             Completion::Ask {
                 task_id: task_id.clone(),
-                schema: schema.clone(),
-                channel: channel.clone(),
+                schema,
+                channel,
                 // The agent asks the task's owner.
                 operator_only: false,
             },
             status(
                 task_id,
                 TaskState::InputRequired,
-                Some(vec![Part::text(text.clone())]),
+                Some(vec![Part::text(text)]),
             ),
         ],
         AgentEventKind::Fail { error } => vec![status(
             task_id,
             TaskState::Failed,
-            Some(vec![Part::text(error.clone())]),
+            Some(vec![Part::text(error)]),
         )],
         AgentEventKind::Started { .. }
         | AgentEventKind::StartFailed { .. }
@@ -621,7 +659,7 @@ const STDERR_LINES_PER_SEC: u32 = 50;
 
 struct Shared {
     spec: AgentSpec,
-    events: Sender<AgentEvent>,
+    events: Box<dyn EventSink>,
     inner: Mutex<Inner>,
     /// Wakes the monitor (a new turn, a closed stdout, an exit) and shutdown waiters.
     wake: Condvar,
@@ -645,6 +683,9 @@ struct Inner {
     stopping: bool,
     /// Dropped: the monitor ends.
     closing: bool,
+    /// When the waiting monitor looks again at the latest (deadlines, exits), set under the
+    /// lock as it starts waiting: a turn whose deadline is later need not wake it.
+    monitor_until: Option<Instant>,
 }
 
 struct InFlight {
@@ -680,7 +721,7 @@ impl Shared {
     /// Sent under the lock, so events from the reader and the monitor keep their order. A
     /// gone receiver is not an error: the runtime stopped listening.
     fn emit(&self, task: Option<String>, kind: AgentEventKind) {
-        let _ = self.events.send(AgentEvent {
+        self.events.send(AgentEvent {
             agent: self.spec.name.clone(),
             task,
             kind,
@@ -713,6 +754,7 @@ impl Shared {
                 }
             }
             let wait = wait.max(Duration::from_millis(1));
+            inner.monitor_until = Some(now + wait);
             inner = self
                 .wake
                 .wait_timeout(inner, wait)

@@ -38,6 +38,8 @@ pub use commands::SERVED_OPS;
 const FINISHED_RUNS_KEPT: usize = 1000;
 /// Step output strings `run.get` shows are cut at this many bytes.
 const RUN_GET_OUTPUT_BYTES: usize = 2048;
+/// Messages the runtime thread handles under one hold of the instance lock at most.
+const MSG_BATCH: usize = 32;
 /// How long a drained instance waits for its last answers to leave before it exits.
 const DRAIN_GRACE: Duration = Duration::from_secs(3);
 
@@ -218,20 +220,8 @@ pub fn spawn(
         inst.add_metrics_source(metrics.clone());
         inst.add_metrics_source(Arc::new(crate::metrics::ProcessMetrics));
     }
-    let (agent_tx, agent_rx) = channel::<AgentEvent>();
-    {
-        // Agent events join the runtime's one queue.
-        let tx = tx.clone();
-        thread::Builder::new()
-            .name("agentd-agent-events".into())
-            .spawn(move || {
-                for ev in agent_rx {
-                    if tx.send(Msg::Agent(ev)).is_err() {
-                        break;
-                    }
-                }
-            })?;
-    }
+    // Agent events go straight onto the runtime's one queue: no thread in between.
+    let agent_tx = AgentSink(tx.clone());
     let conversation = match settings.agent {
         Some(spec) => Some(
             AgentProcess::new(spec, agent_tx.clone())
@@ -288,6 +278,18 @@ pub fn spawn(
         .name("agentd-runtime".into())
         .spawn(move || rt.run(rx))?;
     Ok(RuntimeHandle { tx, exit: exit_rx })
+}
+
+/// Puts an agent process's events on the runtime's queue, in the order it emits them (it
+/// emits under its own lock). The channel is unbounded, so a send never blocks the agent's
+/// reader or monitor.
+#[derive(Clone)]
+struct AgentSink(Sender<Msg>);
+
+impl agent::EventSink for AgentSink {
+    fn send(&self, event: AgentEvent) {
+        let _ = self.0.send(Msg::Agent(event));
+    }
 }
 
 /// Wakes the runtime thread when the instance queues an effect.
@@ -504,7 +506,9 @@ impl Conversation {
 /// Who answers an agent task.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum AgentTask {
-    Conversation,
+    /// A turn of the conversation agent, in the conversation of this key (owner id,
+    /// contextId): its reply is recorded there without a search of every conversation.
+    Conversation((String, String)),
     /// A `subagent.send` task of this handle.
     Subagent(String),
 }
@@ -541,7 +545,7 @@ struct Runtime {
     subagent_kinds: HashMap<String, AgentSpec>,
     /// Handle → the subagent.
     subagents: BTreeMap<String, Subagent>,
-    agent_tx: Sender<AgentEvent>,
+    agent_tx: AgentSink,
     /// Task id → what answers it: the conversation agent or a subagent's handle.
     agent_tasks: HashMap<String, AgentTask>,
     /// Turns that arrived while the instance was paused.
@@ -608,11 +612,23 @@ impl Runtime {
 
     fn run(&mut self, rx: Receiver<Msg>) {
         let waker = Waker::from(Arc::new(EffectWake(Mutex::new(self.tx.clone()))));
+        let mut msg = None;
         loop {
             {
                 let inst_arc = self.inst.clone();
                 let mut inst = inst_arc.lock().unwrap_or_else(|p| p.into_inner());
                 let now = self.clock.now();
+                // The message that woke us, and those queued behind it (a turn's status,
+                // artifact and reply come close together), under this one hold of the
+                // lock; at most a batch, so the connections are not held off for long.
+                let mut handled = 0;
+                while let Some(m) = msg.take() {
+                    self.on_msg(&mut inst, m, now);
+                    handled += 1;
+                    if handled < MSG_BATCH {
+                        msg = rx.try_recv().ok();
+                    }
+                }
                 while let Some(effect) = inst.poll_effect() {
                     self.on_effect(&mut inst, effect, now);
                 }
@@ -637,26 +653,26 @@ impl Runtime {
                 inst.register_effect_waker(&waker);
             }
             let wait = self.next_timer();
-            let msg = match rx.recv_timeout(wait) {
-                Ok(m) => m,
-                Err(RecvTimeoutError::Timeout) => continue,
+            msg = match rx.recv_timeout(wait) {
+                Ok(m) => Some(m),
+                Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => return,
             };
-            let inst_arc = self.inst.clone();
-            let mut inst = inst_arc.lock().unwrap_or_else(|p| p.into_inner());
-            let now = self.clock.now();
-            match msg {
-                Msg::Wake => {}
-                Msg::StepDone {
-                    run,
-                    step,
-                    attempt,
-                    result,
-                } => self.on_step_done(&mut inst, &run, step, attempt, result, now),
-                Msg::Drain(reason) => self.start_drain(&mut inst, &reason, now),
-                Msg::Reload(r) => self.apply_reload(&mut inst, *r, now),
-                Msg::Agent(ev) => self.on_agent_event(&mut inst, ev, now),
-            }
+        }
+    }
+
+    fn on_msg(&mut self, inst: &mut Inst<'_>, msg: Msg, now: Now) {
+        match msg {
+            Msg::Wake => {}
+            Msg::StepDone {
+                run,
+                step,
+                attempt,
+                result,
+            } => self.on_step_done(inst, &run, step, attempt, result, now),
+            Msg::Drain(reason) => self.start_drain(inst, &reason, now),
+            Msg::Reload(r) => self.apply_reload(inst, *r, now),
+            Msg::Agent(ev) => self.on_agent_event(inst, ev, now),
         }
     }
 
@@ -767,11 +783,12 @@ impl Runtime {
                 }
                 let context = (context_id.as_str(), context_name.as_str());
                 self.record_turn(inst, &owner, context, &task_id, &message, now);
+                let key = (owner.id.clone(), context_id.clone());
                 let turn = TurnIn {
                     task: task_id.clone(),
                     context: context_id,
-                    principal: owner.id.clone(),
-                    parts: message.parts.clone(),
+                    principal: owner.id,
+                    parts: message.parts,
                     trace,
                 };
                 let sent = self
@@ -781,7 +798,8 @@ impl Runtime {
                     .unwrap_or(Ok(()));
                 match sent {
                     Ok(()) => {
-                        self.agent_tasks.insert(task_id, AgentTask::Conversation);
+                        self.agent_tasks
+                            .insert(task_id, AgentTask::Conversation(key));
                     }
                     Err(e) => status(inst, &task_id, TaskState::Failed, e, now),
                 }
@@ -791,7 +809,7 @@ impl Runtime {
                 self.held_turns
                     .retain(|e| !matches!(e, Effect::Turn { task_id: t, .. } if *t == task_id));
                 match self.agent_tasks.remove(&task_id) {
-                    Some(AgentTask::Conversation) => {
+                    Some(AgentTask::Conversation(_)) => {
                         if let Some(a) = &self.conversation {
                             a.cancel(&task_id);
                         }
