@@ -26,6 +26,7 @@ impl Runtime {
                 name: name.to_owned(),
                 owner: owner.clone(),
                 messages: VecDeque::new(),
+                sizes: VecDeque::new(),
                 bytes: 0,
                 total_messages: 0,
                 turns: 0,

@@ -471,6 +471,8 @@ struct Conversation {
     name: String,
     owner: Principal,
     messages: VecDeque<Value>,
+    /// The serialized size of each of `messages`, in the same order.
+    sizes: VecDeque<usize>,
     /// Serialized bytes of `messages`.
     bytes: usize,
     total_messages: u64,
@@ -488,16 +490,20 @@ const CONVERSATION_STRING_BYTES: usize = 4096;
 impl Conversation {
     /// Keeps a message, dropping the oldest past the count bound or past `max_bytes` (the
     /// task history bound: a conversation keeps no more than one task may).
-    fn keep(&mut self, message: Value, max_bytes: usize) {
-        let message = cut_strings(&message, CONVERSATION_STRING_BYTES);
-        self.bytes += message.to_string().len();
+    fn keep(&mut self, mut message: Value, max_bytes: usize) {
+        // Cut in place and counted as it serializes: no copy of the message, no string.
+        cut_strings_in_place(&mut message, CONVERSATION_STRING_BYTES);
+        let size = json_len(&message);
+        self.bytes += size;
         self.messages.push_back(message);
+        self.sizes.push_back(size);
         self.total_messages += 1;
         while self.messages.len() > CONVERSATION_MESSAGES_KEPT
             || (self.bytes > max_bytes && self.messages.len() > 1)
         {
-            if let Some(old) = self.messages.pop_front() {
-                self.bytes = self.bytes.saturating_sub(old.to_string().len());
+            self.messages.pop_front();
+            if let Some(old) = self.sizes.pop_front() {
+                self.bytes = self.bytes.saturating_sub(old);
             }
         }
     }
@@ -1089,6 +1095,39 @@ fn cut_strings(v: &Value, max: usize) -> Value {
     }
 }
 
+/// [`cut_strings`] of a value the caller owns, without copying it.
+fn cut_strings_in_place(v: &mut Value, max: usize) {
+    match v {
+        Value::String(s) if s.len() > max => {
+            let mut end = max;
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            s.truncate(end);
+        }
+        Value::Array(a) => a.iter_mut().for_each(|x| cut_strings_in_place(x, max)),
+        Value::Object(o) => o.values_mut().for_each(|x| cut_strings_in_place(x, max)),
+        _ => {}
+    }
+}
+
+/// The length of a value's compact JSON, counted without writing it anywhere.
+fn json_len(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
+}
+
 fn base36(mut n: u64) -> String {
     const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
     let mut out = Vec::new();
@@ -1113,4 +1152,44 @@ fn parts_text(parts: &[Part]) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_message_is_cut_and_counted_as_before() {
+        let long = "é".repeat(3000); // 6000 bytes: cut on a character boundary
+        let m = json!({"role": "agent", "task": "t", "text": long, "ts": 1, "n": [long]});
+        let mut cut = m.clone();
+        cut_strings_in_place(&mut cut, CONVERSATION_STRING_BYTES);
+        assert_eq!(cut, cut_strings(&m, CONVERSATION_STRING_BYTES));
+        assert_eq!(cut["text"].as_str().unwrap().len(), 4096);
+        assert_eq!(json_len(&cut), cut.to_string().len());
+
+        let mut c = Conversation {
+            context_id: "ctx".into(),
+            name: "n".into(),
+            owner: Principal::operator(),
+            messages: VecDeque::new(),
+            sizes: VecDeque::new(),
+            bytes: 0,
+            total_messages: 0,
+            turns: 0,
+            version: 0,
+            task: None,
+            updated: 0,
+        };
+        let size = cut.to_string().len();
+        for _ in 0..5 {
+            c.keep(m.clone(), 3 * size);
+        }
+        // The oldest dropped past the byte bound, and the count follows what is kept.
+        assert_eq!(c.messages.len(), 3);
+        assert_eq!(c.bytes, 3 * size);
+        assert_eq!(c.total_messages, 5);
+        let kept: usize = c.messages.iter().map(|m| m.to_string().len()).sum();
+        assert_eq!(c.bytes, kept);
+    }
 }
