@@ -9,7 +9,7 @@ rounds, it sends --turns SendMessage turns (blocking) and as many SendStreamingM
 and prints the daemon's own CPU per turn: utime + stime of the daemon process
 (/proc/<pid>/stat; a child's CPU is not in it) over the turns, in ms. The agent's processes
 (the keeper and python, every descendant of the daemon) are read the same way and printed
-apart. The summary gives the median over rounds, the spread (min-max), the ratio
+apart. --store file gives the daemons the durable file store instead. The summary gives the median over rounds, the spread (min-max), the ratio
 agent / no agent per build, and the ratio of each build to the first. python3 standard
 library only. See bench/README.md.
 
@@ -138,10 +138,14 @@ def load(d, kind, n, conns, want, tag):
     return time.monotonic() - start
 
 
-def config(tmp, name, agent):
+def config(tmp, name, agent, store="memory"):
     path = os.path.join(tmp, f"{name}.toml")
     with open(path, "w") as f:
-        f.write('[a2a]\nlisten = ["tcp://127.0.0.1:0"]\n[store]\nkind = "memory"\n')
+        f.write('[a2a]\nlisten = ["tcp://127.0.0.1:0"]\n')
+        if store == "memory":
+            f.write('[store]\nkind = "memory"\n')
+        else:
+            f.write(f'[store]\nkind = "file"\ndir = {json.dumps(os.path.join(tmp, name + "-store"))}\n')
         if agent:
             echo = os.path.join(ROOT, "examples", "agents", "echo_agent.py")
             f.write(f"[agent]\nname = \"bench\"\ncommand = [\"python3\", {json.dumps(echo)}]\n")
@@ -156,6 +160,8 @@ def main():
     ap.add_argument("--conns", type=int, default=4, help="keep-alive client connections")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kinds", default="send,stream", help="send, stream or both")
+    ap.add_argument("--store", default="memory", choices=["memory", "file"],
+                    help="the daemons' store (file: write-ahead and fsync per task, in a temp dir)")
     ap.add_argument("--threads", action="store_true", help="also print CPU per turn by thread")
     a = ap.parse_args()
     bins = a.bin or [os.path.join(ROOT, "target", "release", "agentd")]
@@ -175,7 +181,7 @@ def main():
             for mode in ("none", "agent"):
                 log = open(os.path.join(tmp, f"daemon-{i}-{mode}.log"), "w")
                 logs.append(log)
-                cfg = config(tmp, f"{i}-{mode}", mode == "agent")
+                cfg = config(tmp, f"{i}-{mode}", mode == "agent", a.store)
                 daemons[(i, mode)] = Daemon(b, a.driver, cfg, log)
         want = {"none": b"TASK_STATE_REJECTED", "agent": b"TASK_STATE_COMPLETED"}
         # Warm-up: the agent process starts on the first turn; both kinds' paths get warm.
@@ -183,7 +189,7 @@ def main():
             for k in kinds:
                 load(d, k, 50, a.conns, want[mode], f"w{i}{mode}{k}")
 
-        print(f"driver {a.driver}, {a.turns} turns per kind x {a.conns} connections, "
+        print(f"driver {a.driver}, {a.store} store, {a.turns} turns per kind x {a.conns} connections, "
               f"{a.rounds} rounds, {os.cpu_count()} cpus")
         for i, b in enumerate(bins):
             print(f"  build {i}: {b}")
