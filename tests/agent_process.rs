@@ -560,3 +560,71 @@ fn named_agents_share_one_event_channel() {
         .all(|s| s.state == AgentState::Stopped));
     assert!(Agents::new([spec("x", "a.py"), spec("x", "b.py")], tx).is_err());
 }
+
+/// An agent that reads nothing for a while, then answers every turn with its text: turns
+/// fill the pipe (written straight into it), then the writer's queue, then are refused as
+/// busy, none of it blocking the caller; once it reads, every turn taken is answered, in
+/// order and whole, and later turns go on as usual.
+#[test]
+fn a_stalled_agent_never_blocks_the_caller_and_gets_every_line_whole_in_order() {
+    let code = "import json, sys, time\n\
+                time.sleep(2)\n\
+                for line in sys.stdin:\n\
+                \x20   m = json.loads(line)\n\
+                \x20   if m['type'] == 'turn':\n\
+                \x20       print(json.dumps({'type': 'reply', 'task': m['task'], 'text': m['text']}), flush=True)\n";
+    let mut s = AgentSpec::new("stall", vec!["python3".into(), "-c".into(), code.into()]);
+    s.queue = 4;
+    let (agent, rx) = start(s);
+    let text = |i: usize| {
+        // One turn past PIPE_BUF, which always goes through the writer thread.
+        let n = if i == 1 { 10_000 } else { 1000 };
+        format!("{i}:{}", "x".repeat(n))
+    };
+    // The process starts on the first turn; the others go to it.
+    agent.turn(text_turn("t0", &text(0))).unwrap();
+    until(&rx, "the start", |e| {
+        matches!(e.kind, AgentEventKind::Started { .. })
+    });
+    let mut taken = 1;
+    let refused = loop {
+        assert!(taken < 5000, "a stalled agent took {taken} turns");
+        let t0 = Instant::now();
+        let r = agent.turn(text_turn(&format!("t{taken}"), &text(taken)));
+        assert!(t0.elapsed() < Duration::from_secs(1), "turn blocked");
+        match r {
+            Ok(()) => taken += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(refused, agentd::runtime::agent::AgentError::Busy(_)),
+        "{refused:?}"
+    );
+    assert!(taken > 10, "the pipe took lines before the queue: {taken}");
+    let last = format!("t{}", taken - 1);
+    let replies = until(&rx, "every reply", |e| {
+        e.task.as_deref() == Some(last.as_str()) && matches!(e.kind, AgentEventKind::Reply { .. })
+    });
+    let got: Vec<(String, String)> = replies
+        .iter()
+        .filter_map(|e| match &e.kind {
+            AgentEventKind::Reply { parts } => match &parts[0].content {
+                PartContent::Text(t) => Some((e.task.clone().unwrap(), t.clone())),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    let want: Vec<(String, String)> = (0..taken).map(|i| (format!("t{i}"), text(i))).collect();
+    assert!(got == want, "replies out of order or cut");
+    for i in 0..3 {
+        let task = format!("after{i}");
+        agent.turn(text_turn(&task, "again")).unwrap();
+        let ev = turn_end(&rx, &task);
+        assert!(matches!(
+            ev.last().unwrap().kind,
+            AgentEventKind::Reply { .. }
+        ));
+    }
+}

@@ -13,7 +13,9 @@
 //!
 //! Threads: one monitor per `AgentProcess` (exit detection, turn deadlines, restarts after a
 //! backoff), and per running child a stdin writer, a stdout reader and a stderr reader. The
-//! caller never blocks on the child: turns go through a bounded queue to the writer.
+//! caller never blocks on the child: a short line goes straight into the stdin pipe when
+//! the pipe has room and nothing waits before it (a non-blocking write), else through a
+//! bounded queue to the writer thread.
 //!
 //! The child runs in its own process group, so a kill reaches whatever it started; the
 //! group is also killed when the child exits, so nothing it left behind outlives it.
@@ -24,6 +26,7 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
@@ -111,24 +114,35 @@ impl TurnIn {
         }
     }
 
-    /// The `turn` line written to the agent, newline included.
+    /// The `turn` line written to the agent, newline included: serialized straight from
+    /// the turn, with no JSON tree copied in between.
     fn line(&self) -> Vec<u8> {
-        let text = Part::joined_text(&self.parts);
-        let mut line = serde_json::json!({
-            "type": "turn",
-            "task": self.task,
-            "context": self.context,
-            "principal": self.principal,
-            "parts": self.parts,
-            "text": text,
-        });
-        if let Some(t) = &self.trace {
-            line["traceparent"] = t.traceparent().into();
-            if let Some(s) = t.tracestate() {
-                line["tracestate"] = s.into();
-            }
+        #[derive(serde::Serialize)]
+        struct Line<'a> {
+            r#type: &'static str,
+            task: &'a str,
+            context: &'a str,
+            principal: &'a str,
+            parts: &'a [Part],
+            text: String,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            traceparent: Option<String>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            tracestate: Option<&'a str>,
         }
-        line_of(&line)
+        let line = Line {
+            r#type: "turn",
+            task: &self.task,
+            context: &self.context,
+            principal: &self.principal,
+            parts: &self.parts,
+            text: Part::joined_text(&self.parts),
+            traceparent: self.trace.as_ref().map(|t| t.traceparent()),
+            tracestate: self.trace.as_ref().and_then(|t| t.tracestate()),
+        };
+        let mut out = serde_json::to_vec(&line).expect("a turn serializes");
+        out.push(b'\n');
+        out
     }
 }
 
@@ -265,6 +279,20 @@ impl fmt::Display for AgentError {
 
 impl std::error::Error for AgentError {}
 
+/// Where an [`AgentProcess`] reports its [`AgentEvent`]s. A channel's `Sender` is one; the
+/// runtime's own sink puts them straight on its queue, with no thread in between. `send` is
+/// called with the supervisor's lock held (that keeps the events in order), so it must not
+/// block: an unbounded channel's send is right. A gone receiver is not an error.
+pub trait EventSink: Send + Sync + 'static {
+    fn send(&self, event: AgentEvent);
+}
+
+impl EventSink for Sender<AgentEvent> {
+    fn send(&self, event: AgentEvent) {
+        let _ = Sender::send(self, event);
+    }
+}
+
 /// One supervised agent program. Dropping it kills the program (and its process group).
 pub struct AgentProcess {
     shared: Arc<Shared>,
@@ -273,7 +301,7 @@ pub struct AgentProcess {
 
 impl AgentProcess {
     /// Supervises `spec`; nothing runs until the first turn. Events go to `events`.
-    pub fn new(spec: AgentSpec, events: Sender<AgentEvent>) -> Result<Self, AgentError> {
+    pub fn new(spec: AgentSpec, events: impl EventSink) -> Result<Self, AgentError> {
         if spec.name.is_empty() {
             return Err(AgentError::InvalidSpec("an agent needs a name".into()));
         }
@@ -285,7 +313,7 @@ impl AgentProcess {
         }
         let shared = Arc::new(Shared {
             spec,
-            events,
+            events: Box::new(events),
             inner: Mutex::new(Inner {
                 state: AgentState::Idle,
                 proc: None,
@@ -298,6 +326,7 @@ impl AgentProcess {
                 last_stderr: None,
                 stopping: false,
                 closing: false,
+                monitor_until: None,
             }),
             wake: Condvar::new(),
         });
@@ -342,14 +371,14 @@ impl AgentProcess {
         let deadline = now
             .checked_add(sh.spec.turn_timeout)
             .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400));
-        let live = inner
-            .proc
-            .as_ref()
-            .filter(|p| p.exited.is_none())
-            .map(|p| (p.generation, p.input.clone()));
+        let mut line = Some(line);
+        let live = inner.proc.as_ref().filter(|p| p.exited.is_none()).map(|p| {
+            let sent = p.input.as_ref().zip(line.take()).map(|(i, l)| i.send(l));
+            (p.generation, sent)
+        });
         match live {
-            Some((generation, Some(input))) => {
-                match input.try_send(line) {
+            Some((generation, Some(sent))) => {
+                match sent {
                     Ok(()) => {}
                     Err(TrySendError::Full(_)) => {
                         return Err(AgentError::Busy(sh.spec.name.clone()));
@@ -367,6 +396,12 @@ impl AgentProcess {
                     sent_to: Some(generation),
                     line: None,
                 });
+                // The monitor need not hear of a turn to a live process unless its deadline
+                // comes before the monitor's next look: a wake-up per turn is a thread hop
+                // (and a waitid) for nothing.
+                if inner.monitor_until.is_some_and(|at| at <= deadline) {
+                    return Ok(());
+                }
             }
             // A process that is stopping takes no turn; `stopping` refused it above.
             Some((_, None)) => return Err(AgentError::Stopped(sh.spec.name.clone())),
@@ -379,7 +414,7 @@ impl AgentProcess {
                     task: turn.task,
                     deadline,
                     sent_to: None,
-                    line: Some(line),
+                    line,
                 });
                 // The monitor thread starts the process (woken below): a child dies with
                 // the thread that forked it, and the monitor is the one that outlives it.
@@ -402,7 +437,7 @@ impl AgentProcess {
             if p.generation == generation {
                 if let Some(input) = &p.input {
                     let line = line_of(&serde_json::json!({"type": "cancel", "task": task}));
-                    if input.try_send(line).is_err() {
+                    if input.send(line).is_err() {
                         tracing::warn!(agent = %sh.spec.name, task,
                             "could not tell the agent of a cancel: its input is full or closed");
                     }
@@ -538,7 +573,13 @@ impl Agents {
 /// `Instance::handle_completion`, in order. Process events (`Started`, `Exited`,
 /// `StartFailed`) map to none: their tasks get their own `Fail` events.
 pub fn to_completions(event: &AgentEvent) -> Vec<Completion> {
-    let Some(task_id) = event.task.clone() else {
+    into_completions(event.clone())
+}
+
+/// [`to_completions`] of an event the caller is done with: its parts move into the
+/// completions instead of being copied.
+pub fn into_completions(event: AgentEvent) -> Vec<Completion> {
+    let Some(task_id) = event.task else {
         return Vec::new();
     };
     let status = |task_id, state, message| Completion::Status {
@@ -546,11 +587,11 @@ pub fn to_completions(event: &AgentEvent) -> Vec<Completion> {
         state,
         message,
     };
-    match &event.kind {
+    match event.kind {
         AgentEventKind::Status { text } => vec![status(
             task_id,
             TaskState::Working,
-            text.as_ref().map(|t| vec![Part::text(t.clone())]),
+            text.map(|t| vec![Part::text(t)]),
         )],
         AgentEventKind::Artifact {
             id,
@@ -561,18 +602,18 @@ pub fn to_completions(event: &AgentEvent) -> Vec<Completion> {
         } => vec![Completion::Artifact {
             task_id,
             artifact: Artifact {
-                artifact_id: id.clone(),
+                artifact_id: id,
                 description: String::new(),
                 extensions: Vec::new(),
                 metadata: None,
-                name: name.clone(),
-                parts: parts.clone(),
+                name,
+                parts,
             },
-            append: *append,
-            last_chunk: *last,
+            append,
+            last_chunk: last,
         }],
         AgentEventKind::Reply { parts } => {
-            vec![status(task_id, TaskState::Completed, Some(parts.clone()))]
+            vec![status(task_id, TaskState::Completed, Some(parts))]
         }
         AgentEventKind::Ask {
             text,
@@ -582,21 +623,21 @@ pub fn to_completions(event: &AgentEvent) -> Vec<Completion> {
             // The gate's facts first, so the input-required status carries them.
             Completion::Ask {
                 task_id: task_id.clone(),
-                schema: schema.clone(),
-                channel: channel.clone(),
+                schema,
+                channel,
                 // The agent asks the task's owner.
                 operator_only: false,
             },
             status(
                 task_id,
                 TaskState::InputRequired,
-                Some(vec![Part::text(text.clone())]),
+                Some(vec![Part::text(text)]),
             ),
         ],
         AgentEventKind::Fail { error } => vec![status(
             task_id,
             TaskState::Failed,
-            Some(vec![Part::text(error.clone())]),
+            Some(vec![Part::text(error)]),
         )],
         AgentEventKind::Started { .. }
         | AgentEventKind::StartFailed { .. }
@@ -621,7 +662,7 @@ const STDERR_LINES_PER_SEC: u32 = 50;
 
 struct Shared {
     spec: AgentSpec,
-    events: Sender<AgentEvent>,
+    events: Box<dyn EventSink>,
     inner: Mutex<Inner>,
     /// Wakes the monitor (a new turn, a closed stdout, an exit) and shutdown waiters.
     wake: Condvar,
@@ -645,6 +686,9 @@ struct Inner {
     stopping: bool,
     /// Dropped: the monitor ends.
     closing: bool,
+    /// When the waiting monitor looks again at the latest (deadlines, exits), set under the
+    /// lock as it starts waiting: a turn whose deadline is later need not wake it.
+    monitor_until: Option<Instant>,
 }
 
 struct InFlight {
@@ -660,8 +704,8 @@ struct Proc {
     child: Child,
     pid: u32,
     generation: u64,
-    /// The writer's queue; `None` once stdin is being closed for a shutdown.
-    input: Option<SyncSender<Vec<u8>>>,
+    /// The way to its stdin; `None` once stdin is being closed for a shutdown.
+    input: Option<Input>,
     started_ms: u64,
     stdout_done: bool,
     stderr_done: bool,
@@ -680,7 +724,7 @@ impl Shared {
     /// Sent under the lock, so events from the reader and the monitor keep their order. A
     /// gone receiver is not an error: the runtime stopped listening.
     fn emit(&self, task: Option<String>, kind: AgentEventKind) {
-        let _ = self.events.send(AgentEvent {
+        self.events.send(AgentEvent {
             agent: self.spec.name.clone(),
             task,
             kind,
@@ -713,6 +757,7 @@ impl Shared {
                 }
             }
             let wait = wait.max(Duration::from_millis(1));
+            inner.monitor_until = Some(now + wait);
             inner = self
                 .wake
                 .wait_timeout(inner, wait)
@@ -754,7 +799,7 @@ impl Shared {
                     t.sent_to = Some(proc.generation);
                     if let (Some(line), Some(input)) = (t.line.take(), &proc.input) {
                         // Cannot be full: the waiting turns are bounded by the queue size.
-                        let _ = input.try_send(line);
+                        let _ = input.send(line);
                     }
                 }
                 inner.proc = Some(proc);
@@ -821,11 +866,22 @@ impl Shared {
         inner.generation += 1;
         let generation = inner.generation;
         let (tx, rx) = mpsc::sync_channel(self.spec.queue.max(1));
+        // A second, non-blocking description of the same pipe: a line the pipe has room
+        // for is written at once, without waking the writer thread.
+        let direct = nonblocking_twin(&stdin)
+            .map_err(|e| tracing::debug!(agent = %self.spec.name, error = %e, "stdin is written by its thread alone"))
+            .ok();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let input = Input {
+            queue: tx,
+            direct,
+            queued: queued.clone(),
+        };
         let name = &self.spec.name;
         let threads = (|| {
             thread::Builder::new()
                 .name(format!("agent-{name}-in"))
-                .spawn(move || write_lines(stdin, rx))?;
+                .spawn(move || write_lines(stdin, rx, &queued))?;
             let sh = self.clone();
             thread::Builder::new()
                 .name(format!("agent-{name}-out"))
@@ -845,7 +901,7 @@ impl Shared {
             child,
             pid,
             generation,
-            input: Some(tx),
+            input: Some(input),
             started_ms: epoch_ms(),
             stdout_done: false,
             stderr_done: false,
@@ -1046,7 +1102,7 @@ impl Shared {
             Some(p) => {
                 p.stop_requested = true;
                 if let Some(input) = p.input.take() {
-                    let _ = input.try_send(line_of(&serde_json::json!({"type": "shutdown"})));
+                    let _ = input.send(line_of(&serde_json::json!({"type": "shutdown"})));
                     // Dropping the queue's sender ends the writer once it has written
                     // everything queued, which closes the agent's stdin.
                 }
@@ -1445,12 +1501,69 @@ fn skip_line(r: &mut impl BufRead) -> io::Result<()> {
     }
 }
 
-fn write_lines(mut stdin: ChildStdin, rx: Receiver<Vec<u8>>) {
+/// The way to an agent's stdin. Every line goes through [`Input::send`], with the
+/// supervisor's lock held, so lines keep their order.
+struct Input {
+    /// The writer thread's queue (bounded by the spec's `queue`): it blocks on the pipe
+    /// so nobody else does.
+    queue: SyncSender<Vec<u8>>,
+    /// The same pipe, opened again non-blocking: a short line is written straight into it
+    /// while nothing waits in the queue. `None` where it could not be opened.
+    direct: Option<std::fs::File>,
+    /// Lines handed to the writer thread and not yet all written.
+    queued: Arc<AtomicUsize>,
+}
+
+/// Writes of at most this many bytes to a pipe are atomic: all or nothing (Linux's
+/// PIPE_BUF), so a direct write never leaves half a line behind.
+const PIPE_ATOMIC: usize = 4096;
+
+impl Input {
+    /// Writes the line into the pipe now if nothing is queued before it and the pipe has
+    /// room for all of it; else queues it for the writer thread (never blocks). A pipe
+    /// that is closed (the agent closed its stdin or died) is `Disconnected`: the exit
+    /// settles the turn.
+    fn send(&self, mut line: Vec<u8>) -> Result<(), TrySendError<Vec<u8>>> {
+        if let Some(mut pipe) = self.direct.as_ref() {
+            // Acquire: every line the writer took is in the pipe before this one.
+            if line.len() <= PIPE_ATOMIC && self.queued.load(Ordering::Acquire) == 0 {
+                match pipe.write(&line) {
+                    Ok(n) if n == line.len() => return Ok(()),
+                    // Not at or under PIPE_BUF; should it happen, the rest follows.
+                    Ok(n) => drop(line.drain(..n)),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => return Err(TrySendError::Disconnected(line)),
+                }
+            }
+        }
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        self.queue.try_send(line).inspect_err(|_| {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+        })
+    }
+}
+
+/// A second open file description of the child's stdin pipe, non-blocking, so the writer
+/// thread's own (blocking) one is unchanged.
+fn nonblocking_twin(stdin: &ChildStdin) -> io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(format!("/proc/self/fd/{}", stdin.as_raw_fd()))
+}
+
+fn write_lines(mut stdin: ChildStdin, rx: Receiver<Vec<u8>>, queued: &AtomicUsize) {
     for line in rx {
         if stdin.write_all(&line).and_then(|()| stdin.flush()).is_err() {
-            // The agent closed its stdin or died: the supervisor notices the exit.
+            // The agent closed its stdin or died: the supervisor notices the exit. The
+            // count stays up, so nothing is written past what was lost.
             return;
         }
+        // Release: the line is in the pipe before a direct write may follow it.
+        queued.fetch_sub(1, Ordering::Release);
     }
 }
 

@@ -26,6 +26,7 @@ impl Runtime {
                 name: name.to_owned(),
                 owner: owner.clone(),
                 messages: VecDeque::new(),
+                sizes: VecDeque::new(),
                 bytes: 0,
                 total_messages: 0,
                 turns: 0,
@@ -302,8 +303,11 @@ impl Runtime {
                 return;
             }
             AgentEventKind::Reply { parts } => {
-                self.record_reply(inst, &task_id, parts, now);
-                self.agent_tasks.remove(&task_id);
+                let key = match self.agent_tasks.remove(&task_id) {
+                    Some(AgentTask::Conversation(key)) => Some(key),
+                    _ => None,
+                };
+                self.record_reply(inst, key, &task_id, parts, now);
             }
             AgentEventKind::Fail { error } => {
                 self.agent_tasks.remove(&task_id);
@@ -321,7 +325,7 @@ impl Runtime {
             }
             _ => {}
         }
-        for c in agent::to_completions(&ev) {
+        for c in agent::into_completions(ev) {
             complete(inst, c, now);
         }
     }
@@ -353,16 +357,31 @@ impl Runtime {
     pub(super) fn record_reply(
         &mut self,
         inst: &mut Inst<'_>,
+        key: Option<(String, String)>,
         task_id: &str,
         parts: &[Part],
         now: Now,
     ) {
         let max_bytes = inst.config().tasks.history_bytes;
-        let Some((key, c)) = self
-            .conversations
-            .iter_mut()
-            .find(|(_, c)| c.task.as_deref() == Some(task_id))
-        else {
+        let is_ours = |c: &Conversation| c.task.as_deref() == Some(task_id);
+        // The turn's own conversation, by its key; a search only for a reply whose turn
+        // the runtime does not track (none arrives today: untracked turns are canceled).
+        let found = match key {
+            Some(key) => self
+                .conversations
+                .get(&key)
+                .filter(|c| is_ours(c))
+                .map(|_| key),
+            None => self
+                .conversations
+                .iter()
+                .find(|(_, c)| is_ours(c))
+                .map(|(k, _)| k.clone()),
+        };
+        let Some(key) = found else {
+            return;
+        };
+        let Some(c) = self.conversations.get_mut(&key) else {
             return;
         };
         c.keep(

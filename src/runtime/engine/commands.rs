@@ -563,7 +563,7 @@ impl Runtime {
         if let Some(who) = self.agent_tasks.get(target).cloned() {
             self.started(inst, call, LinkKind::Turn, target, now)?;
             match &who {
-                AgentTask::Conversation => {
+                AgentTask::Conversation(_) => {
                     if let Some(a) = &self.conversation {
                         a.cancel(target);
                     }

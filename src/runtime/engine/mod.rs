@@ -38,6 +38,8 @@ pub use commands::SERVED_OPS;
 const FINISHED_RUNS_KEPT: usize = 1000;
 /// Step output strings `run.get` shows are cut at this many bytes.
 const RUN_GET_OUTPUT_BYTES: usize = 2048;
+/// Messages the runtime thread handles under one hold of the instance lock at most.
+const MSG_BATCH: usize = 32;
 /// How long a drained instance waits for its last answers to leave before it exits.
 const DRAIN_GRACE: Duration = Duration::from_secs(3);
 
@@ -218,20 +220,8 @@ pub fn spawn(
         inst.add_metrics_source(metrics.clone());
         inst.add_metrics_source(Arc::new(crate::metrics::ProcessMetrics));
     }
-    let (agent_tx, agent_rx) = channel::<AgentEvent>();
-    {
-        // Agent events join the runtime's one queue.
-        let tx = tx.clone();
-        thread::Builder::new()
-            .name("agentd-agent-events".into())
-            .spawn(move || {
-                for ev in agent_rx {
-                    if tx.send(Msg::Agent(ev)).is_err() {
-                        break;
-                    }
-                }
-            })?;
-    }
+    // Agent events go straight onto the runtime's one queue: no thread in between.
+    let agent_tx = AgentSink(tx.clone());
     let conversation = match settings.agent {
         Some(spec) => Some(
             AgentProcess::new(spec, agent_tx.clone())
@@ -288,6 +278,18 @@ pub fn spawn(
         .name("agentd-runtime".into())
         .spawn(move || rt.run(rx))?;
     Ok(RuntimeHandle { tx, exit: exit_rx })
+}
+
+/// Puts an agent process's events on the runtime's queue, in the order it emits them (it
+/// emits under its own lock). The channel is unbounded, so a send never blocks the agent's
+/// reader or monitor.
+#[derive(Clone)]
+struct AgentSink(Sender<Msg>);
+
+impl agent::EventSink for AgentSink {
+    fn send(&self, event: AgentEvent) {
+        let _ = self.0.send(Msg::Agent(event));
+    }
 }
 
 /// Wakes the runtime thread when the instance queues an effect.
@@ -469,6 +471,8 @@ struct Conversation {
     name: String,
     owner: Principal,
     messages: VecDeque<Value>,
+    /// The serialized size of each of `messages`, in the same order.
+    sizes: VecDeque<usize>,
     /// Serialized bytes of `messages`.
     bytes: usize,
     total_messages: u64,
@@ -486,16 +490,20 @@ const CONVERSATION_STRING_BYTES: usize = 4096;
 impl Conversation {
     /// Keeps a message, dropping the oldest past the count bound or past `max_bytes` (the
     /// task history bound: a conversation keeps no more than one task may).
-    fn keep(&mut self, message: Value, max_bytes: usize) {
-        let message = cut_strings(&message, CONVERSATION_STRING_BYTES);
-        self.bytes += message.to_string().len();
+    fn keep(&mut self, mut message: Value, max_bytes: usize) {
+        // Cut in place and counted as it serializes: no copy of the message, no string.
+        cut_strings_in_place(&mut message, CONVERSATION_STRING_BYTES);
+        let size = json_len(&message);
+        self.bytes += size;
         self.messages.push_back(message);
+        self.sizes.push_back(size);
         self.total_messages += 1;
         while self.messages.len() > CONVERSATION_MESSAGES_KEPT
             || (self.bytes > max_bytes && self.messages.len() > 1)
         {
-            if let Some(old) = self.messages.pop_front() {
-                self.bytes = self.bytes.saturating_sub(old.to_string().len());
+            self.messages.pop_front();
+            if let Some(old) = self.sizes.pop_front() {
+                self.bytes = self.bytes.saturating_sub(old);
             }
         }
     }
@@ -504,7 +512,9 @@ impl Conversation {
 /// Who answers an agent task.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum AgentTask {
-    Conversation,
+    /// A turn of the conversation agent, in the conversation of this key (owner id,
+    /// contextId): its reply is recorded there without a search of every conversation.
+    Conversation((String, String)),
     /// A `subagent.send` task of this handle.
     Subagent(String),
 }
@@ -541,7 +551,7 @@ struct Runtime {
     subagent_kinds: HashMap<String, AgentSpec>,
     /// Handle → the subagent.
     subagents: BTreeMap<String, Subagent>,
-    agent_tx: Sender<AgentEvent>,
+    agent_tx: AgentSink,
     /// Task id → what answers it: the conversation agent or a subagent's handle.
     agent_tasks: HashMap<String, AgentTask>,
     /// Turns that arrived while the instance was paused.
@@ -608,11 +618,23 @@ impl Runtime {
 
     fn run(&mut self, rx: Receiver<Msg>) {
         let waker = Waker::from(Arc::new(EffectWake(Mutex::new(self.tx.clone()))));
+        let mut msg = None;
         loop {
             {
                 let inst_arc = self.inst.clone();
                 let mut inst = inst_arc.lock().unwrap_or_else(|p| p.into_inner());
                 let now = self.clock.now();
+                // The message that woke us, and those queued behind it (a turn's status,
+                // artifact and reply come close together), under this one hold of the
+                // lock; at most a batch, so the connections are not held off for long.
+                let mut handled = 0;
+                while let Some(m) = msg.take() {
+                    self.on_msg(&mut inst, m, now);
+                    handled += 1;
+                    if handled < MSG_BATCH {
+                        msg = rx.try_recv().ok();
+                    }
+                }
                 while let Some(effect) = inst.poll_effect() {
                     self.on_effect(&mut inst, effect, now);
                 }
@@ -637,26 +659,26 @@ impl Runtime {
                 inst.register_effect_waker(&waker);
             }
             let wait = self.next_timer();
-            let msg = match rx.recv_timeout(wait) {
-                Ok(m) => m,
-                Err(RecvTimeoutError::Timeout) => continue,
+            msg = match rx.recv_timeout(wait) {
+                Ok(m) => Some(m),
+                Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => return,
             };
-            let inst_arc = self.inst.clone();
-            let mut inst = inst_arc.lock().unwrap_or_else(|p| p.into_inner());
-            let now = self.clock.now();
-            match msg {
-                Msg::Wake => {}
-                Msg::StepDone {
-                    run,
-                    step,
-                    attempt,
-                    result,
-                } => self.on_step_done(&mut inst, &run, step, attempt, result, now),
-                Msg::Drain(reason) => self.start_drain(&mut inst, &reason, now),
-                Msg::Reload(r) => self.apply_reload(&mut inst, *r, now),
-                Msg::Agent(ev) => self.on_agent_event(&mut inst, ev, now),
-            }
+        }
+    }
+
+    fn on_msg(&mut self, inst: &mut Inst<'_>, msg: Msg, now: Now) {
+        match msg {
+            Msg::Wake => {}
+            Msg::StepDone {
+                run,
+                step,
+                attempt,
+                result,
+            } => self.on_step_done(inst, &run, step, attempt, result, now),
+            Msg::Drain(reason) => self.start_drain(inst, &reason, now),
+            Msg::Reload(r) => self.apply_reload(inst, *r, now),
+            Msg::Agent(ev) => self.on_agent_event(inst, ev, now),
         }
     }
 
@@ -767,11 +789,12 @@ impl Runtime {
                 }
                 let context = (context_id.as_str(), context_name.as_str());
                 self.record_turn(inst, &owner, context, &task_id, &message, now);
+                let key = (owner.id.clone(), context_id.clone());
                 let turn = TurnIn {
                     task: task_id.clone(),
                     context: context_id,
-                    principal: owner.id.clone(),
-                    parts: message.parts.clone(),
+                    principal: owner.id,
+                    parts: message.parts,
                     trace,
                 };
                 let sent = self
@@ -781,7 +804,8 @@ impl Runtime {
                     .unwrap_or(Ok(()));
                 match sent {
                     Ok(()) => {
-                        self.agent_tasks.insert(task_id, AgentTask::Conversation);
+                        self.agent_tasks
+                            .insert(task_id, AgentTask::Conversation(key));
                     }
                     Err(e) => status(inst, &task_id, TaskState::Failed, e, now),
                 }
@@ -791,7 +815,7 @@ impl Runtime {
                 self.held_turns
                     .retain(|e| !matches!(e, Effect::Turn { task_id: t, .. } if *t == task_id));
                 match self.agent_tasks.remove(&task_id) {
-                    Some(AgentTask::Conversation) => {
+                    Some(AgentTask::Conversation(_)) => {
                         if let Some(a) = &self.conversation {
                             a.cancel(&task_id);
                         }
@@ -1071,6 +1095,39 @@ fn cut_strings(v: &Value, max: usize) -> Value {
     }
 }
 
+/// [`cut_strings`] of a value the caller owns, without copying it.
+fn cut_strings_in_place(v: &mut Value, max: usize) {
+    match v {
+        Value::String(s) if s.len() > max => {
+            let mut end = max;
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            s.truncate(end);
+        }
+        Value::Array(a) => a.iter_mut().for_each(|x| cut_strings_in_place(x, max)),
+        Value::Object(o) => o.values_mut().for_each(|x| cut_strings_in_place(x, max)),
+        _ => {}
+    }
+}
+
+/// The length of a value's compact JSON, counted without writing it anywhere.
+fn json_len(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
+}
+
 fn base36(mut n: u64) -> String {
     const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
     let mut out = Vec::new();
@@ -1095,4 +1152,44 @@ fn parts_text(parts: &[Part]) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_message_is_cut_and_counted_as_before() {
+        let long = "é".repeat(3000); // 6000 bytes: cut on a character boundary
+        let m = json!({"role": "agent", "task": "t", "text": long, "ts": 1, "n": [long]});
+        let mut cut = m.clone();
+        cut_strings_in_place(&mut cut, CONVERSATION_STRING_BYTES);
+        assert_eq!(cut, cut_strings(&m, CONVERSATION_STRING_BYTES));
+        assert_eq!(cut["text"].as_str().unwrap().len(), 4096);
+        assert_eq!(json_len(&cut), cut.to_string().len());
+
+        let mut c = Conversation {
+            context_id: "ctx".into(),
+            name: "n".into(),
+            owner: Principal::operator(),
+            messages: VecDeque::new(),
+            sizes: VecDeque::new(),
+            bytes: 0,
+            total_messages: 0,
+            turns: 0,
+            version: 0,
+            task: None,
+            updated: 0,
+        };
+        let size = cut.to_string().len();
+        for _ in 0..5 {
+            c.keep(m.clone(), 3 * size);
+        }
+        // The oldest dropped past the byte bound, and the count follows what is kept.
+        assert_eq!(c.messages.len(), 3);
+        assert_eq!(c.bytes, 3 * size);
+        assert_eq!(c.total_messages, 5);
+        let kept: usize = c.messages.iter().map(|m| m.to_string().len()).sum();
+        assert_eq!(c.bytes, kept);
+    }
 }

@@ -702,7 +702,7 @@ impl Runtime {
                 )
             });
         let turns = self.agent_tasks.iter().map(|(task, by)| match by {
-            AgentTask::Conversation => format!("task {task} (a turn of the conversation agent)"),
+            AgentTask::Conversation(_) => format!("task {task} (a turn of the conversation agent)"),
             AgentTask::Subagent(handle) => format!("task {task} (a turn of subagent {handle})"),
         });
         let mut all: Vec<String> = runs.chain(turns).collect();
