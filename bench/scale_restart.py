@@ -95,25 +95,22 @@ def rpc(conn, method, params, rid=1):
     return doc["result"]
 
 
-def populate(d, n, threads):
+def spread(d, n, conns, request):
+    """Makes n calls `request(conn, worker, i)` from `conns` keep-alive connections of
+    their own, at once; returns the wall seconds (the first error is raised)."""
     errors = []
 
     def worker(t, count):
         c = d.conn()
         try:
             for i in range(count):
-                msg = {
-                    "role": "ROLE_USER",
-                    "messageId": f"m-{t}-{i}",
-                    "parts": [{"text": "hello"}],
-                }
-                rpc(c, "SendMessage", {"message": msg}, rid=i)
+                request(c, t, i)
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
         finally:
             c.close()
 
-    per = [n // threads + (1 if t < n % threads else 0) for t in range(threads)]
+    per = [n // conns + (1 if t < n % conns else 0) for t in range(conns)]
     ts = [threading.Thread(target=worker, args=(t, k)) for t, k in enumerate(per)]
     start = time.monotonic()
     for t in ts:
@@ -123,6 +120,14 @@ def populate(d, n, threads):
     if errors:
         raise errors[0]
     return time.monotonic() - start
+
+
+def populate(d, n, threads):
+    def send(c, t, i):
+        msg = {"role": "ROLE_USER", "messageId": f"m-{t}-{i}", "parts": [{"text": "hello"}]}
+        rpc(c, "SendMessage", {"message": msg}, rid=i)
+
+    return spread(d, n, threads, send)
 
 
 def first_list_answer(d, timeout=120):

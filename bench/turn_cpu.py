@@ -27,11 +27,10 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 
 from burst import rss_kib  # bench/ is the script's directory, so on its path
-from scale_restart import Daemon
+from scale_restart import Daemon, spread
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADERS = {"Content-Type": "application/json", "A2A-Version": "1.0"}
@@ -114,28 +113,7 @@ def turn(conn, kind, mid, want):
 
 def load(d, kind, n, conns, want, tag):
     """n turns from `conns` keep-alive connections; returns the wall seconds."""
-    errors = []
-
-    def worker(t, count):
-        c = d.conn()
-        try:
-            for i in range(count):
-                turn(c, kind, f"{tag}-{t}-{i}", want)
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-        finally:
-            c.close()
-
-    per = [n // conns + (1 if t < n % conns else 0) for t in range(conns)]
-    ts = [threading.Thread(target=worker, args=(t, k)) for t, k in enumerate(per)]
-    start = time.monotonic()
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    if errors:
-        raise errors[0]
-    return time.monotonic() - start
+    return spread(d, n, conns, lambda c, t, i: turn(c, kind, f"{tag}-{t}-{i}", want))
 
 
 def config(tmp, name, agent, store="memory"):

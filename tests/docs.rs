@@ -9,11 +9,13 @@
 //!   `bash -euo pipefail` against a real daemon started with examples/quickstart.toml, and
 //!   prints what the README says it prints.
 
+mod common;
+
+use common::running::Running;
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -209,61 +211,6 @@ fn every_toml_block_in_the_docs_loads() {
         "only {checked} toml blocks were found in README.md and docs/*.md, expected at least \
          {MIN_TOML_BLOCKS}: is the extractor broken?"
     );
-}
-
-/// A process group started for the test, stopped (and reaped) when dropped, whatever happened.
-struct Running {
-    child: Child,
-    what: &'static str,
-}
-
-impl Running {
-    fn spawn(mut cmd: Command, what: &'static str) -> Running {
-        // Its own process group, so stopping it reaches whatever it started.
-        cmd.process_group(0);
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("start {what}: {e}"));
-        Running { child, what }
-    }
-
-    fn signal(&self, signal: rustix::process::Signal) {
-        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
-            let _ = rustix::process::kill_process_group(pid, signal);
-        }
-    }
-
-    /// Waits for the exit until `deadline`; `None` if it is still running then.
-    fn wait_until(&mut self, deadline: Instant) -> Option<std::process::ExitStatus> {
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => return Some(status),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                Ok(None) | Err(_) => return None,
-            }
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        // Already exited (and reaped): its pid may be someone else's by now, so no signal.
-        // (The daemon's children die with it; bash waited for its own.)
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return;
-        }
-        // A graceful stop first (the daemon drains and shuts its agents down), then a kill.
-        self.signal(rustix::process::Signal::TERM);
-        if self
-            .wait_until(Instant::now() + Duration::from_secs(10))
-            .is_none()
-        {
-            eprintln!("{} did not stop on SIGTERM: killing it", self.what);
-            self.signal(rustix::process::Signal::KILL);
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
 }
 
 /// The ```sh blocks of README.md's "## Quick start" section, in order.

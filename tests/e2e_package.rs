@@ -21,10 +21,11 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::running::Running;
 use common::{task_state, text_message, Client, TempDir};
 use serde_json::json;
 
@@ -183,49 +184,6 @@ fn the_unit_verifies_and_keeps_its_hardening() {
         text(&security.stdout),
         text(&security.stderr)
     );
-}
-
-/// The installed daemon: its own process group, stopped (TERM, then KILL) and reaped when
-/// dropped, whatever happened.
-struct Running {
-    child: Child,
-}
-
-impl Running {
-    fn signal(&self, signal: rustix::process::Signal) {
-        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
-            let _ = rustix::process::kill_process_group(pid, signal);
-        }
-    }
-
-    fn wait_until(&mut self, deadline: Instant) -> Option<std::process::ExitStatus> {
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => return Some(status),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                Ok(None) | Err(_) => return None,
-            }
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return;
-        }
-        self.signal(rustix::process::Signal::TERM);
-        if self
-            .wait_until(Instant::now() + Duration::from_secs(10))
-            .is_none()
-        {
-            self.signal(rustix::process::Signal::KILL);
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
 }
 
 /// Processes whose command line names `dir` (the installed daemon's agents and keepers).
@@ -487,9 +445,7 @@ fn the_package_installs_serves_and_is_removed() {
         .stdout(Stdio::piped())
         .stderr(fs::File::create(&stderr_path).unwrap())
         .process_group(0);
-    let mut daemon = Running {
-        child: cmd.spawn().expect("start the installed agentd"),
-    };
+    let mut daemon = Running::spawn(cmd, "the installed agentd");
     let stderr = || fs::read_to_string(&stderr_path).unwrap_or_default();
 
     let stdout = daemon.child.stdout.take().unwrap();

@@ -5,102 +5,17 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::receiver::Receiver;
 use common::{get, post, Daemon, Setup, Via, RPC_HEADERS};
 use serde_json::{json, Value};
 
 const ANNOTATIONS_URI: &str = "https://agentd.dev/a2a/ext/task-annotations";
 
-/// One request the receiver got.
-#[derive(Clone, Debug)]
-struct Hit {
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Value,
-}
-
-impl Hit {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// A webhook receiver on loopback that answers the statuses in `script` in turn (then 200).
-struct Receiver {
-    port: u16,
-    hits: Arc<Mutex<Vec<Hit>>>,
-}
-
-impl Receiver {
-    fn start(script: Vec<u16>) -> Receiver {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let hits = Arc::new(Mutex::new(Vec::new()));
-        let seen = hits.clone();
-        std::thread::spawn(move || {
-            let mut script = script.into_iter();
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { break };
-                stream.set_read_timeout(Some(Duration::from_secs(5))).ok();
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let mut line = String::new();
-                if reader.read_line(&mut line).is_err() || line.is_empty() {
-                    continue;
-                }
-                let path = line.split(' ').nth(1).unwrap_or("").to_owned();
-                let mut headers = Vec::new();
-                let mut length = 0usize;
-                loop {
-                    let mut h = String::new();
-                    reader.read_line(&mut h).unwrap();
-                    let h = h.trim_end();
-                    if h.is_empty() {
-                        break;
-                    }
-                    let (k, v) = h.split_once(':').unwrap();
-                    if k.eq_ignore_ascii_case("content-length") {
-                        length = v.trim().parse().unwrap();
-                    }
-                    headers.push((k.to_owned(), v.trim().to_owned()));
-                }
-                let mut body = vec![0u8; length];
-                reader.read_exact(&mut body).unwrap();
-                let status = script.next().unwrap_or(200);
-                seen.lock().unwrap().push(Hit {
-                    path,
-                    headers,
-                    body: serde_json::from_slice(&body).unwrap_or(Value::Null),
-                });
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-                );
-            }
-        });
-        Receiver { port, hits }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/hook?k=1", self.port)
-    }
-
-    fn wait_for(&self, n: usize, within: Duration) -> Vec<Hit> {
-        let deadline = Instant::now() + within;
-        loop {
-            let hits = self.hits.lock().unwrap().clone();
-            if hits.len() >= n || Instant::now() > deadline {
-                return hits;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
+/// The receiver's webhook URL.
+fn hook(rx: &Receiver) -> String {
+    format!("{}/hook?k=1", rx.base())
 }
 
 fn daemon(push: &str) -> Daemon {
@@ -155,7 +70,7 @@ fn deliveries_carry_auth_and_the_task_and_retry_with_backoff() {
     let card = d.connect_tcp().get_card().json();
     assert_eq!(card["capabilities"]["pushNotifications"], true);
 
-    let r = send_with_webhook(&d, &rx.url());
+    let r = send_with_webhook(&d, &hook(&rx));
     let task = &r["result"]["task"];
     assert_eq!(task["status"]["state"], "TASK_STATE_REJECTED", "{r}");
     let id = task["id"].as_str().unwrap();
@@ -181,11 +96,7 @@ fn deliveries_carry_auth_and_the_task_and_retry_with_backoff() {
         );
     }
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(
-        rx.hits.lock().unwrap().len(),
-        3,
-        "nothing more after the 200"
-    );
+    assert_eq!(rx.hits().len(), 3, "nothing more after the 200");
     assert!(d.stderr().contains("a2a.push.delivered"), "{}", d.stderr());
     assert_eq!(
         deliveries(&d, "delivered"),
@@ -218,14 +129,14 @@ fn the_four_methods_manage_configs_per_task() {
     let created = call(
         &d,
         "CreateTaskPushNotificationConfig",
-        json!({"taskId": id, "url": rx.url()}),
+        json!({"taskId": id, "url": hook(&rx)}),
     );
     let cid = created["result"]["id"].as_str().unwrap().to_owned();
     assert!(!cid.is_empty(), "the server assigns an id: {created}");
     let named = call(
         &d,
         "CreateTaskPushNotificationConfig",
-        json!({"taskId": id, "id": "mine", "url": rx.url()}),
+        json!({"taskId": id, "id": "mine", "url": hook(&rx)}),
     );
     assert_eq!(named["result"]["id"], "mine");
     let got = call(
@@ -233,7 +144,7 @@ fn the_four_methods_manage_configs_per_task() {
         "GetTaskPushNotificationConfig",
         json!({"taskId": id, "id": "mine"}),
     );
-    assert_eq!(got["result"]["url"], rx.url());
+    assert_eq!(got["result"]["url"], hook(&rx));
     let page = call(
         &d,
         "ListTaskPushNotificationConfigs",
@@ -277,7 +188,7 @@ fn the_four_methods_manage_configs_per_task() {
     let unknown = call(
         &d,
         "CreateTaskPushNotificationConfig",
-        json!({"taskId": "nope", "url": rx.url()}),
+        json!({"taskId": "nope", "url": hook(&rx)}),
     );
     assert_eq!(unknown["error"]["code"], -32001);
 }
@@ -286,7 +197,7 @@ fn the_four_methods_manage_configs_per_task() {
 fn private_and_loopback_webhooks_are_refused_without_the_switch() {
     let rx = Receiver::start(vec![]);
     let d = daemon("enabled = true\n");
-    let r = send_with_webhook(&d, &rx.url());
+    let r = send_with_webhook(&d, &hook(&rx));
     assert_eq!(r["error"]["code"], -32602, "{r}");
     assert!(
         r["error"]["message"]
@@ -302,7 +213,7 @@ fn private_and_loopback_webhooks_are_refused_without_the_switch() {
     );
     let id = r["result"]["task"]["id"].as_str().unwrap().to_owned();
     for url in [
-        rx.url(),
+        hook(&rx),
         "https://10.1.2.3/hook".to_owned(),
         "https://169.254.169.254/latest".to_owned(),
         "https://[::1]/x".to_owned(),
@@ -322,14 +233,14 @@ fn private_and_loopback_webhooks_are_refused_without_the_switch() {
             "{e}"
         );
     }
-    assert!(rx.hits.lock().unwrap().is_empty(), "nothing was sent");
+    assert!(rx.hits().is_empty(), "nothing was sent");
 }
 
 #[test]
 fn a_delivery_gives_up_after_the_bound_and_says_so() {
     let rx = Receiver::start(vec![500; 10]);
     let d = daemon("enabled = true\nallow_private = true\nmax_attempts = 2\nbackoff_ms = 20\n");
-    let r = send_with_webhook(&d, &rx.url());
+    let r = send_with_webhook(&d, &hook(&rx));
     assert!(r.get("result").is_some(), "{r}");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !d.stderr().contains("a2a.push.failed") {
@@ -341,7 +252,7 @@ fn a_delivery_gives_up_after_the_bound_and_says_so() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(
-        rx.hits.lock().unwrap().len(),
+        rx.hits().len(),
         2,
         "exactly max_attempts tries: {}",
         d.stderr()
@@ -396,11 +307,11 @@ fn push_configs_survive_a_restart_and_deliveries_go_on() {
     let c = call(
         &d,
         "CreateTaskPushNotificationConfig",
-        json!({"taskId": id, "id": "keep", "url": rx.url(), "token": "t-9"}),
+        json!({"taskId": id, "id": "keep", "url": hook(&rx), "token": "t-9"}),
     );
     assert_eq!(c["result"]["id"], "keep", "{c}");
     // (Registered after the gate opened: nothing was delivered yet.)
-    let before = rx.hits.lock().unwrap().len();
+    let before = rx.hits().len();
     d.kill();
 
     // After the restart the config is there, and the task's end (it was in flight, so the
@@ -411,7 +322,7 @@ fn push_configs_survive_a_restart_and_deliveries_go_on() {
         "GetTaskPushNotificationConfig",
         json!({"taskId": id, "id": "keep"}),
     );
-    assert_eq!(got["result"]["url"], rx.url(), "{got}");
+    assert_eq!(got["result"]["url"], hook(&rx), "{got}");
     let hits = rx.wait_for(before + 1, Duration::from_secs(10));
     let last = hits.last().unwrap();
     assert_eq!(last.body["task"]["id"], id);

@@ -10,11 +10,10 @@
 mod common;
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
-use std::sync::{Arc, Mutex};
+use std::io::Write;
 use std::time::{Duration, Instant};
 
+use common::receiver::{Hit, Receiver};
 use common::{post, Daemon, Setup, RPC_HEADERS};
 use serde_json::{json, Value};
 
@@ -22,89 +21,21 @@ const COMMAND_URI: &str = "https://agentd.dev/a2a/ext/command";
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
 
-/// One request the collector got.
-#[derive(Clone, Debug)]
-struct Hit {
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Value,
-}
-
-impl Hit {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
 /// An OTLP/HTTP collector (and webhook receiver) on loopback: keeps every POST, answers
 /// `200 {}`.
-struct Collector {
-    port: u16,
-    hits: Arc<Mutex<Vec<Hit>>>,
-}
+struct Collector(Receiver);
 
 impl Collector {
     fn start() -> Collector {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let hits = Arc::new(Mutex::new(Vec::new()));
-        let kept = hits.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                let kept = kept.clone();
-                std::thread::spawn(move || {
-                    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-                    let mut r = BufReader::new(stream);
-                    let mut line = String::new();
-                    if r.read_line(&mut line).is_err() {
-                        return;
-                    }
-                    let path = line.split(' ').nth(1).unwrap_or_default().to_owned();
-                    let mut headers = Vec::new();
-                    loop {
-                        let mut h = String::new();
-                        if r.read_line(&mut h).is_err() || h.trim().is_empty() {
-                            break;
-                        }
-                        if let Some((k, v)) = h.trim_end().split_once(':') {
-                            headers.push((k.trim().to_owned(), v.trim().to_owned()));
-                        }
-                    }
-                    let len = headers
-                        .iter()
-                        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-                        .and_then(|(_, v)| v.parse::<usize>().ok())
-                        .unwrap_or(0);
-                    let mut body = vec![0; len];
-                    if r.read_exact(&mut body).is_err() {
-                        return;
-                    }
-                    let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                    kept.lock().unwrap().push(Hit {
-                        path,
-                        headers,
-                        body,
-                    });
-                    let mut s = r.into_inner();
-                    let _ = s.write_all(
-                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
-                    );
-                });
-            }
-        });
-        Collector { port, hits }
+        Collector(Receiver::start(Vec::new()))
     }
 
     fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        self.0.base()
     }
 
     fn hits(&self) -> Vec<Hit> {
-        self.hits.lock().unwrap().clone()
+        self.0.hits()
     }
 
     /// Every span exported so far, each with its resource's `service.name` as `service`.

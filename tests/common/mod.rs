@@ -8,6 +8,8 @@
 #![allow(dead_code)]
 
 pub mod full_disk;
+pub mod receiver;
+pub mod running;
 
 use std::fmt::Write as _;
 use std::fs;

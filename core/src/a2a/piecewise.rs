@@ -505,8 +505,9 @@ fn escape_into(out: &mut Vec<u8>, s: &[u8], from: usize, room: usize) -> usize {
     i
 }
 
-/// The length of `value`'s JSON, counted as it is serialized (nothing is kept).
-pub(crate) fn json_len(value: &impl Serialize) -> usize {
+/// The length of `value`'s compact JSON, counted as it is serialized (nothing is kept): what
+/// a bound on serialized bytes checks without writing the bytes.
+pub fn json_len(value: &impl Serialize) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

@@ -21,19 +21,7 @@ impl Runtime {
         let c = self
             .conversations
             .entry(key.clone())
-            .or_insert_with(|| Conversation {
-                context_id: context_id.to_owned(),
-                name: name.to_owned(),
-                owner: owner.clone(),
-                messages: VecDeque::new(),
-                sizes: VecDeque::new(),
-                bytes: 0,
-                total_messages: 0,
-                turns: 0,
-                version: 0,
-                task: None,
-                updated: now.epoch_ms,
-            });
+            .or_insert_with(|| Conversation::new(context_id, name, owner, now.epoch_ms));
         let text: Vec<String> = message
             .parts
             .iter()

@@ -10,6 +10,7 @@ use std::task::{Wake, Waker};
 use std::thread;
 use std::time::Duration;
 
+use agentd_core::a2a::piecewise::json_len;
 use agentd_core::a2a::types::{Message, Part, TaskState};
 use agentd_core::auth::Principal;
 use agentd_core::errors::{ErrorKind, RpcError};
@@ -488,6 +489,23 @@ const CONVERSATION_MESSAGES_KEPT: usize = 1000;
 const CONVERSATION_STRING_BYTES: usize = 4096;
 
 impl Conversation {
+    /// A conversation with nothing in it yet.
+    fn new(context_id: &str, name: &str, owner: &Principal, updated: u64) -> Conversation {
+        Conversation {
+            context_id: context_id.to_owned(),
+            name: name.to_owned(),
+            owner: owner.clone(),
+            messages: VecDeque::new(),
+            sizes: VecDeque::new(),
+            bytes: 0,
+            total_messages: 0,
+            turns: 0,
+            version: 0,
+            task: None,
+            updated,
+        }
+    }
+
     /// Keeps a message, dropping the oldest past the count bound or past `max_bytes` (the
     /// task history bound: a conversation keeps no more than one task may).
     fn keep(&mut self, mut message: Value, max_bytes: usize) {
@@ -1111,23 +1129,6 @@ fn cut_strings_in_place(v: &mut Value, max: usize) {
     }
 }
 
-/// The length of a value's compact JSON, counted without writing it anywhere.
-fn json_len(v: &Value) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut c = Count(0);
-    let _ = serde_json::to_writer(&mut c, v);
-    c.0
-}
-
 fn base36(mut n: u64) -> String {
     const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
     let mut out = Vec::new();
@@ -1168,19 +1169,7 @@ mod tests {
         assert_eq!(cut["text"].as_str().unwrap().len(), 4096);
         assert_eq!(json_len(&cut), cut.to_string().len());
 
-        let mut c = Conversation {
-            context_id: "ctx".into(),
-            name: "n".into(),
-            owner: Principal::operator(),
-            messages: VecDeque::new(),
-            sizes: VecDeque::new(),
-            bytes: 0,
-            total_messages: 0,
-            turns: 0,
-            version: 0,
-            task: None,
-            updated: 0,
-        };
+        let mut c = Conversation::new("ctx", "n", &Principal::operator(), 0);
         let size = cut.to_string().len();
         for _ in 0..5 {
             c.keep(m.clone(), 3 * size);
