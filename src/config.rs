@@ -199,6 +199,8 @@ pub struct A2aSection {
     pub tls: TlsSection,
     #[serde(default)]
     pub introspection: IntrospectionSection,
+    #[serde(default)]
+    pub console: ConsoleSection,
     /// `[[a2a.peers]]`: the agents `a2a.send` and `a2a.delegate` steps call.
     #[serde(default)]
     pub peers: Vec<PeerSection>,
@@ -253,6 +255,14 @@ pub struct PeerSection {
     /// PEM client certificate chain and key, for a peer that requires mutual TLS.
     pub client_cert: Option<String>,
     pub client_key: Option<String>,
+}
+
+/// `[a2a.console]`: the web console at `/console/` (docs/console.md).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleSection {
+    #[serde(default)]
+    pub enabled: bool,
 }
 
 /// `[a2a.introspection]`: the introspection ops, `audit` events and the log ring.
@@ -1097,6 +1107,9 @@ impl Config {
         set(&mut c.replay.events, l.replay_events);
         set(&mut c.replay.bytes, l.replay_bytes);
         c.introspection_enabled = self.a2a.introspection.enabled;
+        if self.a2a.console.enabled {
+            c.console = &crate::console::FILES;
+        }
         c.push = agentd_core::push::PushPolicy {
             enabled: self.a2a.push.enabled,
             allow_private: self.a2a.push.allow_private,
@@ -1550,6 +1563,7 @@ fn effective_document(c: &InstanceConfig, limits: &LimitsSection) -> serde_json:
                 "stream_deadline_ms": c.events_stream_deadline_ms,
             },
             "introspection": {"enabled": c.introspection_enabled},
+            "console": {"enabled": !c.console.is_empty()},
             "proxy": {
                 "listeners": c.proxy.listeners,
                 "trusted": c.proxy.trusted.iter().map(|n| n.to_string()).collect::<Vec<_>>(),

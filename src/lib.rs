@@ -3,6 +3,7 @@
 //! them to a driver; tests and fuzz targets reach them here.
 
 pub mod config;
+pub mod console;
 pub mod durable;
 pub mod logjson;
 pub mod memory;

@@ -108,6 +108,7 @@ fn defaults(config: &Config, ic: &InstanceConfig, s: &Settings) -> Result<Table,
     );
     section(a2a, "introspection")
         .insert("enabled".into(), Value::Boolean(ic.introspection_enabled));
+    section(a2a, "console").insert("enabled".into(), Value::Boolean(!ic.console.is_empty()));
     section(a2a, "cors").insert("origins".into(), Value::Array(Vec::new()));
     let dg = section(a2a, "device_grant");
     dg.insert("enabled".into(), Value::Boolean(ic.device_grant.enabled));

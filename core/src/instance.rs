@@ -125,6 +125,9 @@ pub struct InstanceConfig {
     pub events_enabled: bool,
     /// `a2a.introspection.enabled`: serves the introspection ops.
     pub introspection_enabled: bool,
+    /// `a2a.console.enabled`: the files served under `/console/`, which the host compiles
+    /// in (empty: no console, and `/console` is 404 like any unknown path).
+    pub console: &'static [crate::statics::StaticFile],
     /// `a2a.device_grant`: sign-in by the device authorization grant, and the
     /// `auth.device.*` ops.
     pub device_grant: crate::sessions::DeviceGrantConfig,
@@ -194,6 +197,7 @@ impl InstanceConfig {
             replay: crate::tasks::replay::ReplayLimits::DEFAULT,
             events_enabled: false,
             introspection_enabled: false,
+            console: &[],
             device_grant: crate::sessions::DeviceGrantConfig::default(),
             config_document: serde_json::json!({}),
             events_ring: 1024,

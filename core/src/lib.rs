@@ -111,6 +111,7 @@ mod ready;
 pub mod reqlog;
 pub mod rpc;
 pub mod sessions;
+pub mod statics;
 pub mod tasks;
 mod time;
 pub mod tls;

@@ -39,6 +39,11 @@ pub(super) enum Route {
         head_only: bool,
     },
     Rpc,
+    /// A file of the console the host compiled in (only while it hands the core some).
+    Static {
+        file: &'static crate::statics::StaticFile,
+        head_only: bool,
+    },
     Options {
         allow: &'static str,
     },

@@ -183,6 +183,27 @@ impl Connection {
                             };
                         }
                     }
+                    let console = inst.config().console;
+                    if !console.is_empty() && crate::statics::under_console(&head.path) {
+                        route = match (crate::statics::lookup(console, &head.path), &head.method) {
+                            (None, _) => Route::Refuse {
+                                status: 404,
+                                allow: None,
+                            },
+                            (Some(file), Method::Get) => Route::Static {
+                                file,
+                                head_only: false,
+                            },
+                            (Some(file), Method::Head) => Route::Static {
+                                file,
+                                head_only: true,
+                            },
+                            (Some(_), _) => Route::Refuse {
+                                status: 405,
+                                allow: Some(crate::statics::STATIC_ALLOW),
+                            },
+                        };
+                    }
                     self.cors = cors_standing(inst, &head, &route);
                     if self.cors == Cors::Refused {
                         // Before the body is read, and never counted as a failed credential.
@@ -198,7 +219,9 @@ impl Connection {
                         Route::Metrics { .. } => MethodLabel::Metrics,
                         Route::Health { ready: false, .. } => MethodLabel::Healthz,
                         Route::Health { ready: true, .. } => MethodLabel::Readyz,
-                        Route::Options { .. } | Route::Refuse { .. } => MethodLabel::Other,
+                        Route::Static { .. } | Route::Options { .. } | Route::Refuse { .. } => {
+                            MethodLabel::Other
+                        }
                     });
                     if let Route::Refuse { status, allow } = route {
                         if head.has_body() {
@@ -274,6 +297,10 @@ impl Connection {
             }
             Route::Metrics { head_only } => {
                 self.answer_metrics(inst, &head, head_only, now);
+                false
+            }
+            Route::Static { file, head_only } => {
+                self.answer_static(file, &head, head_only, now);
                 false
             }
             Route::OAuth(endpoint) => {
@@ -685,6 +712,33 @@ impl Connection {
             .header("cache-control", "no-store");
         self.finish_head(&mut h, head.minor_version, head.keep_alive, now);
         h.write_full(&mut self.out, text, head_only);
+    }
+
+    /// A file the host compiled in: never sniffed, never framed, its script and style its
+    /// own origin's only; revalidated by its entity tag (`no-cache`), so a new build is seen
+    /// at once and an unchanged file costs a 304.
+    pub(super) fn answer_static(
+        &mut self,
+        file: &'static crate::statics::StaticFile,
+        head: &RequestHead,
+        head_only: bool,
+        now: Now,
+    ) {
+        let etag = file.etag();
+        let fresh = head
+            .header_all("if-none-match")
+            .any(|v| etag_matches(v, &etag));
+        let date = self.date(now);
+        let mut h = Head::new(if fresh { 304 } else { 200 }, &date)
+            .header("content-type", file.content_type)
+            .header("cache-control", "no-cache")
+            .header("etag", etag)
+            .header("content-security-policy", crate::statics::CONSOLE_CSP)
+            .header("x-content-type-options", "nosniff")
+            .header("x-frame-options", "DENY")
+            .header("referrer-policy", "no-referrer");
+        self.finish_head(&mut h, head.minor_version, head.keep_alive, now);
+        h.write_full(&mut self.out, file.body, head_only);
     }
 
     /// The card: taken (shared) under the instance, copied out by `produce`.
