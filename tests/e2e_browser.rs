@@ -18,7 +18,6 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -27,8 +26,9 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::chromium::{find_tool, pid, stop_leftovers};
 use common::{bare, post, rpc_body, Daemon, Setup, RPC_HEADERS};
-use rustix::process::{Pid, Signal, WaitOptions};
+use rustix::process::Signal;
 use serde_json::json;
 
 const ANNOTATIONS: &str = "https://agentd.dev/a2a/ext/task-annotations";
@@ -319,93 +319,6 @@ fn unescape(s: &str) -> String {
         .replace("&#39;", "'")
         .replace("&nbsp;", "\u{a0}")
         .replace("&amp;", "&")
-}
-
-fn pid(raw: u32) -> Pid {
-    let raw = i32::try_from(raw).expect("a pid fits an i32");
-    assert!(raw > 1, "never signal init or everything");
-    Pid::from_raw(raw).expect("a nonzero pid")
-}
-
-/// Kills and reaps what is left of a chromium run: its process group, and the chromium
-/// processes this (subreaper) process inherited from it (the crashpad handler leaves the
-/// group). Only processes named `chrom…` are touched. Bounded to 5 s.
-fn stop_leftovers(pgid: u32) {
-    let me = std::process::id();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let _ = rustix::process::kill_process_group(pid(pgid), Signal::KILL);
-        let mut left = Vec::new();
-        for p in processes() {
-            let ours = p.ppid == me;
-            if !p.comm.starts_with("chrom") || !(ours || p.pgid == pgid) {
-                continue;
-            }
-            if p.state == 'Z' {
-                if ours {
-                    let _ = rustix::process::waitpid(Some(pid(p.pid)), WaitOptions::NOHANG);
-                    left.push(p);
-                }
-                // Someone else's zombie is dead already, and not ours to reap.
-                continue;
-            }
-            let _ = rustix::process::kill_process(pid(p.pid), Signal::KILL);
-            left.push(p);
-        }
-        if left.is_empty() {
-            return;
-        }
-        if Instant::now() >= deadline {
-            eprintln!("chromium processes still there after 5 s: {left:?}");
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-#[derive(Debug)]
-struct Proc {
-    pid: u32,
-    ppid: u32,
-    pgid: u32,
-    state: char,
-    comm: String,
-}
-
-/// Every process in /proc: `pid (comm) state ppid pgrp …` of its `stat`.
-fn processes() -> Vec<Proc> {
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| {
-            let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
-            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let open = stat.find('(')?;
-            let close = stat.rfind(')')?;
-            let comm = stat[open + 1..close].to_owned();
-            let mut f = stat[close + 1..].split_whitespace();
-            let state = f.next()?.chars().next()?;
-            let ppid = f.next()?.parse().ok()?;
-            let pgid = f.next()?.parse().ok()?;
-            Some(Proc {
-                pid,
-                ppid,
-                pgid,
-                state,
-                comm,
-            })
-        })
-        .collect()
-}
-
-/// An executable named `name` on PATH or in /usr/bin.
-fn find_tool(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain([PathBuf::from("/usr/bin")])
-        .map(|dir| dir.join(name))
-        .find(|p| fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
 }
 
 // ---------------------------------------------------------------------------------------

@@ -176,15 +176,33 @@ pub(super) fn route(head: &RequestHead) -> Route {
 }
 
 /// Where a request stands with CORS: the JSON-RPC route and its preflight are gated by the
-/// listed origins; the card is public (its own `access-control-allow-origin: *`).
-pub(super) fn cors_standing(inst: &Instance, head: &RequestHead, route: &Route) -> Cors {
+/// listed origins; the card is public (its own `access-control-allow-origin: *`). While the
+/// console is served, the listener's own origin (exactly as the card names it) is the
+/// console's, so not a cross-origin caller: its calls are answered as if they had no
+/// `Origin`. Only that literal origin: a page whose host name merely resolves here (DNS
+/// rebinding) names another origin and stays refused.
+pub(super) fn cors_standing(
+    inst: &Instance,
+    listener: usize,
+    head: &RequestHead,
+    route: &Route,
+) -> Cors {
     let Some(origin) = head.header("origin") else {
         return Cors::None;
     };
     if head.path != RPC_PATH && !matches!(route, Route::OAuth(_)) {
         return Cors::None;
     }
-    if !inst.config().cors.admits(origin) {
+    let config = inst.config();
+    if !config.console.is_empty()
+        && config
+            .listeners
+            .get(listener)
+            .is_some_and(|l| origin.trim_ascii() == l.origin().as_bytes())
+    {
+        return Cors::None;
+    }
+    if !config.cors.admits(origin) {
         return Cors::Refused;
     }
     Cors::Allowed {

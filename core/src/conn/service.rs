@@ -204,7 +204,7 @@ impl Connection {
                             },
                         };
                     }
-                    self.cors = cors_standing(inst, &head, &route);
+                    self.cors = cors_standing(inst, self.listener, &head, &route);
                     if self.cors == Cors::Refused {
                         // Before the body is read, and never counted as a failed credential.
                         route = Route::Refuse {
