@@ -172,22 +172,44 @@ async function bootstrap() {
       pageToken = r.nextPageToken || "";
     } while (pageToken && seen.size < 1000);
     S.tasks = seen;
-    if (S.ops.has("status")) await refreshStatus();
+    if (S.ops.has("status")) await refreshStatus(true);
     render();
   } catch (e) {
     failed(e);
   }
 }
 
-async function refreshStatus() {
+/** The `status` op: the status view, and the runs and conversations it lists (all of
+ *  them at a bootstrap; otherwise merged, newer documents winning over the feed's). */
+async function refreshStatus(replace) {
   const st = await command("status");
   S.lifecycle = {draining: st.draining, paused: st.paused};
-  S.runs = new Map((st.runs || []).map((r) => [r.id, r]));
-  S.conversations = new Map((st.conversations || []).map((c) => [c.id, c]));
+  if (replace) {
+    S.runs = new Map();
+    S.conversations = new Map();
+  }
+  for (const r of st.runs || []) {
+    const had = S.runs.get(r.id);
+    if (!had || (had.updated || 0) <= (r.updated || 0)) S.runs.set(r.id, r);
+  }
+  for (const c of st.conversations || []) {
+    const had = S.conversations.get(c.id);
+    if (!had || (had.version || 0) <= (c.version || 0)) S.conversations.set(c.id, c);
+  }
   $("status").textContent = JSON.stringify({
     instance: st.instance, version: st.version, uptime_s: Math.round(st.uptime_ms / 1000),
     draining: st.draining, paused: st.paused, store: st.store, counts: st.counts,
     workflows: st.workflows, model: st.model || undefined}, null, 2);
+}
+
+/** The status view again, at most once a second while the feed is busy. */
+let statusTimer = null;
+function statusSoon() {
+  if (statusTimer || !S.ops.has("status")) return;
+  statusTimer = setTimeout(() => {
+    statusTimer = null;
+    refreshStatus().then(render, (e) => log("status: " + e.message, true));
+  }, 1000);
 }
 
 function noteTask(t) { S.tasks.set(t.id, t); }
@@ -278,6 +300,7 @@ async function onFrame(doc) {
   } else if (r.event) {
     S.seq = Math.max(S.seq, r.event.seq);
     apply(r.event);
+    if (["run", "run.removed", "lifecycle", "conversation", "task.removed"].includes(r.event.kind)) statusSoon();
     render();
   } else if (r.goodbye) {
     S.seq = Math.max(S.seq, r.goodbye.seq || 0);
@@ -386,7 +409,7 @@ function draw() {
 
 function drawLifecycle() {
   const l = S.lifecycle;
-  $("lifecycle").textContent = l.draining ? "draining" : l.paused ? "paused" : "running";
+  $("lifecycle").textContent = "· " + (l.draining ? "draining" : l.paused ? "paused" : "running");
   $("lifecycle").dataset.state = l.draining ? "draining" : l.paused ? "paused" : "running";
 }
 
@@ -444,7 +467,7 @@ function field(name, s, required) {
   let kind = s.enum ? "enum" : s.type;
   if (Array.isArray(kind)) kind = kind.find((k) => k !== "null") || "string";
   if (kind === "enum") {
-    input = el("select", {id, name}, required ? null : opt("", "—"),
+    input = el("select", {id, name, required}, opt("", required ? "choose…" : "—"),
       ...s.enum.map((v, i) => opt(String(i), JSON.stringify(v))));
   } else if (kind === "boolean") {
     input = el("input", {id, name, type: "checkbox"});
@@ -465,7 +488,9 @@ function valueOf(schema, fields) {
   const one = (x) => {
     const v = x.input;
     switch (x.kind) {
-      case "enum": return v.value === "" ? undefined : x.s.enum[Number(v.value)];
+      case "enum":
+        if (v.value === "" && x.required) throw new Error(x.name + ": choose a value");
+        return v.value === "" ? undefined : x.s.enum[Number(v.value)];
       case "boolean": return v.checked;
       case "number": case "integer":
         return v.value === "" ? undefined : Number(v.value);

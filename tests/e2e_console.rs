@@ -169,6 +169,21 @@ fn the_console_is_off_by_default_and_served_with_strict_headers_when_on() {
         let r = off.connect_tcp().request(&get(path, &[]));
         assert_eq!(r.status, 404, "{path} with the console off");
     }
+    // --print-config says which.
+    for (d, want) in [(&off, "false"), (&on, "true")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_agentd"))
+            .arg("--print-config")
+            .arg("--config")
+            .arg(d.dir().join("agentd.toml"))
+            .env(BEARER_ENV, &t)
+            .output()
+            .expect("run agentd --print-config");
+        let printed = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            printed.contains(&format!("[a2a.console]\nenabled = {want}\n")),
+            "{printed}"
+        );
+    }
 
     for (path, kind) in FILES {
         let r = on.connect_tcp().request(&get(path, &[]));
@@ -421,7 +436,8 @@ fn the_console_signs_in_follows_a_run_answers_its_gate_and_operates_the_instance
             "{run_el} && {run_el}.dataset.status === 'completed' && \
              {run_el}.querySelector('.output').textContent.includes('approve=true env=prod count=3') && \
              !{gate} && \
-             document.querySelector('[data-task=\"{task}\"]').dataset.state === 'TASK_STATE_COMPLETED'"
+             document.querySelector('[data-task=\"{task}\"]').dataset.state === 'TASK_STATE_COMPLETED' && \
+             document.getElementById('status').textContent.includes('\"runs\": 1')"
         ),
     );
     let done = get_task(&d, &t, &task);
@@ -482,7 +498,8 @@ fn the_console_signs_in_follows_a_run_answers_its_gate_and_operates_the_instance
     b.eval("document.getElementById('op-pause').click(), true");
     b.wait_for(
         "paused",
-        "document.getElementById('lifecycle').dataset.state === 'paused'",
+        "document.getElementById('lifecycle').dataset.state === 'paused' && \
+         document.getElementById('status').textContent.includes('\"paused\": true')",
     );
     assert_eq!(paused(&d), json!(true));
     b.eval("document.getElementById('op-resume').click(), true");
