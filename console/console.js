@@ -596,6 +596,12 @@ async function main() {
   } catch (e) {
     return signinError("could not read the agent card: " + e.message);
   }
+  if (!Object.keys(S.card.securitySchemes || {}).length) {
+    // No credential declared: only the implicit loopback operator, which a browser never is.
+    $("token-form").hidden = true;
+    return signinError("This listener declares no credential, and a browser is never its " +
+      "implicit operator: configure a2a.bearer (or a rule, or the device grant) to use the console.");
+  }
   const saved = sessionStorage.getItem(TOKEN_KEY);
   if (saved) signIn(saved);
 }

@@ -94,14 +94,19 @@ fn token() -> String {
     )
 }
 
+/// A daemon with the operator's bearer `token`, the workflows and `sections`.
 fn daemon(token: &str, sections: &str) -> Daemon {
+    daemon_on("smol", token, sections)
+}
+
+fn daemon_on(driver: &str, token: &str, sections: &str) -> Daemon {
     let setup = Setup {
         a2a: format!("bearer = \"{{{{secret:{BEARER_ENV}}}}}\""),
         sections: format!("{sections}\n{WORKFLOWS}"),
         env: vec![(BEARER_ENV.into(), token.into())],
         ..Setup::default()
     };
-    Daemon::start_setup("smol", &setup)
+    Daemon::start_setup(driver, &setup)
 }
 
 /// A command sent as the operator (bearer); the whole JSON-RPC answer.
@@ -159,11 +164,21 @@ fn wait_state(d: &Daemon, token: &str, id: &str, want: &str) -> Value {
 
 #[test]
 fn the_console_is_off_by_default_and_served_with_strict_headers_when_on() {
+    for driver in common::DRIVERS {
+        console_on_the_wire(driver);
+    }
+}
+
+fn console_on_the_wire(driver: &str) {
     let t = token();
     let origin = "http://127.0.0.1:9";
     let cors = format!("[a2a.cors]\norigins = [\"{origin}\"]\n");
-    let mut off = daemon(&t, &cors);
-    let mut on = daemon(&t, &format!("{cors}[a2a.console]\nenabled = true\n"));
+    let mut off = daemon_on(driver, &t, &cors);
+    let mut on = daemon_on(
+        driver,
+        &t,
+        &format!("{cors}[a2a.console]\nenabled = true\n"),
+    );
 
     for (path, _) in FILES {
         let r = off.connect_tcp().request(&get(path, &[]));
@@ -542,6 +557,24 @@ fn the_console_signs_in_follows_a_run_answers_its_gate_and_operates_the_instance
         "the device's own token: {session}"
     );
 
+    // A listener that declares no credential has only the implicit loopback operator,
+    // which a browser never is: the page says so instead of offering a sign-in.
+    let bare_daemon = Daemon::start_setup(
+        "std",
+        &Setup {
+            sections: "[a2a.console]\nenabled = true\n".into(),
+            ..Setup::default()
+        },
+    );
+    b.new_tab();
+    b.open(&format!("http://{}/console/", bare_daemon.tcp));
+    b.wait_for(
+        "no sign-in offered without a credential",
+        "document.getElementById('token-form').hidden && \
+         document.getElementById('signin-error').textContent.includes('never its implicit operator')",
+    );
+    drop(bare_daemon);
+
     // Without the events extension the page polls ListTasks.
     let plain = daemon(&t, "[a2a.console]\nenabled = true\n");
     b.new_tab();
@@ -553,7 +586,8 @@ fn the_console_signs_in_follows_a_run_answers_its_gate_and_operates_the_instance
     b.eval(&sign_in_js(&t));
     b.wait_for(
         "polling",
-        "document.getElementById('conn').dataset.mode === 'polling'",
+        "document.getElementById('conn').dataset.mode === 'polling' && \
+         !document.getElementById('operator').hidden",
     );
     let other = command(
         &plain,
