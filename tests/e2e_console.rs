@@ -361,14 +361,27 @@ fn the_console_signs_in_follows_a_run_answers_its_gate_and_operates_the_instance
     let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
     let t = token();
     // A short feed deadline: the page must resume across the stream ending again and again.
-    let mut d = daemon(
-        &t,
-        "[a2a.console]\nenabled = true\n\
-         [a2a.events]\nenabled = true\nstream_deadline_ms = 1500\n\
-         [a2a.device_grant]\nenabled = true\nscopes = [\"user\", \"operator\"]\n",
-    );
-    let base = format!("http://{}", d.tcp);
+    // A fixed port and a store of the test's own, so the daemon can be restarted under the
+    // page (the feed's numbers then start afresh: the page must resync).
     let work = TempDir::new("agentd-e2e-console");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let setup = Setup {
+        a2a: format!("bearer = \"{{{{secret:{BEARER_ENV}}}}}\""),
+        sections: format!(
+            "[a2a.console]\nenabled = true\n\
+             [a2a.events]\nenabled = true\nstream_deadline_ms = 1500\n\
+             [a2a.device_grant]\nenabled = true\nscopes = [\"user\", \"operator\"]\n{WORKFLOWS}"
+        ),
+        env: vec![(BEARER_ENV.into(), t.clone())],
+        tcp_entry: Some(format!("\"tcp://127.0.0.1:{port}\"")),
+        store_dir: Some(work.path().join("data")),
+        ..Setup::default()
+    };
+    let mut d = Daemon::start_setup("smol", &setup);
+    let base = format!("http://{}", d.tcp);
     let mut b = Browser::start(&chromium, work.path());
 
     // Sign-in: a wrong token is refused in the page, the bearer is taken.
@@ -523,6 +536,39 @@ fn the_console_signs_in_follows_a_run_answers_its_gate_and_operates_the_instance
         "document.getElementById('lifecycle').dataset.state === 'running'",
     );
     assert_eq!(paused(&d), json!(false));
+
+    // The daemon restarts under the page: the page reconnects, is told it missed events
+    // (its cursor is from before the restart), reads the state again, and follows on.
+    d.kill();
+    b.wait_for(
+        "the feed lost",
+        "document.getElementById('conn').dataset.mode === 'reconnecting'",
+    );
+    let mut d = Daemon::start_setup("smol", &setup);
+    b.wait_for(
+        "the feed resynced after the restart",
+        "[...document.querySelectorAll('#log li')].some(l => l.textContent.includes('events were missed')) && \
+         document.getElementById('conn').dataset.mode === 'live'",
+    );
+    // Read again: the tasks from before the restart are still listed.
+    b.wait_for(
+        "the tasks kept across the restart",
+        &format!(
+            "document.querySelector('[data-task=\"{task}\"]') && \
+             document.querySelector('[data-task=\"{waiter}\"]')"
+        ),
+    );
+    let after = command(&d, &t, json!({"op": "workflow.run", "workflow": "waiter"}));
+    let after = after["result"]["task"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a task for the waiter: {after}"))
+        .to_owned();
+    b.wait_for(
+        "a task started after the restart, live",
+        &format!(
+            "document.querySelector('[data-task=\"{after}\"]')?.dataset.state === 'TASK_STATE_WORKING'"
+        ),
+    );
 
     // A second tab (its own sessionStorage) signs in with the device grant.
     b.new_tab();
