@@ -101,7 +101,7 @@ async function deviceSignIn() {
   $("device-code").hidden = false;
   $("user-code").textContent = a.body.user_code;
   $("verify-uri").textContent = a.body.verification_uri;
-  $("verify-uri").href = a.body.verification_uri;
+  if (/^https?:\/\//.test(a.body.verification_uri)) $("verify-uri").href = a.body.verification_uri;
   let wait = (a.body.interval || 5) * 1000;
   const until = Date.now() + (a.body.expires_in || 600) * 1000;
   while (Date.now() < until) {
@@ -294,6 +294,7 @@ async function onFrame(doc) {
     if (r.hello.resync) {
       log("feed: events were missed; reading the state again");
       S.steps.clear();
+      S.subagents.clear();
       await bootstrap();
     }
     if (r.hello.resync) S.seq = r.hello.resume || 0;
@@ -585,7 +586,10 @@ async function main() {
     e.preventDefault();
     signIn($("token").value.trim());
   });
-  $("device-start").addEventListener("click", () => deviceSignIn().catch((e) => signinError(e.message)));
+  $("device-start").addEventListener("click", () => {
+    $("device-start").disabled = true;
+    deviceSignIn().catch((e) => signinError(e.message)).finally(() => { $("device-start").disabled = false; });
+  });
   $("signout").addEventListener("click", signOut);
   $("op-pause").addEventListener("click", () => operatorOp("admin.pause"));
   $("op-resume").addEventListener("click", () => operatorOp("admin.resume"));
