@@ -212,7 +212,16 @@ function statusSoon() {
   }, 1000);
 }
 
-function noteTask(t) { S.tasks.set(t.id, t); }
+/** Keeps the newest document of a task: an RPC's answer can arrive after the feed already
+ *  told of a later state, and a task that reached a final state never leaves it. */
+function noteTask(t) {
+  const had = S.tasks.get(t.id);
+  if (had) {
+    if (FINAL.includes(had.status.state) && !FINAL.includes(t.status.state)) return;
+    if (String(t.status.timestamp || "") < String(had.status.timestamp || "")) return;
+  }
+  S.tasks.set(t.id, t);
+}
 
 function apply(ev) {
   const d = ev.data || {};
@@ -531,13 +540,15 @@ function drawRuns() {
 
 /** The steps in the order the feed saw them, then those the run lists but has not reached. */
 function timeline(r) {
-  const seen = (S.steps.get(r.id) || []).slice();
+  const seen = (S.steps.get(r.id) || []).map((s) => Object.assign({}, s));
   for (const [step, n] of Object.entries(r.steps || {})) {
     if (!seen.find((s) => s.step === step)) seen.push({step, state: n > 0 ? "done" : "pending"});
   }
-  if (r.status === "waiting") {
-    const last = seen.filter((s) => s.state === "running").pop();
-    if (last) last.state = "waiting";
+  const open = seen.filter((s) => s.state === "running");
+  if (r.status === "waiting" && open.length) open[open.length - 1].state = "waiting";
+  // A run that ended (cancelled, failed) stopped the steps it was in.
+  if (!["running", "waiting", "paused"].includes(r.status)) {
+    for (const s of open) s.state = "stopped";
   }
   return seen;
 }

@@ -368,12 +368,17 @@ fn the_console_signs_in_follows_a_run_answers_its_gate_and_operates_the_instance
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port();
+    let echo = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/agents/echo_agent.py")
+        .display()
+        .to_string();
     let setup = Setup {
         a2a: format!("bearer = \"{{{{secret:{BEARER_ENV}}}}}\""),
         sections: format!(
             "[a2a.console]\nenabled = true\n\
              [a2a.events]\nenabled = true\nstream_deadline_ms = 1500\n\
-             [a2a.device_grant]\nenabled = true\nscopes = [\"user\", \"operator\"]\n{WORKFLOWS}"
+             [a2a.device_grant]\nenabled = true\nscopes = [\"user\", \"operator\"]\n\
+             [[subagents]]\nname = \"echo\"\ncommand = [\"python3\", {echo:?}]\n{WORKFLOWS}"
         ),
         env: vec![(BEARER_ENV.into(), t.clone())],
         tcp_entry: Some(format!("\"tcp://127.0.0.1:{port}\"")),
@@ -487,7 +492,6 @@ fn the_console_signs_in_follows_a_run_answers_its_gate_and_operates_the_instance
         Some(json!({"approve": true, "note": "from the console", "count": 3, "env": "prod"})),
         "the gate's answer, typed by the schema: {done}"
     );
-    b.screenshot("console-done", work.path());
 
     // The feed stream ends at its deadline (1.5 s here); the page resumes from its last
     // seq, and what happens next (the cancel below) still reaches it.
@@ -511,12 +515,29 @@ fn the_console_signs_in_follows_a_run_answers_its_gate_and_operates_the_instance
     b.eval(&format!("{row}.querySelector('button').click(), true"));
     b.wait_for(
         "the waiter cancelled in the page",
-        &format!("{row} && {row}.dataset.state === 'TASK_STATE_CANCELED'"),
+        &format!(
+            "{row} && {row}.dataset.state === 'TASK_STATE_CANCELED' && \
+             document.querySelector('[data-run][data-status=\"cancelled\"] [data-step=\"wait\"]')?.dataset.state === 'stopped'"
+        ),
     );
     assert_eq!(
         task_state(&get_task(&d, &t, &waiter)),
         "TASK_STATE_CANCELED"
     );
+
+    // A subagent appears under Agents, with its state.
+    let sent = command(
+        &d,
+        &t,
+        json!({"op": "subagent.send", "handle": "echo:a", "message": "ping"}),
+    );
+    assert!(sent.get("error").is_none(), "{sent}");
+    b.wait_for(
+        "the subagent",
+        "document.querySelector('[data-subagent=\"echo:a\"]')?.textContent.includes('subagent echo:a')",
+    );
+
+    b.screenshot("console-done", work.path());
 
     // Pause and resume as the operator.
     let paused = |d: &Daemon| {
