@@ -110,6 +110,8 @@ fn daemon_on(driver: &str, token: &str, sections: &str) -> Daemon {
 }
 
 /// A command sent as the operator (bearer); the whole JSON-RPC answer.
+// TODO(run): start workflows with `agentd run` (the client's command subcommand) once it
+// lands, instead of this hand-made JSON-RPC POST.
 fn command(d: &Daemon, token: &str, envelope: Value) -> Value {
     let params = json!({
         "message": {
