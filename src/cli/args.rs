@@ -103,7 +103,8 @@ impl Parsed {
         let bearer = match self.value("--bearer") {
             Some(t) => Some(t.to_owned()),
             None => std::env::var("AGENTD_TOKEN").ok().filter(|t| !t.is_empty()),
-        };
+        }
+        .or_else(|| super::credentials::lookup(url).map(|c| c.access_token));
         let timeout = self.number("--timeout")?.map(Duration::from_secs);
         if timeout == Some(Duration::ZERO) {
             return Err(Failure::Usage("--timeout must be at least 1 second".into()));
@@ -131,7 +132,7 @@ impl Parsed {
 pub struct Common {
     /// `http://127.0.0.1:PORT[/path]`, `https://host[:port][/path]` or `unix:///path`.
     pub url: String,
-    /// `--bearer`, else `AGENTD_TOKEN`.
+    /// `--bearer`, else `AGENTD_TOKEN`, else the unexpired token `agentd login` kept.
     pub bearer: Option<String>,
     pub json: bool,
     /// `--timeout SECS`: how long the whole call may take.

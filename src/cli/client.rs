@@ -116,6 +116,31 @@ impl Client {
         Ok(card)
     }
 
+    /// A plain HTTP request to a path at the URL's origin (the OAuth endpoints): its status
+    /// and its body as JSON (`Null` when it is not JSON). `form` is sent as
+    /// `application/x-www-form-urlencoded`.
+    pub fn http_json(&mut self, path: &str, form: Option<&str>) -> Result<(u16, Value), Failure> {
+        let mut req = OutRequest::new(
+            if form.is_some() { "POST" } else { "GET" },
+            &self.host,
+            path,
+        )
+        .header("Accept", "application/json")
+        .header("Connection", "close");
+        if let Some(f) = form {
+            req = req
+                .header("Content-Type", "application/x-www-form-urlencoded")
+                .body(f.as_bytes().to_vec());
+        }
+        let (head, body) = self
+            .peer
+            .roundtrip(&req, self.deadline(false), &self.never)?;
+        Ok((
+            head.status,
+            serde_json::from_slice(&body).unwrap_or(Value::Null),
+        ))
+    }
+
     /// The tenant of the interface the card offers for this URL (read once).
     fn tenant(&mut self) -> Result<Option<String>, Failure> {
         if let Some(t) = &self.tenant {

@@ -4,6 +4,7 @@ mod cancel;
 mod card;
 mod get;
 mod list;
+mod login;
 mod send;
 mod subscribe;
 
@@ -11,6 +12,7 @@ pub use cancel::cancel;
 pub use card::card;
 pub use get::get;
 pub use list::list;
+pub use login::{login, logout};
 pub use send::send;
 pub use subscribe::subscribe;
 
