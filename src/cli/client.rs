@@ -151,8 +151,18 @@ impl Client {
 
     /// One JSON-RPC call; its `result`.
     pub fn call(&mut self, method: &str, params: Map<String, Value>) -> Result<Value, Failure> {
+        self.call_ext(method, params, &[])
+    }
+
+    /// One JSON-RPC call with `extensions` activated (`A2A-Extensions`); its `result`.
+    pub fn call_ext(
+        &mut self,
+        method: &str,
+        params: Map<String, Value>,
+        extensions: &[&str],
+    ) -> Result<Value, Failure> {
         let (id, body) = self.body(method, params)?;
-        let req = self.peer.rpc_request(body, false, &[], &[]);
+        let req = self.peer.rpc_request(body, false, extensions, &[]);
         let (head, body) = self
             .peer
             .roundtrip(&req, self.deadline(false), &self.never)?;
@@ -176,6 +186,18 @@ impl Client {
         method: &str,
         params: Map<String, Value>,
         last_event_id: Option<&str>,
+        on: impl FnMut(Value, Option<&str>) -> Result<bool, Failure>,
+    ) -> Result<StreamEnd, Failure> {
+        self.stream_ext(method, params, last_event_id, &[], on)
+    }
+
+    /// [`Client::stream`] with `extensions` activated (`A2A-Extensions`).
+    pub fn stream_ext(
+        &mut self,
+        method: &str,
+        params: Map<String, Value>,
+        last_event_id: Option<&str>,
+        extensions: &[&str],
         mut on: impl FnMut(Value, Option<&str>) -> Result<bool, Failure>,
     ) -> Result<StreamEnd, Failure> {
         let (id, body) = match self.body(method, params) {
@@ -186,7 +208,7 @@ impl Client {
             }
             Err(e) => return Err(e),
         };
-        let mut req = self.peer.rpc_request(body, true, &[], &[]);
+        let mut req = self.peer.rpc_request(body, true, extensions, &[]);
         if let Some(last) = last_event_id {
             req = req.header("Last-Event-ID", last);
         }

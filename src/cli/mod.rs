@@ -1,17 +1,20 @@
 //! The client subcommands of the `agentd` binary (`agentd card|send|get|list|cancel|
-//! subscribe URL ...`): an ordinary A2A 1.0 client of any server, agentd or not. It speaks
-//! through the daemon's own peer client, so it reaches what the daemon's peer calls reach:
+//! subscribe|run|answer URL ...`): an ordinary A2A 1.0 client of any server, agentd or not.
+//! It speaks through the daemon's own peer client, so it reaches what the daemon's peer calls
+//! reach:
 //! `http://` on loopback, `https://` (mutual TLS with `--cert`/`--key`), unix sockets
 //! (`unix:///path`), a bearer token. Human output by default, `--json` for scripts.
 //!
 //! It sends `A2A-Version: 1.0` on every call, reads the card before the first call (for the
-//! interface's tenant and whether the server streams), and activates no extension: every
-//! subcommand here is a core method. See docs/client.md.
+//! interface's tenant and whether the server streams). The core-method subcommands activate
+//! no extension; `run` activates agentd's command extension and `answer` its task
+//! annotations, each only when the card declares it. See docs/client.md.
 
 mod args;
 mod client;
 mod commands;
 mod output;
+mod schema;
 
 use std::fmt;
 use std::process::ExitCode;
@@ -20,7 +23,17 @@ use agentd::runtime::peer::PeerError;
 use serde_json::Value;
 
 /// The subcommand names: `agentd NAME ...` with one of these first is the client.
-pub const SUBCOMMANDS: &[&str] = &["card", "send", "get", "list", "cancel", "subscribe", "help"];
+pub const SUBCOMMANDS: &[&str] = &[
+    "card",
+    "send",
+    "get",
+    "list",
+    "cancel",
+    "subscribe",
+    "run",
+    "answer",
+    "help",
+];
 
 pub const HELP: &str = "\
 Client subcommands (an A2A 1.0 client of any server; see docs/client.md):
@@ -33,6 +46,12 @@ Client subcommands (an A2A 1.0 client of any server; see docs/client.md):
                                   the caller's tasks, newest first, a page at a time
   agentd cancel URL TASK          cancel a task
   agentd subscribe URL TASK       follow a task's stream to its end (reconnects after a drop)
+  agentd run URL OP [--arg NAME=VALUE ...] [--args JSON]
+                                  run an op of agentd's command extension, its arguments
+                                  checked against the op's schema first
+  agentd answer URL TASK [--answer JSON | --field NAME=VALUE ...]
+                                  answer a task waiting for input (asks field by field
+                                  on a terminal), checked against its askSchema
 
   URL is http://127.0.0.1:PORT[/path] (plain http on loopback only),
   https://HOST[:PORT][/path] or unix:///PATH.
@@ -145,6 +164,8 @@ pub fn main(name: &str, words: &[String]) -> ExitCode {
         "list" => commands::list(words),
         "cancel" => commands::cancel(words),
         "subscribe" => commands::subscribe(words),
+        "run" => commands::run(words),
+        "answer" => commands::answer(words),
         other => Err(Failure::Usage(format!("no subcommand {other:?}"))),
     };
     match r {

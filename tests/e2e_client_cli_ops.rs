@@ -1,0 +1,401 @@
+//! The client subcommands beyond the core methods, on the real binary against a real agentd
+//! (a workflow started by its command, with a human gate; the events feed): `run` with its
+//! arguments checked against the op's schema, `answer` for an input-required gate, `watch`
+//! resuming the feed after a proxy cuts it (and saying when it had to resync), and `probe`
+//! against agentd and against the official A2A Python SDK's server.
+
+mod common;
+
+use common::cli::*;
+use common::{Daemon, Setup};
+use serde_json::Value;
+
+const TOKEN: &str = "ops-e2e-token";
+
+/// A workflow started by its command (`release.start {tag}`), built by an exec step, then
+/// stopped at a human gate whose schema asks for `approve` (and an optional `note`).
+const WORKFLOWS: &str = r#"
+[[workflows]]
+name = "release"
+description = "Build, ask a person, ship"
+
+[[workflows.steps]]
+id = "start"
+kind = "a2a"
+command = "release.start"
+roles = ["user", "operator"]
+schema = { type = "object", properties = { tag = { type = "string" }, replicas = { type = "integer" }, dry = { type = "boolean" } }, required = ["tag"], additionalProperties = false }
+
+[[workflows.steps]]
+id = "build"
+kind = "exec"
+program = "/bin/sh"
+args = ["-c", "printf '{\"built\": \"%s\"}' \"$0\"", "{{inputs.tag}}"]
+
+[[workflows.steps]]
+id = "approve"
+kind = "human"
+prompt = "Ship {{steps.build.output.built}}?"
+schema = { type = "object", properties = { approve = { type = "boolean", title = "Approve the release" }, note = { type = "string", description = "why" }, level = { enum = ["low", "high"], default = "low" } }, required = ["approve"], additionalProperties = false }
+
+[[workflows.steps]]
+id = "ship"
+kind = "exec"
+program = "/bin/sh"
+args = ["-c", "printf '{\"shipped\": \"%s\", \"approved\": %s}' \"$0\" \"$1\"", "{{steps.build.output.built}}", "{{steps.approve.output.approve}}"]
+
+[[workflows]]
+name = "quick"
+[[workflows.steps]]
+id = "say"
+kind = "exec"
+program = "/bin/echo"
+args = ["hi {{inputs.who}}"]
+"#;
+
+/// An agentd with the workflows, the events feed (a ring of `ring` events) and, with
+/// `bearer`, an operator token (so a scheme is declared and the extended card is served).
+fn ops_daemon(bearer: bool, ring: u32) -> Daemon {
+    Daemon::start_setup(
+        "smol",
+        &Setup {
+            sections: format!(
+                "[agent]\ncommand = [\"python3\", \"{}\"]\n[a2a.events]\nenabled = true\nring = {ring}\n[a2a.introspection]\nenabled = true\n{WORKFLOWS}",
+                script("examples/agents/echo_agent.py")
+            ),
+            a2a: if bearer {
+                "bearer = \"{{secret:E2E_OPS_TOKEN}}\"".into()
+            } else {
+                String::new()
+            },
+            env: vec![("E2E_OPS_TOKEN".into(), TOKEN.into())],
+            ..Setup::default()
+        },
+    )
+}
+
+/// `args` with `--bearer TOKEN` added.
+fn with_token<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut v = args.to_vec();
+    v.extend(["--bearer", TOKEN]);
+    v
+}
+
+/// The task id of a human `task` line.
+fn task_id(out: &str) -> String {
+    out.lines()
+        .find_map(|l| l.strip_prefix("task     "))
+        .unwrap_or_else(|| panic!("no task line: {out}"))
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+#[test]
+fn run_checks_arguments_against_the_schema_on_the_card() {
+    let d = ops_daemon(true, 1024);
+    let url = d.tcp_url();
+
+    // A read op: its result for people, and as served.
+    let out = ok(&with_token(&["run", &url, "status"]));
+    assert!(
+        out.contains("instance: ") && out.contains("counts:"),
+        "{out}"
+    );
+    let served = ok_json(&with_token(&["run", &url, "status", "--json"]));
+    assert!(
+        served["message"]["parts"][0]["data"]["counts"].is_object(),
+        "{served}"
+    );
+
+    // A built-in op's arguments, by its schema in the command extension: types, unknown
+    // names and missing ones are usage errors naming the argument, and nothing is sent.
+    let err = fails(
+        &with_token(&["run", &url, "debug.events", "--arg", "limit=lots"]),
+        2,
+    );
+    assert!(err.contains("limit takes an integer"), "{err}");
+    let err = fails(
+        &with_token(&["run", &url, "workflow.status", "--arg", "nope=1"]),
+        2,
+    );
+    assert!(
+        err.contains("argument nope") && err.contains("it takes run"),
+        "{err}"
+    );
+    let err = fails(&with_token(&["run", &url, "workflow.run"]), 2);
+    assert!(
+        err.contains("argument workflow") && err.contains("needs it"),
+        "{err}"
+    );
+    let err = fails(
+        &with_token(&["run", &url, "workflow.run", "--args", "{\"workflow\": 5}"]),
+        2,
+    );
+    assert!(
+        err.contains("argument workflow") && err.contains("string"),
+        "{err}"
+    );
+    fails(&with_token(&["run", &url, "status", "--args", "[1]"]), 2);
+
+    // workflow.run with an object argument given as JSON: a work op, answered with its task.
+    let out = ok(&with_token(&[
+        "run",
+        &url,
+        "workflow.run",
+        "--arg",
+        "workflow=quick",
+        "--arg",
+        "inputs={\"who\": \"there\"}",
+    ]));
+    assert!(out.contains("state    completed"), "{out}");
+    assert!(out.contains("hi there"), "{out}");
+
+    // A workflow's command: its schema is on the extended card only. k=v words take the
+    // schema's types (replicas an integer, dry a boolean), so the server accepts them.
+    let err = fails(
+        &with_token(&[
+            "run",
+            &url,
+            "release.start",
+            "--arg",
+            "tag=v1",
+            "--arg",
+            "replicas=two",
+        ]),
+        2,
+    );
+    assert!(err.contains("replicas takes an integer"), "{err}");
+    let err = fails(
+        &with_token(&["run", &url, "release.start", "--arg", "tga=v1"]),
+        2,
+    );
+    assert!(err.contains("argument tga"), "{err}");
+    let out = ok(&with_token(&[
+        "run",
+        &url,
+        "release.start",
+        "--arg",
+        "tag=v1",
+        "--arg",
+        "replicas=3",
+        "--arg",
+        "dry=false",
+    ]));
+    assert!(out.contains("state    input-required"), "{out}");
+    assert!(
+        out.contains("Ship v1?") && out.contains("agentd answer"),
+        "{out}"
+    );
+    // An op the extended card does not list for this caller.
+    let err = fails(&with_token(&["run", &url, "no.such.op"]), 2);
+    assert!(err.contains("not an op this caller may run"), "{err}");
+    // The server's own refusal still comes through (exit 1): cancel of an unknown run.
+    let err = fails(
+        &with_token(&["run", &url, "workflow.cancel", "--arg", "run=nope"]),
+        1,
+    );
+    assert!(err.contains("error -3"), "{err}");
+}
+
+#[test]
+fn run_without_an_extended_card_sends_a_workflow_command_unchecked() {
+    // No scheme declared: the loopback caller is the operator and there is no extended
+    // card, so a workflow's command is found on no card; the server checks it.
+    let d = ops_daemon(false, 1024);
+    let url = d.tcp_url();
+    let out = cli(&["run", &url, "release.start", "--arg", "tag=v2"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        stderr(&out).contains("sending release.start unchecked"),
+        "{}",
+        text(&out)
+    );
+    assert!(stdout(&out).contains("input-required"), "{}", text(&out));
+    let err = fails(&["run", &url, "release.start", "--arg", "tga=v2"], 1);
+    assert!(err.contains("INVALID_COMMAND_ARGS"), "{err}");
+    // Built-in ops are still checked by their schema.
+    fails(&["run", &url, "debug.events", "--arg", "limit=-"], 2);
+}
+
+/// Starts a release run; the id of its task, waiting at the gate.
+fn gated_task(url: &str) -> String {
+    let out = ok(&with_token(&[
+        "run",
+        url,
+        "release.start",
+        "--arg",
+        "tag=v7",
+    ]));
+    assert!(out.contains("input-required"), "{out}");
+    task_id(&out)
+}
+
+#[test]
+fn answer_takes_fields_checks_them_and_continues_the_task() {
+    let d = ops_daemon(true, 1024);
+    let url = d.tcp_url();
+    let id = gated_task(&url);
+    // Not a terminal, no answer given: a usage error, the gate stays open.
+    let err = fails(&with_token(&["answer", &url, &id]), 2);
+    assert!(err.contains("stdin is not a terminal"), "{err}");
+    // Checked against the gate's askSchema before anything is sent, naming the field.
+    let err = fails(
+        &with_token(&["answer", &url, &id, "--field", "approve=perhaps"]),
+        2,
+    );
+    assert!(err.contains("approve takes true or false"), "{err}");
+    let err = fails(
+        &with_token(&[
+            "answer",
+            &url,
+            &id,
+            "--field",
+            "level=extreme",
+            "--field",
+            "approve=y",
+        ]),
+        2,
+    );
+    assert!(err.contains("level takes one of low, high"), "{err}");
+    let err = fails(
+        &with_token(&["answer", &url, &id, "--answer", "{\"note\": \"x\"}"]),
+        2,
+    );
+    assert!(err.contains("approve") && err.contains("required"), "{err}");
+    let err = fails(
+        &with_token(&[
+            "answer",
+            &url,
+            &id,
+            "--answer",
+            "{\"approve\": true, \"extra\": 1}",
+        ]),
+        2,
+    );
+    assert!(err.contains("extra"), "{err}");
+    let err = fails(
+        &with_token(&[
+            "answer",
+            &url,
+            &id,
+            "--answer",
+            "{}",
+            "--field",
+            "approve=y",
+        ]),
+        2,
+    );
+    assert!(err.contains("not both"), "{err}");
+    // The gate is still open after all of those.
+    let t = ok_json(&with_token(&["get", &url, &id, "--json"]));
+    assert_eq!(t["status"]["state"], "TASK_STATE_INPUT_REQUIRED", "{t}");
+
+    let out = ok(&with_token(&[
+        "answer",
+        &url,
+        &id,
+        "--field",
+        "approve=yes",
+        "--field",
+        "note=looks good",
+    ]));
+    assert!(out.contains("state    completed"), "{out}");
+    assert!(
+        out.contains("\"shipped\":\"v7\"") && out.contains("\"approved\":true"),
+        "{out}"
+    );
+    // Answered: the task no longer waits.
+    let err = fails(
+        &with_token(&["answer", &url, &id, "--field", "approve=yes"]),
+        2,
+    );
+    assert!(
+        err.contains("not waiting for input: it is completed"),
+        "{err}"
+    );
+    // An unknown task is the server's refusal.
+    let err = fails(
+        &with_token(&["answer", &url, "no-such-task", "--field", "approve=yes"]),
+        1,
+    );
+    assert!(err.contains("-32001"), "{err}");
+
+    // --answer JSON, with --json: the task as served.
+    let id = gated_task(&url);
+    let t = ok_json(&with_token(&[
+        "answer",
+        &url,
+        &id,
+        "--answer",
+        "{\"approve\": false}",
+        "--json",
+    ]));
+    assert_eq!(t["task"]["status"]["state"], "TASK_STATE_COMPLETED", "{t}");
+}
+
+#[test]
+fn answer_on_a_terminal_asks_field_by_field() {
+    let d = ops_daemon(true, 1024);
+    let url = d.tcp_url();
+    let id = gated_task(&url);
+    // `script` runs the client on a pseudo-terminal (util-linux), its stdin the typed lines:
+    // a bad boolean first (asked again), a note, and the level left to its default.
+    let command = format!(
+        "{} answer {url} {id} --bearer {TOKEN}",
+        env!("CARGO_BIN_EXE_agentd")
+    );
+    let mut child = std::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("script (util-linux) runs");
+    let mut stdin = child.stdin.take().unwrap();
+    for typed in ["maybe\n", "y\n", "\n", "ship it\n"] {
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        use std::io::Write;
+        stdin.write_all(typed.as_bytes()).unwrap();
+        stdin.flush().unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the client on a terminal did not end");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let all = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    for needle in [
+        "Ship v7?",
+        "Approve the release * (approve) [y/n]:",
+        "approve takes true or false",
+        "level [low/high] default low:",
+        "note - why",
+        "state    completed",
+    ] {
+        assert!(all.contains(needle), "{needle:?} in {all}");
+    }
+    let t = ok_json(&with_token(&["get", &url, &id, "--json", "--history", "5"]));
+    let answer = t["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "ROLE_USER")
+        .map(|m| m["parts"][0]["data"].clone())
+        .unwrap_or(Value::Null);
+    assert_eq!(
+        answer,
+        serde_json::json!({"approve": true, "level": "low", "note": "ship it"}),
+        "{t}"
+    );
+}
