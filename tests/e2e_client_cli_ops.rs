@@ -399,3 +399,94 @@ fn answer_on_a_terminal_asks_field_by_field() {
         "{t}"
     );
 }
+
+/// The seq numbers of watch's human lines, in order.
+fn seqs(out: &str) -> Vec<u64> {
+    out.lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+/// What the watch tests cut: the first events stream (`fromSeq` 0) once it carried a step
+/// event; a request with another cursor resumes.
+const CUT_FEED: Cut = Cut {
+    method: "subscribetoevents",
+    after: "\"kind\":\"step\"",
+    resumes: |req| req.contains("\"fromseq\":") && !req.contains("\"fromseq\":0"),
+};
+
+#[test]
+fn watch_resumes_from_the_last_seq_after_a_drop() {
+    let d = ops_daemon(false, 1024);
+    let url = d.tcp_url();
+    let proxy = CuttingProxy::cutting(d.tcp, CUT_FEED);
+    let mut live = Live::start(&["watch", &proxy.url()]);
+    // A run that stops at its gate: task, run and step events; the proxy cuts the feed
+    // once it carried the first step event, and the watcher reconnects.
+    let out = ok(&["run", &url, "release.start", "--arg", "tag=w1"]);
+    let id = task_id(&out);
+    proxy.wait_cut();
+    live.until("input-required");
+    // Answered after the reconnect: the rest of the run arrives on the resumed stream.
+    ok(&["answer", &url, &id, "--field", "approve=true"]);
+    live.until(&format!("{id} completed"));
+    let (out, err) = live.stop();
+    assert!(
+        proxy.resumed.load(std::sync::atomic::Ordering::SeqCst),
+        "the second request asked for a cursor: {err}"
+    );
+    assert!(err.contains("reconnecting from seq"), "{err}");
+    assert!(!err.contains("resync"), "nothing was missed: {err}");
+    let s = seqs(&out);
+    assert!(s.len() > 5, "{out}");
+    assert!(
+        s.windows(2).all(|w| w[0] < w[1]),
+        "every event once, in order: {s:?}\n{out}"
+    );
+    for kind in ["task", "run", "step"] {
+        assert!(
+            out.lines()
+                .any(|l| l.split_whitespace().nth(2) == Some(kind)),
+            "{kind} events: {out}"
+        );
+    }
+}
+
+#[test]
+fn watch_says_when_it_had_to_resync() {
+    // A ring of 8 events; the watcher's reconnect is held back while the run makes more than
+    // that, so the feed no longer holds its cursor.
+    let d = ops_daemon(false, 8);
+    let url = d.tcp_url();
+    let proxy = CuttingProxy::cutting(d.tcp, CUT_FEED);
+    proxy.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut live = Live::start(&["watch", &proxy.url(), "--json"]);
+    ok(&[
+        "run",
+        &url,
+        "workflow.run",
+        "--arg",
+        "workflow=quick",
+        "--arg",
+        "inputs={\"who\":\"a\"}",
+    ]);
+    proxy.wait_cut();
+    for who in ["b", "c", "d"] {
+        let inputs = format!("inputs={{\"who\":\"{who}\"}}");
+        ok(&[
+            "run",
+            &url,
+            "workflow.run",
+            "--arg",
+            "workflow=quick",
+            "--arg",
+            &inputs,
+        ]);
+    }
+    proxy.hold.store(false, std::sync::atomic::Ordering::SeqCst);
+    live.until("\"resync\":true");
+    live.until("hi d");
+    let (_, err) = live.stop();
+    assert!(err.contains("reconnecting from seq"), "{err}");
+    assert!(err.contains("resync"), "said on stderr: {err}");
+}

@@ -1,14 +1,13 @@
 //! The client subcommands of the `agentd` binary (`agentd card|send|get|list|cancel|
-//! subscribe|run|answer URL ...`): an ordinary A2A 1.0 client of any server, agentd or not.
-//! It speaks through the daemon's own peer client, so it reaches what the daemon's peer calls
-//! reach:
-//! `http://` on loopback, `https://` (mutual TLS with `--cert`/`--key`), unix sockets
-//! (`unix:///path`), a bearer token. Human output by default, `--json` for scripts.
+//! subscribe|run|answer|watch URL ...`): an ordinary A2A 1.0 client of any server, agentd or
+//! not. It speaks through the daemon's own peer client, so it reaches what the daemon's peer
+//! calls reach: `http://` on loopback, `https://` (mutual TLS with `--cert`/`--key`), unix
+//! sockets (`unix:///path`), a bearer token. Human output by default, `--json` for scripts.
 //!
 //! It sends `A2A-Version: 1.0` on every call, reads the card before the first call (for the
 //! interface's tenant and whether the server streams). The core-method subcommands activate
-//! no extension; `run` activates agentd's command extension and `answer` its task
-//! annotations, each only when the card declares it. See docs/client.md.
+//! no extension; `run` activates agentd's command extension, `answer` its task annotations
+//! and `watch` its events feed, each only when the card declares it. See docs/client.md.
 
 mod args;
 mod client;
@@ -32,6 +31,7 @@ pub const SUBCOMMANDS: &[&str] = &[
     "subscribe",
     "run",
     "answer",
+    "watch",
     "help",
 ];
 
@@ -52,6 +52,8 @@ Client subcommands (an A2A 1.0 client of any server; see docs/client.md):
   agentd answer URL TASK [--answer JSON | --field NAME=VALUE ...]
                                   answer a task waiting for input (asks field by field
                                   on a terminal), checked against its askSchema
+  agentd watch URL [--from SEQ]   agentd's events feed, live, one line per event (resumes
+                                  from the last seq after a drop; says when it resynced)
 
   URL is http://127.0.0.1:PORT[/path] (plain http on loopback only),
   https://HOST[:PORT][/path] or unix:///PATH.
@@ -166,6 +168,7 @@ pub fn main(name: &str, words: &[String]) -> ExitCode {
         "subscribe" => commands::subscribe(words),
         "run" => commands::run(words),
         "answer" => commands::answer(words),
+        "watch" => commands::watch(words),
         other => Err(Failure::Usage(format!("no subcommand {other:?}"))),
     };
     match r {

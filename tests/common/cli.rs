@@ -166,6 +166,20 @@ impl Live {
     }
 
     /// Waits (20 s) for the exit; the status, all of stdout, stderr.
+    /// Kills a client that runs until stopped (`watch`); all of stdout, stderr.
+    pub fn stop(mut self) -> (String, String) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(2)) {
+            self.seen.push(l);
+        }
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        (self.seen.join("\n"), err)
+    }
+
     pub fn finish(mut self) -> (Option<i32>, String, String) {
         let deadline = Instant::now() + Duration::from_secs(20);
         let status = loop {

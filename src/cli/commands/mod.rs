@@ -8,6 +8,7 @@ mod list;
 mod run;
 mod send;
 mod subscribe;
+mod watch;
 
 pub use answer::answer;
 pub use cancel::cancel;
@@ -17,6 +18,7 @@ pub use list::list;
 pub use run::run;
 pub use send::send;
 pub use subscribe::subscribe;
+pub use watch::watch;
 
 use serde_json::Value;
 
