@@ -490,3 +490,232 @@ fn watch_says_when_it_had_to_resync() {
     assert!(err.contains("reconnecting from seq"), "{err}");
     assert!(err.contains("resync"), "said on stderr: {err}");
 }
+
+/// The checks of `probe --json` as (check, result).
+fn probe_json(url: &str, code: i32) -> Vec<(String, String, String)> {
+    let out = cli(&["probe", url, "--json"]);
+    assert_eq!(out.status.code(), Some(code), "{}", text(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("probe --json is JSON");
+    assert_eq!(v["passed"], code == 0, "{v}");
+    v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["check"].as_str().unwrap().to_owned(),
+                c["result"].as_str().unwrap().to_owned(),
+                c["reason"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Every check the probe makes of a streaming server.
+const CHECKS: &[&str] = &[
+    "card.served",
+    "card.fields",
+    "card.interfaces",
+    "card.capabilities",
+    "send.blocking",
+    "get.task",
+    "list.tasks",
+    "list.artifacts-absent",
+    "cancel.ended",
+    "error.get-unknown-task",
+    "error.cancel-unknown-task",
+    "error.unknown-method",
+    "error.params-no-parts",
+    "error.params-page-size",
+    "stream.send",
+    "version.unsupported",
+    "version.missing",
+    "version.patch-ignored",
+];
+
+fn assert_all_pass(checks: &[(String, String, String)], who: &str) {
+    let ids: Vec<&str> = checks.iter().map(|c| c.0.as_str()).collect();
+    assert_eq!(ids, CHECKS, "{who}");
+    for (id, result, why) in checks {
+        assert_eq!(result, "pass", "{who}: {id}: {why}");
+    }
+}
+
+#[test]
+fn probe_passes_agentd_and_fails_a_server_that_breaks_the_rules() {
+    let d = ops_daemon(false, 1024);
+    for url in [d.tcp_url(), d.unix_url()] {
+        let table = ok(&["probe", &url]);
+        assert!(table.starts_with("CHECK"), "{table}");
+        assert!(table.contains("18 passed, 0 failed, 0 skipped"), "{table}");
+        assert!(table.contains("-32001 TASK_NOT_FOUND"), "{table}");
+        assert_all_pass(&probe_json(&url, 0), &url);
+    }
+    // With a bearer: the token goes with every call (the raw version checks too).
+    let d = ops_daemon(true, 1024);
+    let url = d.tcp_url();
+    let out = cli(&["probe", &url, "--json", "--bearer", TOKEN]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // Without the token every method is refused: the card passes, the methods fail.
+    let checks = probe_json(&url, 1);
+    assert!(
+        checks.iter().any(|c| c.0 == "card.fields" && c.1 == "pass"),
+        "{checks:?}"
+    );
+    let send = checks.iter().find(|c| c.0 == "send.blocking").unwrap();
+    assert!(send.1 == "fail" && send.2.contains("-31401"), "{send:?}");
+
+    // A server that answers every call with an empty result, and a card without its
+    // version, skills or a 1.0 interface.
+    let bad = Lax::start();
+    let checks = probe_json(&bad.url(), 1);
+    let result = |id: &str| {
+        checks
+            .iter()
+            .find(|c| c.0 == id)
+            .unwrap_or_else(|| panic!("{id} in {checks:?}"))
+            .clone()
+    };
+    assert_eq!(result("card.served").1, "pass");
+    let fields = result("card.fields");
+    assert!(
+        fields.1 == "fail" && fields.2.contains("version") && fields.2.contains("skills"),
+        "{fields:?}"
+    );
+    let ifaces = result("card.interfaces");
+    assert!(
+        ifaces.1 == "fail" && ifaces.2.contains("not Major.Minor"),
+        "{ifaces:?}"
+    );
+    assert_eq!(result("card.capabilities").1, "fail");
+    assert_eq!(result("send.blocking").1, "fail");
+    assert_eq!(result("get.task").1, "skip");
+    assert_eq!(result("stream.send").1, "fail");
+    for id in [
+        "error.get-unknown-task",
+        "error.unknown-method",
+        "version.unsupported",
+    ] {
+        let c = result(id);
+        assert!(c.1 == "fail" && c.2.contains("answered a result"), "{c:?}");
+    }
+    let table = cli(&["probe", &bad.url()]);
+    assert_eq!(table.status.code(), Some(1), "{}", text(&table));
+    assert!(stdout(&table).contains("fail"), "{}", text(&table));
+    assert!(
+        stderr(&table).contains("check(s) failed"),
+        "{}",
+        text(&table)
+    );
+}
+
+#[test]
+fn against_the_python_sdk_server() {
+    let sdk = SdkServer::start();
+    let url = sdk.url.as_str();
+    // Every check passes against the official SDK's server.
+    assert_all_pass(&probe_json(url, 0), "the Python SDK server");
+    // It declares none of agentd's extensions: run and watch refuse before sending.
+    let err = fails(&["run", url, "status"], 2);
+    assert!(
+        err.contains("does not declare agentd's command extension"),
+        "{err}"
+    );
+    let err = fails(&["watch", url], 2);
+    assert!(
+        err.contains("does not declare agentd's events extension"),
+        "{err}"
+    );
+}
+
+/// An HTTP server that serves a broken card and answers every JSON-RPC call with an empty
+/// result: what a careless server does. Stopped on drop.
+struct Lax {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Lax {
+    fn start() -> Lax {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                let Ok((mut c, _)) = l.accept() else {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                    continue;
+                };
+                let _ = c.set_nonblocking(false);
+                let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+                let mut req = Vec::new();
+                let mut buf = [0u8; 8192];
+                // The head, then as much body as Content-Length says.
+                loop {
+                    if let Some(end) = req.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&req[..end]).to_ascii_lowercase();
+                        let len = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if req.len() >= end + 4 + len {
+                            break;
+                        }
+                    }
+                    match c.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => req.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&req);
+                let body = if text.starts_with("GET") {
+                    serde_json::json!({
+                        "name": "lax", "description": "breaks the rules",
+                        "capabilities": {"streaming": true, "pushNotifications": "yes"},
+                        "defaultInputModes": ["text/plain"], "defaultOutputModes": ["text/plain"],
+                        "supportedInterfaces": [{"url": format!("http://127.0.0.1:{port}/"),
+                            "protocolBinding": "JSONRPC", "protocolVersion": "1.0.0"}]
+                    })
+                    .to_string()
+                } else {
+                    let id = text
+                        .split("\r\n\r\n")
+                        .nth(1)
+                        .and_then(|b| serde_json::from_str::<Value>(b).ok())
+                        .map(|v| v["id"].clone())
+                        .unwrap_or(Value::Null);
+                    serde_json::json!({"jsonrpc": "2.0", "id": id, "result": {}}).to_string()
+                };
+                let _ = write!(
+                    c,
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        Lax {
+            port,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/", self.port)
+    }
+}
+
+impl Drop for Lax {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -27,6 +27,7 @@ pub struct Client {
     next_id: u64,
     /// The interface's tenant, read from the card at the first call.
     tenant: Option<Option<String>>,
+    bearer: Option<String>,
     never: AtomicBool,
 }
 
@@ -78,6 +79,7 @@ impl Client {
             timeout: c.timeout,
             next_id: 1,
             tenant: None,
+            bearer: c.bearer.clone(),
             never: AtomicBool::new(false),
         })
     }
@@ -292,6 +294,31 @@ impl Client {
             }
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+impl Client {
+    /// The interface's tenant as read from the card (none when it has none, or no card).
+    pub fn tenant_of_card(&mut self) -> Result<Option<String>, Failure> {
+        self.tenant()
+    }
+
+    /// A POST of `body` to the JSON-RPC endpoint with only the `headers` given (and the
+    /// bearer token): the HTTP status and the body as read. For `probe`,
+    /// which sends what a well-behaved client would not (another `A2A-Version`, none).
+    pub fn raw_post(
+        &mut self,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> Result<(u16, Vec<u8>), Failure> {
+        let mut h: Vec<(String, String)> = headers
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+            .collect();
+        if let Some(token) = &self.bearer {
+            h.push(("Authorization".into(), format!("Bearer {token}")));
+        }
+        Ok(self.peer.post(&h, body, self.deadline(false))?)
     }
 }
 

@@ -1,5 +1,5 @@
 //! The client subcommands of the `agentd` binary (`agentd card|send|get|list|cancel|
-//! subscribe|run|answer|watch URL ...`): an ordinary A2A 1.0 client of any server, agentd or
+//! subscribe|run|answer|watch|probe URL ...`): an ordinary A2A 1.0 client of any server, agentd or
 //! not. It speaks through the daemon's own peer client, so it reaches what the daemon's peer
 //! calls reach: `http://` on loopback, `https://` (mutual TLS with `--cert`/`--key`), unix
 //! sockets (`unix:///path`), a bearer token. Human output by default, `--json` for scripts.
@@ -32,6 +32,7 @@ pub const SUBCOMMANDS: &[&str] = &[
     "run",
     "answer",
     "watch",
+    "probe",
     "help",
 ];
 
@@ -54,6 +55,9 @@ Client subcommands (an A2A 1.0 client of any server; see docs/client.md):
                                   on a terminal), checked against its askSchema
   agentd watch URL [--from SEQ]   agentd's events feed, live, one line per event (resumes
                                   from the last seq after a drop; says when it resynced)
+  agentd probe URL                check any A2A 1.0 server against the specification: its
+                                  card, the core methods and their refusals, streaming,
+                                  A2A-Version (a table of checks; exit 1 if one fails)
 
   URL is http://127.0.0.1:PORT[/path] (plain http on loopback only),
   https://HOST[:PORT][/path] or unix:///PATH.
@@ -79,12 +83,14 @@ pub enum Failure {
     Connect(String),
     /// The server's answer is not what A2A says it is (exit 4).
     BadAnswer(String),
+    /// `probe`: this many checks failed (exit 1).
+    Probe(usize),
 }
 
 impl Failure {
     pub fn exit_code(&self) -> u8 {
         match self {
-            Failure::Rpc { .. } => 1,
+            Failure::Rpc { .. } | Failure::Probe(_) => 1,
             Failure::Usage(_) => 2,
             Failure::Connect(_) => 3,
             Failure::BadAnswer(_) => 4,
@@ -129,6 +135,7 @@ impl fmt::Display for Failure {
             }
             Failure::Connect(why) => f.write_str(why),
             Failure::BadAnswer(why) => write!(f, "bad answer: {why}"),
+            Failure::Probe(n) => write!(f, "{n} check(s) failed"),
         }
     }
 }
@@ -169,6 +176,7 @@ pub fn main(name: &str, words: &[String]) -> ExitCode {
         "run" => commands::run(words),
         "answer" => commands::answer(words),
         "watch" => commands::watch(words),
+        "probe" => commands::probe(words),
         other => Err(Failure::Usage(format!("no subcommand {other:?}"))),
     };
     match r {
