@@ -719,3 +719,41 @@ impl Drop for Lax {
         }
     }
 }
+
+#[test]
+fn help_lists_the_new_subcommands() {
+    let help = ok(&["help"]);
+    for sub in [
+        "agentd run URL OP",
+        "agentd answer URL TASK",
+        "agentd watch URL",
+        "agentd probe URL",
+    ] {
+        assert!(help.contains(sub), "{sub}: {help}");
+    }
+    for sub in ["run", "answer", "watch", "probe"] {
+        let usage = ok(&[sub, "--help"]);
+        assert!(
+            usage.starts_with(&format!("Usage: agentd {sub} URL")),
+            "{usage}"
+        );
+    }
+    let err = fails(&["run", "http://127.0.0.1:1/"], 2);
+    assert!(err.contains("missing OP"), "{err}");
+    let err = fails(
+        &[
+            "answer",
+            "http://127.0.0.1:1/",
+            "t",
+            "--field",
+            "a=1",
+            "--answer",
+            "{}",
+        ],
+        2,
+    );
+    assert!(err.contains("not both"), "{err}");
+    // Nothing listens there: a connection failure, exit 3.
+    fails(&["probe", "http://127.0.0.1:1/"], 3);
+    fails(&["watch", "http://127.0.0.1:1/"], 3);
+}

@@ -229,6 +229,15 @@ fn summary(style: Style, kind: &str, data: &Value) -> String {
             }
             s
         }
+        "conversation" => {
+            let n = |k: &str| data.get(k).and_then(Value::as_u64).unwrap_or(0);
+            format!(
+                "{}  {} turn(s), {} message(s)",
+                str_at(data, &["id"]),
+                n("turns"),
+                n("messages")
+            )
+        }
         "step" => {
             let mut state = str_at(data, &["status"]);
             if state.is_empty() {
