@@ -7,6 +7,7 @@
 
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod full_disk;
 pub mod receiver;
 pub mod running;
