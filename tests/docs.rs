@@ -5,9 +5,10 @@
 //!   environment variable a `{{secret:NAME}}` in it names set to a dummy value. A block that
 //!   cannot stand alone (it names certificate files, say) is marked ```toml fragment and
 //!   skipped; there must be few of those.
-//! - The README's quick start (the ```sh blocks under its "## Quick start" heading) runs with
+//! - The README's quick start (the ```sh blocks under its "## Quick start" heading, with the
+//!   `agentd` client) and docs/curl.md's walkthrough (the same with curl) each run with
 //!   `bash -euo pipefail` against a real daemon started with examples/quickstart.toml, and
-//!   prints what the README says it prints.
+//!   print what the page says they print.
 
 mod common;
 
@@ -232,10 +233,11 @@ fn section_blocks(file: &str, heading: &str) -> Vec<Block> {
         .collect()
 }
 
-/// A line with every task or context id (a UUID) replaced by `ID` and every run of digits
-/// by `N`: ids and seq numbers differ from run to run.
+/// A line with every task or context id (a UUID) replaced by `ID`, every workflow run id
+/// (`run-<base36>-<n>`) by `RUN` and every run of digits by `N`: ids, seq numbers and times
+/// differ from run to run.
 fn normalized(line: &str) -> String {
-    let line = without_uuids(line.trim());
+    let line = without_run_ids(&without_uuids(line.trim()));
     let mut out = String::new();
     let mut in_digits = false;
     for c in line.chars() {
@@ -250,6 +252,29 @@ fn normalized(line: &str) -> String {
         }
     }
     out
+}
+
+/// `text` with each word `run-<alphanumerics>-<digits>` replaced by `RUN`.
+fn without_run_ids(text: &str) -> String {
+    text.split(' ')
+        .map(|w| {
+            let is_run = w
+                .strip_prefix("run-")
+                .and_then(|r| r.rsplit_once('-'))
+                .is_some_and(|(stamp, n)| {
+                    !stamp.is_empty()
+                        && stamp.bytes().all(|b| b.is_ascii_alphanumeric())
+                        && !n.is_empty()
+                        && n.bytes().all(|b| b.is_ascii_digit())
+                });
+            if is_run {
+                "RUN"
+            } else {
+                w
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `text` with each 8-4-4-4-12 hex UUID replaced by `ID`.
@@ -293,13 +318,13 @@ fn the_readme_quick_start_runs_as_written() {
         "README.md",
         "## Quick start",
         &[
-            "TASK_STATE_COMPLETED - echo: hello",
-            "TASK_STATE_INPUT_REQUIRED - Deploy web with 3 replicas?",
+            "message  echo: hello",
+            "state    input-required",
+            "message  Deploy web with 3 replicas?",
             "artifact result: deploy of web approved",
-            "hello: newest seq",
-            " task TASK_STATE_INPUT_REQUIRED",
-            " step approve start",
-            " run deploy completed",
+            " input-required  Deploy web with 3 replicas?",
+            " approve start",
+            " deploy completed",
         ],
     );
 }
