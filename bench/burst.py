@@ -38,6 +38,17 @@ def netstat():
     return {}
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ms(pid):
+    """utime + stime of a process (its threads, live and ended; not its children), in ms."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # fields[0] is field 3 (state): utime is field 14, stime 15.
+    return (int(fields[11]) + int(fields[12])) * 1000.0 / TICK
+
+
 def rss_kib(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:

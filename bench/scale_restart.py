@@ -7,12 +7,17 @@ task, written ahead to the store), measures RSS, stops it (SIGTERM), starts it a
 same store and measures the time from spawn to the first ListTasks answer and the RSS after
 it. Then, on the restarted daemon, the head of line: GetTask of a known task, p50 and p99,
 alone, beside 4 connections calling ListTasks (pageSize 50) and beside 4 calling the
-`status` command, all without pause. Prints two tables. python3 standard library only. See
-bench/README.md.
+`status` command, all without pause; and the cost of one call: ListTasks (pageSize 50) and
+`status`, p50/p99 and the server's CPU per call. With --peer python-sdk the same N tasks go
+to the official A2A Python SDK's server (bench/python-sdk, in-memory task store, so no
+restart) and its figures print beside agentd's in the same run. Prints three tables.
+python3 standard library only (the peer runs in the venv bench/python-sdk/setup.sh makes).
+See bench/README.md.
 
     bench/scale_restart.py                         # 1k, 10k, 100k on smol
     bench/scale_restart.py --counts 1000 --driver std
     bench/scale_restart.py --bin /tmp/agentd-old   # another build
+    bench/scale_restart.py --peer python-sdk       # and the Python SDK server beside it
 """
 
 import argparse
@@ -28,7 +33,7 @@ import tempfile
 import threading
 import time
 
-from burst import rss_kib  # bench/ is the script's directory, so on its path
+from burst import cpu_ms, rss_kib  # bench/ is the script's directory, so on its path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADERS = {"Content-Type": "application/json", "A2A-Version": "1.0"}
@@ -80,6 +85,26 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+class PeerServer(Daemon):
+    """The Python SDK's echo server (bench/python-sdk/echo_server.py) on a free port."""
+
+    def __init__(self, venv, log):
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.host = "127.0.0.1"
+        self.spawned = time.monotonic()
+        script = os.path.join(ROOT, "bench/python-sdk/echo_server.py")
+        self.proc = subprocess.Popen(
+            [os.path.join(venv, "bin/python"), script, "--port", str(self.port)],
+            stdout=log,
+            stderr=log,
+        )
+        first_list_answer(self)
 
 
 def rpc(conn, method, params, rid=1):
@@ -196,13 +221,34 @@ def load_loop(host, port, name):
             rpc(conn, "ListTasks", {"pageSize": 50})
 
 
-def head_of_line(d, calls=2000):
+def call_cost(d, name, calls):
+    """`calls` ListTasks (pageSize 50) or `status` calls on one connection: p50 and p99 in
+    ms, and the server's CPU (utime + stime) per call in ms."""
+    c = d.conn()
+    lat = []
+    try:
+        cpu0 = cpu_ms(d.pid)
+        for _ in range(calls):
+            t = time.perf_counter()
+            if name == "status":
+                status_call(c)
+            else:
+                rpc(c, "ListTasks", {"pageSize": 50})
+            lat.append(time.perf_counter() - t)
+        cpu = (cpu_ms(d.pid) - cpu0) / calls
+    finally:
+        c.close()
+    lat.sort()
+    return lat[len(lat) // 2] * 1e3, lat[min(len(lat) - 1, len(lat) * 99 // 100)] * 1e3, cpu
+
+
+def head_of_line(d, calls=2000, loads=("ListTasks", "status")):
     """GetTask p50/p99 (ms) alone, beside 4 ListTasks callers, beside 4 status callers."""
     c = d.conn()
     task_id = rpc(c, "ListTasks", {"pageSize": 1})["tasks"][0]["id"]
     c.close()
     rows = {"alone": get_task_latencies(d, task_id, calls)}
-    for name in ("ListTasks", "status"):
+    for name in loads:
         # Separate processes (a thread would share the measuring thread's GIL), niced, so
         # the figure is the daemon's head of line, not the load's CPU.
         procs = [
@@ -258,6 +304,7 @@ def run(binary, driver, n, threads, keep):
             c.close()
             row["listed"] = got.get("totalSize", "?")
             row["hol"] = head_of_line(d)
+            row["cost"] = {k: call_cost(d, k, 200) for k in ("ListTasks", "status")}
         finally:
             d.stop()
     finally:
@@ -269,6 +316,34 @@ def run(binary, driver, n, threads, keep):
     return row
 
 
+def run_peer(venv, n, threads):
+    """The Python SDK server with N tasks: RSS per task, the cost of ListTasks, head of line."""
+    tmp = tempfile.mkdtemp(prefix="agentd-scale-peer-")
+    log = open(os.path.join(tmp, "peer.log"), "w")
+    row = {"n": n}
+    try:
+        d = PeerServer(venv, log)
+        try:
+            row["idle_kib"] = rss_kib(d.pid)
+            row["populate_s"] = populate(d, n, threads)
+            time.sleep(0.5)
+            row["before_kib"] = rss_kib(d.pid)
+            row["hol"] = head_of_line(d, loads=("ListTasks",))
+            row["cost"] = {"ListTasks": call_cost(d, "ListTasks", 200)}
+        finally:
+            d.stop()
+    finally:
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return row
+
+
+def peer_venv():
+    setup = os.path.join(ROOT, "bench/python-sdk/setup.sh")
+    out = subprocess.run(["bash", setup], check=True, stdout=subprocess.PIPE, text=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bin", default=os.path.join(ROOT, "target/release/agentd"))
@@ -276,10 +351,23 @@ def main():
     p.add_argument("--counts", default="1000,10000,100000")
     p.add_argument("--threads", type=int, default=8, help="client threads (keep-alive each)")
     p.add_argument("--keep", action="store_true", help="keep the temp dirs")
+    p.add_argument("--peer", choices=["python-sdk"], help="the same counts on a peer server")
+    p.add_argument(
+        "--peer-max",
+        type=int,
+        default=10000,
+        help="largest count for the peer (the SDK fills ~200 tasks/s at 10k, slower beyond)",
+    )
     a = p.parse_args()
     if not os.access(a.bin, os.X_OK):
         sys.exit(f"{a.bin}: not built (cargo build --release)")
-    rows = [run(a.bin, a.driver, int(n), a.threads, a.keep) for n in a.counts.split(",")]
+    counts = [int(n) for n in a.counts.split(",")]
+    venv = peer_venv() if a.peer else None
+    rows, peers = [], []
+    for n in counts:
+        rows.append(run(a.bin, a.driver, n, a.threads, a.keep))
+        if venv and n <= a.peer_max:
+            peers.append(run_peer(venv, n, a.threads))
     print(f"agentd scale/restart, driver {a.driver}, {a.bin}")
     cols = (
         f"{'tasks':>7} {'fill s':>7} {'tasks/s':>8} {'idle MiB':>8} {'RSS MiB':>8} "
@@ -304,6 +392,24 @@ def main():
         cells = " ".join(f"{h[k][0]:>7.2f}/{h[k][1]:<7.2f}" for k in ("alone", "ListTasks", "status"))
         ratio = f"{h['ListTasks'][1] / h['alone'][1]:.1f}x {h['status'][1] / h['alone'][1]:.1f}x"
         print(f"{r['n']:>7} {cells} {ratio:>12}")
+    for r in peers:
+        h = r["hol"]
+        cells = " ".join(f"{h[k][0]:>7.2f}/{h[k][1]:<7.2f}" for k in ("alone", "ListTasks"))
+        ratio = f"{h['ListTasks'][1] / h['alone'][1]:.1f}x"
+        print(f"{r['n']:>7} {cells} {'n/a':>15} {ratio:>12}  ({a.peer})")
+    print("One call on one connection, 200 calls: p50 / p99 ms, server CPU ms per call")
+    print(f"{'tasks':>7} {'server':>10} {'ListTasks p50/p99':>18} {'CPU':>6} {'status p50/p99':>16} {'CPU':>6}")
+    for server, rs in (("agentd", rows), (a.peer, peers)):
+        for r in rs:
+            c = r["cost"]
+            lt = c["ListTasks"]
+            st = c.get("status")
+            status = f"{st[0]:>7.2f}/{st[1]:<8.2f} {st[2]:>6.2f}" if st else f"{'n/a':>16} {'':>6}"
+            print(f"{r['n']:>7} {server:>10} {lt[0]:>8.2f}/{lt[1]:<9.2f} {lt[2]:>6.2f} {status}")
+    if peers:
+        print(f"RSS per task ({a.peer}, in-memory store): " + ", ".join(
+            f"{r['n']}: {(r['before_kib'] - r['idle_kib']) * 1024 / r['n']:.0f} B"
+            f" (fill {r['n'] / r['populate_s']:.0f} tasks/s)" for r in peers))
 
 
 if __name__ == "__main__":

@@ -29,21 +29,12 @@ import sys
 import tempfile
 import time
 
-from burst import rss_kib  # bench/ is the script's directory, so on its path
+from burst import cpu_ms, rss_kib  # bench/ is the script's directory, so on its path
 from scale_restart import Daemon, spread
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADERS = {"Content-Type": "application/json", "A2A-Version": "1.0"}
-TICK = os.sysconf("SC_CLK_TCK")
 KINDS = ("send", "stream")
-
-
-def cpu_ms(pid):
-    """utime + stime of a process (its threads, live and ended; not its children), in ms."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    # fields[0] is field 3 (state): utime is field 14, stime 15.
-    return (int(fields[11]) + int(fields[12])) * 1000.0 / TICK
 
 
 def thread_cpu_ms(pid):

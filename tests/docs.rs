@@ -5,9 +5,10 @@
 //!   environment variable a `{{secret:NAME}}` in it names set to a dummy value. A block that
 //!   cannot stand alone (it names certificate files, say) is marked ```toml fragment and
 //!   skipped; there must be few of those.
-//! - The README's quick start (the ```sh blocks under its "## Quick start" heading) runs with
+//! - The README's quick start (the ```sh blocks under its "## Quick start" heading, with the
+//!   `agentd` client) and docs/curl.md's walkthrough (the same with curl) each run with
 //!   `bash -euo pipefail` against a real daemon started with examples/quickstart.toml, and
-//!   prints what the README says it prints.
+//!   print what the page says they print.
 
 mod common;
 
@@ -213,15 +214,15 @@ fn every_toml_block_in_the_docs_loads() {
     );
 }
 
-/// The ```sh blocks of README.md's "## Quick start" section, in order.
-fn quick_start_blocks() -> Vec<Block> {
-    let text = std::fs::read_to_string(Path::new(ROOT).join("README.md")).expect("README.md");
-    let all = blocks("README.md", &text);
+/// The ```sh blocks of `file`'s `heading` section, in order.
+fn section_blocks(file: &str, heading: &str) -> Vec<Block> {
+    let text = std::fs::read_to_string(Path::new(ROOT).join(file)).expect(file);
+    let all = blocks(file, &text);
     let lines: Vec<&str> = text.lines().collect();
     let start = lines
         .iter()
-        .position(|l| l.trim_end() == "## Quick start")
-        .expect("README.md has a \"## Quick start\" heading")
+        .position(|l| l.trim_end() == heading)
+        .unwrap_or_else(|| panic!("{file} has a {heading:?} heading"))
         + 1;
     let end = lines[start..]
         .iter()
@@ -232,11 +233,14 @@ fn quick_start_blocks() -> Vec<Block> {
         .collect()
 }
 
-/// A line with every run of digits replaced by `N`: seq numbers and ids may differ.
+/// A line with every task or context id (a UUID) replaced by `ID`, every workflow run id
+/// (`run-<base36>-<n>`) by `RUN` and every run of digits by `N`: ids, seq numbers and times
+/// differ from run to run.
 fn normalized(line: &str) -> String {
+    let line = without_run_ids(&without_uuids(line.trim()));
     let mut out = String::new();
     let mut in_digits = false;
-    for c in line.trim().chars() {
+    for c in line.chars() {
         if c.is_ascii_digit() {
             if !in_digits {
                 out.push('N');
@@ -250,15 +254,114 @@ fn normalized(line: &str) -> String {
     out
 }
 
+/// `text` with each word `run-<alphanumerics>-<digits>` replaced by `RUN`.
+fn without_run_ids(text: &str) -> String {
+    text.split(' ')
+        .map(|w| {
+            let is_run = w
+                .strip_prefix("run-")
+                .and_then(|r| r.rsplit_once('-'))
+                .is_some_and(|(stamp, n)| {
+                    !stamp.is_empty()
+                        && stamp.bytes().all(|b| b.is_ascii_alphanumeric())
+                        && !n.is_empty()
+                        && n.bytes().all(|b| b.is_ascii_digit())
+                });
+            if is_run {
+                "RUN"
+            } else {
+                w
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `text` with each 8-4-4-4-12 hex UUID replaced by `ID`.
+fn without_uuids(text: &str) -> String {
+    const SHAPE: [usize; 5] = [8, 4, 4, 4, 12];
+    let b = text.as_bytes();
+    let is_uuid_at = |i: usize| {
+        let mut at = i;
+        for (n, len) in SHAPE.iter().enumerate() {
+            if b.len() < at + len || !b[at..at + len].iter().all(u8::is_ascii_hexdigit) {
+                return false;
+            }
+            at += len;
+            if n < 4 {
+                if b.get(at) != Some(&b'-') {
+                    return false;
+                }
+                at += 1;
+            }
+        }
+        true
+    };
+    let mut out = String::new();
+    let mut i = 0;
+    while i < b.len() {
+        if (i == 0 || !b[i - 1].is_ascii_hexdigit()) && is_uuid_at(i) {
+            out.push_str("ID");
+            i += 36;
+        } else {
+            let c = text[i..].chars().next().unwrap_or_default();
+            out.push(c);
+            i += c.len_utf8();
+        }
+    }
+    out
+}
+
 #[test]
 fn the_readme_quick_start_runs_as_written() {
-    let quick = quick_start_blocks();
+    walkthrough_runs_as_written(
+        "README.md",
+        "## Quick start",
+        &[
+            "message  echo: hello",
+            "state    input-required",
+            "message  Deploy web with 3 replicas?",
+            "artifact result: deploy of web approved",
+            " input-required  Deploy web with 3 replicas?",
+            " approve start",
+            " deploy completed",
+        ],
+    );
+}
+
+#[test]
+fn the_curl_walkthrough_runs_as_written() {
+    walkthrough_runs_as_written(
+        "docs/curl.md",
+        "## Walkthrough with curl",
+        &[
+            "TASK_STATE_COMPLETED - echo: hello",
+            "TASK_STATE_INPUT_REQUIRED - Deploy web with 3 replicas?",
+            "artifact result: deploy of web approved",
+            "hello: newest seq",
+            " task TASK_STATE_INPUT_REQUIRED",
+            " step approve start",
+            " run deploy completed",
+        ],
+    );
+}
+
+/// Runs the ```sh blocks of `file`'s `heading` section with `bash -euo pipefail` against a
+/// real daemon started with examples/quickstart.toml, with the binary under test first on
+/// `PATH` (a block's `target/release` is this test's binary directory); checks the output
+/// holds each of `needles` and every `# …` line the blocks show.
+fn walkthrough_runs_as_written(file: &str, heading: &str, needles: &[&str]) {
+    let quick = section_blocks(file, heading);
     assert!(
         quick.len() >= 5,
-        "README.md's quick start has {} sh blocks; expected the helpers, the card, a message, \
+        "{file} {heading} has {} sh blocks; expected the helpers, the card, a message, \
          the workflow, its answer and the feed",
         quick.len()
     );
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_agentd"))
+        .parent()
+        .expect("the binary's directory")
+        .to_owned();
 
     let tmp = TempDir::new("quickstart");
     let state = tmp.0.join("state");
@@ -314,17 +417,26 @@ fn the_readme_quick_start_runs_as_written() {
         .map(|b| b.text.as_str())
         .collect::<Vec<_>>()
         .join("\n")
-        .replace("127.0.0.1:8420", &format!("127.0.0.1:{port}"));
+        .replace("127.0.0.1:8420", &format!("127.0.0.1:{port}"))
+        .replace("$PWD/target/release", &bin_dir.display().to_string());
     assert!(
         script.contains(&format!("127.0.0.1:{port}")),
-        "the quick start names no http://127.0.0.1:8420/"
+        "{file} {heading} names no http://127.0.0.1:8420/"
     );
     let script_file = tmp.0.join("quickstart.sh");
     std::fs::write(&script_file, &script).expect("write the script");
     let out_file = tmp.0.join("quickstart.out");
     let err_file = tmp.0.join("quickstart.err");
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let mut cmd = Command::new("bash");
-    cmd.arg("-euo")
+    cmd.env("PATH", path)
+        .env_remove("AGENTD_TOKEN")
+        .env("NO_COLOR", "1")
+        .arg("-euo")
         .arg("pipefail")
         .arg(&script_file)
         .current_dir(ROOT)
@@ -349,15 +461,7 @@ fn the_readme_quick_start_runs_as_written() {
         log()
     );
 
-    for needle in [
-        "TASK_STATE_COMPLETED - echo: hello",
-        "TASK_STATE_INPUT_REQUIRED - Deploy web with 3 replicas?",
-        "artifact result: deploy of web approved",
-        "hello: newest seq",
-        " task TASK_STATE_INPUT_REQUIRED",
-        " step approve start",
-        " run deploy completed",
-    ] {
+    for needle in needles {
         assert!(
             output.contains(needle),
             "the quick start's output lacks {needle:?}:\n{output}"
@@ -380,7 +484,7 @@ fn the_readme_quick_start_runs_as_written() {
             }
             assert!(
                 printed.contains(&normalized(&shown)),
-                "README.md:{} shows {shown:?}, which the quick start did not print:\n{output}",
+                "{file}:{} shows {shown:?}, which the walkthrough did not print:\n{output}",
                 block.line
             );
         }

@@ -5,36 +5,18 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::process::{Child, Command, Output, Stdio};
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::cli::*;
 use common::{fresh_id, Daemon, Setup, TempDir};
 use serde_json::{json, Value};
 
 const COMMAND_URI: &str = "https://agentd.dev/a2a/ext/command";
-
-fn script(path: &str) -> String {
-    format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))
-}
-
-fn daemon(agent: &str, a2a: &str, env: &[(&str, &str)]) -> Daemon {
-    Daemon::start_setup(
-        "smol",
-        &Setup {
-            sections: format!("[agent]\ncommand = [\"python3\", \"{}\"]\n", script(agent)),
-            a2a: a2a.to_owned(),
-            env: env
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            ..Setup::default()
-        },
-    )
-}
 
 fn echo_daemon() -> Daemon {
     daemon("examples/agents/echo_agent.py", "", &[])
@@ -42,92 +24,6 @@ fn echo_daemon() -> Daemon {
 
 fn paced_daemon() -> Daemon {
     daemon("tests/agents/paced.py", "", &[])
-}
-
-fn cli_command(args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_agentd"));
-    c.args(args)
-        .env_remove("AGENTD_TOKEN")
-        .env_remove("NO_COLOR")
-        .stdin(Stdio::null());
-    c
-}
-
-/// Runs the client to its end (within 60 s, else it is killed and the test fails).
-fn cli_env(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = cli_command(args);
-    c.envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = c.spawn().expect("spawn agentd");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if child.try_wait().expect("wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!("agentd {args:?} did not end within 60 s: {}", text(&out));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn cli(args: &[&str]) -> Output {
-    cli_env(args, &[])
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}--- stderr\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// Runs the client and expects exit 0; its stdout.
-fn ok(args: &[&str]) -> String {
-    let out = cli(args);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "agentd {args:?}: {}",
-        text(&out)
-    );
-    stdout(&out)
-}
-
-fn ok_json(args: &[&str]) -> Value {
-    let out = ok(args);
-    serde_json::from_str(&out)
-        .unwrap_or_else(|e| panic!("{args:?} --json is not JSON ({e}): {out}"))
-}
-
-/// Runs the client and expects exit `code`; its stderr.
-fn fails(args: &[&str], code: i32) -> String {
-    let out = cli(args);
-    assert_eq!(
-        out.status.code(),
-        Some(code),
-        "agentd {args:?}: {}",
-        text(&out)
-    );
-    assert!(
-        !stderr(&out).contains("panicked"),
-        "agentd {args:?} panicked: {}",
-        text(&out)
-    );
-    stderr(&out)
 }
 
 /// A task the test starts itself (returnImmediately), for the paced agent.
@@ -138,84 +34,6 @@ fn start_task(d: &Daemon, text: &str) -> String {
                "configuration": {"returnImmediately": true}}),
     );
     r["task"]["id"].as_str().expect("a task id").to_owned()
-}
-
-/// A client process whose stdout lines are read as they come.
-struct Live {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Live {
-    fn start(args: &[&str]) -> Live {
-        let mut child = cli_command(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn agentd");
-        let out = child.stdout.take().expect("stdout");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Live {
-            child,
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Waits (10 s) for a line holding `needle`.
-    fn until(&mut self, needle: &str) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if self.seen.iter().any(|l| l.contains(needle)) {
-                return;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => self.seen.push(l),
-                Err(_) => panic!("no line with {needle:?}; so far: {:#?}", self.seen),
-            }
-        }
-    }
-
-    /// Waits (20 s) for the exit; the status, all of stdout, stderr.
-    fn finish(mut self) -> (Option<i32>, String, String) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let status = loop {
-            if let Some(s) = self.child.try_wait().expect("wait") {
-                break s;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!("the client did not end; stdout so far: {:#?}", self.seen);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(2)) {
-            self.seen.push(l);
-        }
-        let mut err = String::new();
-        if let Some(mut e) = self.child.stderr.take() {
-            let _ = e.read_to_string(&mut err);
-        }
-        (status.code(), self.seen.join("\n"), err)
-    }
-}
-
-impl Drop for Live {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[test]
@@ -700,142 +518,6 @@ fn subscribe_resumes_with_last_event_id_after_a_drop() {
     );
 }
 
-/// A TCP proxy to the daemon that cuts the first SubscribeToTask stream once it has
-/// carried the first artifact, and notes whether a later one carried `Last-Event-ID`.
-struct CuttingProxy {
-    port: u16,
-    cut: Arc<AtomicBool>,
-    resumed: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl CuttingProxy {
-    fn start(upstream: std::net::SocketAddr) -> CuttingProxy {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.set_nonblocking(true).unwrap();
-        let port = l.local_addr().unwrap().port();
-        let cut = Arc::new(AtomicBool::new(false));
-        let resumed = Arc::new(AtomicBool::new(false));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (c, r, s) = (cut.clone(), resumed.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            let mut conns = Vec::new();
-            while !s.load(Ordering::SeqCst) {
-                match l.accept() {
-                    Ok((client, _)) => {
-                        let (c, r, s) = (c.clone(), r.clone(), s.clone());
-                        conns.push(std::thread::spawn(move || {
-                            relay(client, upstream, &c, &r, &s)
-                        }));
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
-                }
-            }
-            for t in conns {
-                let _ = t.join();
-            }
-        });
-        CuttingProxy {
-            port,
-            cut,
-            resumed,
-            stop,
-            thread: Some(thread),
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/", self.port)
-    }
-}
-
-impl Drop for CuttingProxy {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// One proxied exchange: the whole request, then the answer relayed until it ends (or is
-/// cut).
-fn relay(
-    mut client: TcpStream,
-    upstream: std::net::SocketAddr,
-    cut: &AtomicBool,
-    resumed: &AtomicBool,
-    stop: &AtomicBool,
-) {
-    let _ = client.set_nonblocking(false);
-    let _ = client.set_read_timeout(Some(Duration::from_millis(100)));
-    let mut req = Vec::new();
-    let mut buf = [0u8; 16384];
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        if let Some(end) = req.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&req[..end]).to_ascii_lowercase();
-            let len = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .unwrap_or(0);
-            if req.len() >= end + 4 + len {
-                break;
-            }
-        }
-        if Instant::now() > deadline {
-            return;
-        }
-        match client.read(&mut buf) {
-            Ok(0) => return,
-            Ok(n) => req.extend_from_slice(&buf[..n]),
-            Err(_) => {}
-        }
-    }
-    let text = String::from_utf8_lossy(&req).to_ascii_lowercase();
-    let subscribe = text.contains("subscribetotask");
-    let with_id = text.contains("last-event-id:");
-    if subscribe && with_id {
-        resumed.store(true, Ordering::SeqCst);
-    }
-    let cut_this = subscribe && !with_id && !cut.load(Ordering::SeqCst);
-    let Ok(mut up) = TcpStream::connect(upstream) else {
-        return;
-    };
-    let _ = up.set_read_timeout(Some(Duration::from_millis(100)));
-    if up.write_all(&req).is_err() {
-        return;
-    }
-    let mut seen = Vec::new();
-    while !stop.load(Ordering::SeqCst) {
-        match up.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                if client.write_all(&buf[..n]).is_err() {
-                    break;
-                }
-                if cut_this {
-                    seen.extend_from_slice(&buf[..n]);
-                    if String::from_utf8_lossy(&seen).contains("part-1") {
-                        cut.store(true, Ordering::SeqCst);
-                        break;
-                    }
-                }
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => break,
-        }
-    }
-    let _ = client.shutdown(Shutdown::Both);
-    let _ = up.shutdown(Shutdown::Both);
-}
-
 #[test]
 fn help_lists_the_subcommands_and_the_daemon_flags_still_work() {
     let help = ok(&["help"]);
@@ -944,90 +626,6 @@ fn https_with_a_ca_and_mutual_tls() {
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     // --cert without --key is a usage error.
     fails(&["list", &url, "--cert", &peer_cert], 2);
-}
-
-/// The official A2A Python SDK's server (tests/interop/sdk_server.py), in a venv that
-/// tests/interop/setup.sh builds on first use from PyPI (a machine that cannot build it
-/// fails this test rather than skipping it). Killed and reaped on drop.
-struct SdkServer {
-    child: Child,
-    url: String,
-    addr: std::net::SocketAddr,
-}
-
-impl SdkServer {
-    fn start() -> SdkServer {
-        let root = env!("CARGO_MANIFEST_DIR");
-        let venv = std::path::Path::new(root).join("target/sdk-server-venv");
-        let setup = Command::new("bash")
-            .arg(format!("{root}/tests/interop/setup.sh"))
-            .env("AGENTD_INTEROP_VENV", &venv)
-            .env(
-                "AGENTD_INTEROP_EXTRA_REQUIREMENTS",
-                format!("{root}/tests/interop/sdk-server-requirements.txt"),
-            )
-            .env(
-                "AGENTD_INTEROP_CHECK",
-                "a2a.server, starlette, sse_starlette, uvicorn",
-            )
-            .stdin(Stdio::null())
-            .output()
-            .expect("bash runs tests/interop/setup.sh");
-        assert!(
-            setup.status.success(),
-            "the SDK server's venv could not be built: {}",
-            String::from_utf8_lossy(&setup.stderr)
-        );
-        let mut child = Command::new(venv.join("bin/python"))
-            .arg(format!("{root}/tests/interop/sdk_server.py"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the SDK server");
-        let out = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut first = String::new();
-            let mut r = BufReader::new(out);
-            let _ = r.read_line(&mut first);
-            let _ = tx.send(first);
-            // Drain the rest, so the server never blocks on a full pipe.
-            let mut rest = Vec::new();
-            let _ = r.read_to_end(&mut rest);
-        });
-        let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
-        let Some(url) = line.trim().strip_prefix("listening ").map(str::to_owned) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the SDK server did not start: {line:?}");
-        };
-        let addr = url
-            .trim_start_matches("http://")
-            .trim_end_matches('/')
-            .parse()
-            .expect("an address");
-        SdkServer { child, url, addr }
-    }
-
-    /// A task left working (the executor waits on a "wait" turn), sent with
-    /// returnImmediately by the test itself.
-    fn working_task(&self) -> String {
-        let s = TcpStream::connect(self.addr).expect("connect to the SDK server");
-        let r = common::Client::new(s).rpc_ok(
-            "SendMessage",
-            json!({"message": {"role": "ROLE_USER", "messageId": fresh_id(), "parts": [{"text": "wait here"}]},
-                   "configuration": {"returnImmediately": true}}),
-        );
-        r["task"]["id"].as_str().expect("a task id").to_owned()
-    }
-}
-
-impl Drop for SdkServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[test]

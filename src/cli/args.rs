@@ -16,6 +16,8 @@ const COMMON_SWITCHES: &[&str] = &["--json", "--help", "-h"];
 pub struct Parsed {
     pub positional: Vec<String>,
     values: HashMap<String, String>,
+    /// Every valued flag in order, for the repeatable ones (`--arg`, `--field`).
+    all_values: Vec<(String, String)>,
     switches: Vec<String>,
 }
 
@@ -47,6 +49,7 @@ impl Parsed {
                         .cloned()
                         .ok_or_else(|| Failure::Usage(format!("{name} needs a value")))?,
                 };
+                p.all_values.push((name.to_owned(), v.clone()));
                 p.values.insert(name.to_owned(), v);
             } else if (switches.contains(&name) || COMMON_SWITCHES.contains(&name))
                 && inline.is_none()
@@ -61,6 +64,15 @@ impl Parsed {
 
     pub fn value(&self, name: &str) -> Option<&str> {
         self.values.get(name).map(String::as_str)
+    }
+
+    /// Every value a repeatable flag was given, in order.
+    pub fn values(&self, name: &str) -> Vec<&str> {
+        self.all_values
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
     }
 
     pub fn switch(&self, name: &str) -> bool {
@@ -103,7 +115,8 @@ impl Parsed {
         let bearer = match self.value("--bearer") {
             Some(t) => Some(t.to_owned()),
             None => std::env::var("AGENTD_TOKEN").ok().filter(|t| !t.is_empty()),
-        };
+        }
+        .or_else(|| super::credentials::lookup(url).map(|c| c.access_token));
         let timeout = self.number("--timeout")?.map(Duration::from_secs);
         if timeout == Some(Duration::ZERO) {
             return Err(Failure::Usage("--timeout must be at least 1 second".into()));
@@ -131,7 +144,7 @@ impl Parsed {
 pub struct Common {
     /// `http://127.0.0.1:PORT[/path]`, `https://host[:port][/path]` or `unix:///path`.
     pub url: String,
-    /// `--bearer`, else `AGENTD_TOKEN`.
+    /// `--bearer`, else `AGENTD_TOKEN`, else the unexpired token `agentd login` kept.
     pub bearer: Option<String>,
     pub json: bool,
     /// `--timeout SECS`: how long the whole call may take.

@@ -27,6 +27,7 @@ pub struct Client {
     next_id: u64,
     /// The interface's tenant, read from the card at the first call.
     tenant: Option<Option<String>>,
+    bearer: Option<String>,
     never: AtomicBool,
 }
 
@@ -78,6 +79,7 @@ impl Client {
             timeout: c.timeout,
             next_id: 1,
             tenant: None,
+            bearer: c.bearer.clone(),
             never: AtomicBool::new(false),
         })
     }
@@ -116,6 +118,31 @@ impl Client {
         Ok(card)
     }
 
+    /// A plain HTTP request to a path at the URL's origin (the OAuth endpoints): its status
+    /// and its body as JSON (`Null` when it is not JSON). `form` is sent as
+    /// `application/x-www-form-urlencoded`.
+    pub fn http_json(&mut self, path: &str, form: Option<&str>) -> Result<(u16, Value), Failure> {
+        let mut req = OutRequest::new(
+            if form.is_some() { "POST" } else { "GET" },
+            &self.host,
+            path,
+        )
+        .header("Accept", "application/json")
+        .header("Connection", "close");
+        if let Some(f) = form {
+            req = req
+                .header("Content-Type", "application/x-www-form-urlencoded")
+                .body(f.as_bytes().to_vec());
+        }
+        let (head, body) = self
+            .peer
+            .roundtrip(&req, self.deadline(false), &self.never)?;
+        Ok((
+            head.status,
+            serde_json::from_slice(&body).unwrap_or(Value::Null),
+        ))
+    }
+
     /// The tenant of the interface the card offers for this URL (read once).
     fn tenant(&mut self) -> Result<Option<String>, Failure> {
         if let Some(t) = &self.tenant {
@@ -151,8 +178,18 @@ impl Client {
 
     /// One JSON-RPC call; its `result`.
     pub fn call(&mut self, method: &str, params: Map<String, Value>) -> Result<Value, Failure> {
+        self.call_ext(method, params, &[])
+    }
+
+    /// One JSON-RPC call with `extensions` activated (`A2A-Extensions`); its `result`.
+    pub fn call_ext(
+        &mut self,
+        method: &str,
+        params: Map<String, Value>,
+        extensions: &[&str],
+    ) -> Result<Value, Failure> {
         let (id, body) = self.body(method, params)?;
-        let req = self.peer.rpc_request(body, false, &[], &[]);
+        let req = self.peer.rpc_request(body, false, extensions, &[]);
         let (head, body) = self
             .peer
             .roundtrip(&req, self.deadline(false), &self.never)?;
@@ -176,6 +213,18 @@ impl Client {
         method: &str,
         params: Map<String, Value>,
         last_event_id: Option<&str>,
+        on: impl FnMut(Value, Option<&str>) -> Result<bool, Failure>,
+    ) -> Result<StreamEnd, Failure> {
+        self.stream_ext(method, params, last_event_id, &[], on)
+    }
+
+    /// [`Client::stream`] with `extensions` activated (`A2A-Extensions`).
+    pub fn stream_ext(
+        &mut self,
+        method: &str,
+        params: Map<String, Value>,
+        last_event_id: Option<&str>,
+        extensions: &[&str],
         mut on: impl FnMut(Value, Option<&str>) -> Result<bool, Failure>,
     ) -> Result<StreamEnd, Failure> {
         let (id, body) = match self.body(method, params) {
@@ -186,7 +235,7 @@ impl Client {
             }
             Err(e) => return Err(e),
         };
-        let mut req = self.peer.rpc_request(body, true, &[], &[]);
+        let mut req = self.peer.rpc_request(body, true, extensions, &[]);
         if let Some(last) = last_event_id {
             req = req.header("Last-Event-ID", last);
         }
@@ -270,6 +319,31 @@ impl Client {
             }
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+impl Client {
+    /// The interface's tenant as read from the card (none when it has none, or no card).
+    pub fn tenant_of_card(&mut self) -> Result<Option<String>, Failure> {
+        self.tenant()
+    }
+
+    /// A POST of `body` to the JSON-RPC endpoint with only the `headers` given (and the
+    /// bearer token): the HTTP status and the body as read. For `probe`,
+    /// which sends what a well-behaved client would not (another `A2A-Version`, none).
+    pub fn raw_post(
+        &mut self,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> Result<(u16, Vec<u8>), Failure> {
+        let mut h: Vec<(String, String)> = headers
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+            .collect();
+        if let Some(token) = &self.bearer {
+            h.push(("Authorization".into(), format!("Bearer {token}")));
+        }
+        Ok(self.peer.post(&h, body, self.deadline(false))?)
     }
 }
 

@@ -1,17 +1,23 @@
 //! The client subcommands of the `agentd` binary (`agentd card|send|get|list|cancel|
-//! subscribe URL ...`): an ordinary A2A 1.0 client of any server, agentd or not. It speaks
-//! through the daemon's own peer client, so it reaches what the daemon's peer calls reach:
-//! `http://` on loopback, `https://` (mutual TLS with `--cert`/`--key`), unix sockets
-//! (`unix:///path`), a bearer token. Human output by default, `--json` for scripts.
+//! subscribe|run|answer|watch|probe|login|logout URL ...`): an ordinary A2A 1.0 client of
+//! any server, agentd or not. It speaks through the daemon's own peer client, so it reaches
+//! what the daemon's peer calls reach: `http://` on loopback, `https://` (mutual TLS with
+//! `--cert`/`--key`), unix sockets (`unix:///path`), a bearer token. Human output by
+//! default, `--json` for scripts.
 //!
 //! It sends `A2A-Version: 1.0` on every call, reads the card before the first call (for the
-//! interface's tenant and whether the server streams), and activates no extension: every
-//! subcommand here is a core method. See docs/client.md.
+//! interface's tenant and whether the server streams). The core-method subcommands activate
+//! no extension; `run` activates agentd's command extension, `answer` its task annotations
+//! and `watch` its events feed, each only when the card declares it. `login`/`logout` speak
+//! the OAuth device grant (RFC 8628) and keep the token per origin (`credentials`). See
+//! docs/client.md.
 
 mod args;
 mod client;
 mod commands;
+mod credentials;
 mod output;
+mod schema;
 
 use std::fmt;
 use std::process::ExitCode;
@@ -20,7 +26,21 @@ use agentd::runtime::peer::PeerError;
 use serde_json::Value;
 
 /// The subcommand names: `agentd NAME ...` with one of these first is the client.
-pub const SUBCOMMANDS: &[&str] = &["card", "send", "get", "list", "cancel", "subscribe", "help"];
+pub const SUBCOMMANDS: &[&str] = &[
+    "card",
+    "send",
+    "get",
+    "list",
+    "cancel",
+    "subscribe",
+    "run",
+    "answer",
+    "watch",
+    "probe",
+    "login",
+    "logout",
+    "help",
+];
 
 pub const HELP: &str = "\
 Client subcommands (an A2A 1.0 client of any server; see docs/client.md):
@@ -33,11 +53,26 @@ Client subcommands (an A2A 1.0 client of any server; see docs/client.md):
                                   the caller's tasks, newest first, a page at a time
   agentd cancel URL TASK          cancel a task
   agentd subscribe URL TASK       follow a task's stream to its end (reconnects after a drop)
+  agentd run URL OP [--arg NAME=VALUE ...] [--args JSON]
+                                  run an op of agentd's command extension, its arguments
+                                  checked against the op's schema first
+  agentd answer URL TASK [--answer JSON | --field NAME=VALUE ...]
+                                  answer a task waiting for input (asks field by field
+                                  on a terminal), checked against its askSchema
+  agentd watch URL [--from SEQ]   agentd's events feed, live, one line per event (resumes
+                                  from the last seq after a drop; says when it resynced)
+  agentd probe URL                check any A2A 1.0 server against the specification: its
+                                  card, the core methods and their refusals, streaming,
+                                  A2A-Version (a table of checks; exit 1 if one fails)
+  agentd login URL [--client-id NAME] [--scope user|operator]
+                                  sign in by the device grant; the token is kept per origin
+  agentd logout URL               revoke and forget the kept token
 
   URL is http://127.0.0.1:PORT[/path] (plain http on loopback only),
   https://HOST[:PORT][/path] or unix:///PATH.
   Every subcommand takes --json (the server's JSON: one document, or one line per
-  stream event), --bearer TOKEN (else $AGENTD_TOKEN), --timeout SECS, --ca FILE and
+  stream event), --bearer TOKEN (else $AGENTD_TOKEN, else the token `agentd login`
+  kept for the URL's origin), --timeout SECS, --ca FILE and
   --cert FILE --key FILE (mutual TLS).
   Exit status: 0 done, 1 the server refused (a JSON-RPC error), 2 usage, 3 connection
   (cannot connect, dropped, timed out), 4 the server's answer is not valid A2A.
@@ -48,6 +83,8 @@ Client subcommands (an A2A 1.0 client of any server; see docs/client.md):
 pub enum Failure {
     /// Bad arguments (exit 2).
     Usage(String),
+    /// The server refused outside JSON-RPC, e.g. an OAuth error (exit 1).
+    Refused(String),
     /// The server answered a JSON-RPC error (exit 1).
     Rpc {
         code: i64,
@@ -58,12 +95,14 @@ pub enum Failure {
     Connect(String),
     /// The server's answer is not what A2A says it is (exit 4).
     BadAnswer(String),
+    /// `probe`: this many checks failed (exit 1).
+    Probe(usize),
 }
 
 impl Failure {
     pub fn exit_code(&self) -> u8 {
         match self {
-            Failure::Rpc { .. } => 1,
+            Failure::Rpc { .. } | Failure::Refused(_) | Failure::Probe(_) => 1,
             Failure::Usage(_) => 2,
             Failure::Connect(_) => 3,
             Failure::BadAnswer(_) => 4,
@@ -94,7 +133,7 @@ impl Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Failure::Usage(why) => f.write_str(why),
+            Failure::Usage(why) | Failure::Refused(why) => f.write_str(why),
             Failure::Rpc {
                 code,
                 reason,
@@ -108,6 +147,7 @@ impl fmt::Display for Failure {
             }
             Failure::Connect(why) => f.write_str(why),
             Failure::BadAnswer(why) => write!(f, "bad answer: {why}"),
+            Failure::Probe(n) => write!(f, "{n} check(s) failed"),
         }
     }
 }
@@ -145,6 +185,12 @@ pub fn main(name: &str, words: &[String]) -> ExitCode {
         "list" => commands::list(words),
         "cancel" => commands::cancel(words),
         "subscribe" => commands::subscribe(words),
+        "run" => commands::run(words),
+        "answer" => commands::answer(words),
+        "watch" => commands::watch(words),
+        "probe" => commands::probe(words),
+        "login" => commands::login(words),
+        "logout" => commands::logout(words),
         other => Err(Failure::Usage(format!("no subcommand {other:?}"))),
     };
     match r {

@@ -39,6 +39,13 @@ impl Style {
         }
     }
 
+    /// For what goes to stderr (prompts, notes).
+    pub fn detect_stderr() -> Style {
+        Style {
+            color: std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
+        }
+    }
+
     fn paint(&self, code: &str, text: &str) -> String {
         if self.color {
             format!("\x1b[{code}m{text}\x1b[0m")

@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod chromium;
+pub mod cli;
 pub mod full_disk;
 pub mod receiver;
 pub mod running;

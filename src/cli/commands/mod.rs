@@ -1,18 +1,28 @@
 //! One file per subcommand.
 
+mod answer;
 mod cancel;
 mod card;
 mod get;
 mod list;
+mod login;
+mod probe;
+mod run;
 mod send;
 mod subscribe;
+mod watch;
 
+pub use answer::answer;
 pub use cancel::cancel;
 pub use card::card;
 pub use get::get;
 pub use list::list;
+pub use login::{login, logout};
+pub use probe::probe;
+pub use run::run;
 pub use send::send;
 pub use subscribe::subscribe;
+pub use watch::watch;
 
 use serde_json::Value;
 
@@ -26,6 +36,15 @@ fn help(p: &super::args::Parsed, usage: &str) -> bool {
         return true;
     }
     false
+}
+
+/// The extension `uri` as the card declares it (`capabilities.extensions[]`), if it does.
+fn declared(card: &Value, uri: &str) -> Option<Value> {
+    card.pointer("/capabilities/extensions")?
+        .as_array()?
+        .iter()
+        .find(|e| e.get("uri").and_then(Value::as_str) == Some(uri))
+        .cloned()
 }
 
 /// A Task answer, bare (as A2A 1.0 answers `GetTask` and `CancelTask`) or `{"task": …}`.
