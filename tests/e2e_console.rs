@@ -109,9 +109,10 @@ fn daemon_on(driver: &str, token: &str, sections: &str) -> Daemon {
     Daemon::start_setup(driver, &setup)
 }
 
-/// A command sent as the operator (bearer); the whole JSON-RPC answer.
-// TODO(run): start workflows with `agentd run` (the client's command subcommand) once it
-// lands, instead of this hand-made JSON-RPC POST.
+/// A command sent as the operator (bearer), answered at once (`returnImmediately`); the
+/// whole JSON-RPC answer. `agentd run` starts the gated run below; this is for the runs that
+/// wait for a signal (a blocking send, which is what `agentd run` makes, returns only when
+/// a run ends or stops at a gate) and for reading `status` and approving a device.
 fn command(d: &Daemon, token: &str, envelope: Value) -> Value {
     let params = json!({
         "message": {
@@ -417,12 +418,35 @@ fn the_console_signs_in_follows_a_run_answers_its_gate_and_operates_the_instance
     );
 
     // A run, started from outside, shows up live with its gate.
-    // TODO(run): use agentd run (the client's command subcommand) once it lands.
-    let started = command(&d, &t, json!({"op": "release.start", "tag": "v9"}));
-    let task = started["result"]["task"]["id"]
+    // Started with the client, `agentd run`: it checks the workflow's command against the
+    // extended card and blocks until the run stops at its gate.
+    let started = common::cli::cli_env(
+        &[
+            "run",
+            &format!("{base}/"),
+            "release.start",
+            "--arg",
+            "tag=v9",
+            "--json",
+        ],
+        &[("AGENTD_TOKEN", &t)],
+    );
+    assert_eq!(
+        started.status.code(),
+        Some(0),
+        "agentd run: {}",
+        common::cli::text(&started)
+    );
+    let started: Value = serde_json::from_slice(&started.stdout).expect("run --json is JSON");
+    let task = started["task"]["id"]
         .as_str()
         .unwrap_or_else(|| panic!("a task for the run: {started}"))
         .to_owned();
+    assert_eq!(
+        task_state(&started["task"]),
+        "TASK_STATE_INPUT_REQUIRED",
+        "{started}"
+    );
     let run = wait_state(&d, &t, &task, "TASK_STATE_INPUT_REQUIRED");
     let run_id = run["metadata"][ANNOTATIONS]["link"]["id"]
         .as_str()
