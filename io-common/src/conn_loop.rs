@@ -9,7 +9,7 @@
 //!     match lp.next(&conn) {
 //!         Next::Poll => { conn.serve(&mut instance.lock(), now);     // under the lock
 //!                         lp.served(&mut conn, now) }                 // framing, TLS: not
-//!         Next::Write => { write pending_output, consume_output; lp.written() }
+//!         Next::Write => { write pending_output, consume_output; lp.written(&conn) }
 //!         Next::Read { deadline } => bytes: lp.received(&mut conn, bytes, now);
 //!                                    end of input: conn.handle_eof(..);
 //!                                    deadline: conn.handle_timeout(..)
@@ -85,10 +85,11 @@ impl ConnLoop {
         }
     }
 
-    /// All pending output was written: the core is polled again first, since writing may
-    /// have made room for more (a long replay, the next frames of a stream).
-    pub fn written(&mut self) {
-        self.poll = true;
+    /// All pending output was written: the core is polled again first if writing may have
+    /// made room for more (a long replay, the next frames of a stream); a feed subscriber
+    /// that took everything there was waits for its next wake-up instead.
+    pub fn written(&mut self, conn: &Connection) {
+        self.poll = conn.serve_after_write();
     }
 
     /// `Connection::serve` ran (under the lock): what it decided is framed and encrypted
@@ -154,7 +155,7 @@ mod tests {
         assert_eq!(lp.next(&conn), Next::Write);
         let n = conn.pending_output().len();
         conn.consume_output(n, now);
-        lp.written();
+        lp.written(&conn);
         assert_eq!(lp.next(&conn), Next::Poll, "written: polled again first");
         conn.poll(&mut inst, now);
         assert!(matches!(lp.next(&conn), Next::Read { .. }));
