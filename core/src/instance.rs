@@ -1050,7 +1050,8 @@ impl Instance {
         self.feed.as_ref()
     }
 
-    /// Connection `conn` streams the feed: it is woken by every event.
+    /// Connection `conn` streams the feed: the next event pushed wakes it ([`Instance::arm_feed`]
+    /// says which one later).
     pub(crate) fn watch_feed(&mut self, conn: ConnKey) {
         self.feed_watchers.insert(conn, 0);
     }
