@@ -161,6 +161,46 @@ mod tests {
         assert!(matches!(lp.next(&conn), Next::Read { .. }));
     }
 
+    /// A feed subscriber that took every event there was waits for the wake-up of the next
+    /// one after writing, instead of taking the lock again to find nothing.
+    #[test]
+    fn a_caught_up_feed_waits_for_its_wake_up_after_writing() {
+        let now = Now::new(0, 1_767_225_600_000);
+        let mut config = InstanceConfig::new(vec![ListenerInfo {
+            kind: ListenerKind::Tcp,
+            url: "http://127.0.0.1:8420/".into(),
+            loopback: true,
+        }]);
+        config.events_enabled = true;
+        let mut inst = Instance::new(config.clone(), Box::new(CounterEntropy(1)), now);
+        let waker = std::task::Waker::noop().clone();
+        let mut conn = Connection::new(0, Peer::Tcp, config.conn, waker, now);
+        conn.prepare(&inst);
+        let mut lp = ConnLoop::new();
+        assert_eq!(lp.next(&conn), Next::Poll);
+        conn.poll(&mut inst, now);
+        let body =
+            r#"{"jsonrpc":"2.0","id":1,"method":"agentd.events/SubscribeToEvents","params":{}}"#;
+        let req = format!(
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nA2A-Version: 1.0\r\n\
+             A2A-Extensions: https://agentd.dev/a2a/ext/events\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        lp.received(&mut conn, req.as_bytes(), now);
+        assert_eq!(lp.next(&conn), Next::Poll);
+        conn.serve(&mut inst, now);
+        lp.served(&mut conn, now);
+        assert_eq!(lp.next(&conn), Next::Write, "the hello");
+        let n = conn.pending_output().len();
+        conn.consume_output(n, now);
+        lp.written(&conn);
+        assert!(
+            matches!(lp.next(&conn), Next::Wait { .. }),
+            "nothing more on the ring: no poll until a wake-up"
+        );
+        assert_eq!(lp.next(&conn), Next::Poll, "after the wait, polled");
+    }
+
     #[test]
     fn input_with_nothing_to_answer_needs_no_poll() {
         let (mut inst, mut conn, now) = setup();
