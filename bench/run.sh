@@ -35,6 +35,8 @@ BENCH_KEEP=${BENCH_KEEP:-0}                           # 1: keep the temp dir (co
 BENCH_EVENTS_SUBS=${BENCH_EVENTS_SUBS:-"1 10 100"}    # events: subscriber counts, one daemon each
 BENCH_EVENTS_CONNS=${BENCH_EVENTS_CONNS:-32}          # events: wrk connections of the send load
 BENCH_EVENTS_DRAIN=${BENCH_EVENTS_DRAIN:-10}          # events: seconds to let subscribers catch up
+BENCH_EVENTS_BATCH_MS=${BENCH_EVENTS_BATCH_MS:-}      # events: a2a.events.batch_ms (empty: the daemon's default)
+BENCH_EVENTS_RING=${BENCH_EVENTS_RING:-}              # events: a2a.events.ring (empty: the daemon's default)
 BENCH_PY_OTEL=${BENCH_PY_OTEL:-0}                     # python-sdk: 1 keeps the SDK's tracing wrappers on
 BENCH_LOCK_STATS=${BENCH_LOCK_STATS:-1}               # agentd: 1 counts the shared lock's hold (AGENTD_LOCK_STATS)
 BENCH_TLS_CONNS=${BENCH_TLS_CONNS:-32}                # tls-storm: connections doing TLS handshakes
@@ -263,6 +265,8 @@ write_agentd_config() {  # port file
       # The stream deadline outlives the run, so no subscriber gets a `goodbye` mid-run.
       printf '[a2a.events]\nenabled = true\nstream_deadline_ms = %s\n' \
         $(( (BENCH_SECONDS + BENCH_EVENTS_DRAIN + 120) * 1000 )) >> "$2"
+      if [[ -n $BENCH_EVENTS_BATCH_MS ]]; then printf 'batch_ms = %s\n' "$BENCH_EVENTS_BATCH_MS" >> "$2"; fi
+      if [[ -n $BENCH_EVENTS_RING ]]; then printf 'ring = %s\n' "$BENCH_EVENTS_RING" >> "$2"; fi
     fi
   fi
 }

@@ -359,6 +359,10 @@ pub struct EventsSection {
     /// A feed stream ends with `goodbye` `deadline` after this long, in ms (default 600000;
     /// 1 to [`MAX_TIMEOUT_MS`]).
     pub stream_deadline_ms: Option<u64>,
+    /// Under a steady flow of events a subscriber takes them at most once per this many ms,
+    /// or sooner once a batch waits (default 10; 0 to [`MAX_EVENTS_BATCH_MS`]; 0: at every
+    /// event).
+    pub batch_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -547,6 +551,9 @@ pub const MAX_LISTEN_BACKLOG: usize = agentd_io_common::os::MAX_LISTEN_BACKLOG a
 
 /// The most `a2a.events.ring` may be: the ring is allocated whole at start-up.
 pub const MAX_EVENTS_RING: usize = 65_536;
+
+/// The most `a2a.events.batch_ms` may be: the longest an event may wait for a batch.
+pub const MAX_EVENTS_BATCH_MS: u64 = 1000;
 
 /// The most `a2a.tls.hsts_max_age_s` may be: two years.
 pub const MAX_HSTS_MAX_AGE_S: u64 = 63_072_000;
@@ -1122,6 +1129,9 @@ impl Config {
         if let Some(ms) = ev.stream_deadline_ms {
             c.events_stream_deadline_ms = ms;
         }
+        if let Some(ms) = ev.batch_ms {
+            c.events_batch_ms = ms;
+        }
         c.auth = self.auth_config()?;
         c.cors = agentd_core::http::cors::CorsPolicy::from_list(&self.a2a.cors.origins)?;
         c.device_grant = self.device_grant(&c.auth)?;
@@ -1204,6 +1214,9 @@ impl Config {
         }
         if let Some(n) = self.a2a.events.ring {
             in_range("a2a.events.ring", n, 1, MAX_EVENTS_RING)?;
+        }
+        if let Some(ms) = self.a2a.events.batch_ms {
+            in_range("a2a.events.batch_ms", ms, 0, MAX_EVENTS_BATCH_MS)?;
         }
         self.runtime_limits()?;
         if let Some(n) = l.tasks_bytes {
@@ -1561,6 +1574,7 @@ fn effective_document(c: &InstanceConfig, limits: &LimitsSection) -> serde_json:
                 "enabled": c.events_enabled,
                 "ring": c.events_ring,
                 "stream_deadline_ms": c.events_stream_deadline_ms,
+                "batch_ms": c.events_batch_ms,
             },
             "introspection": {"enabled": c.introspection_enabled},
             "console": {"enabled": !c.console.is_empty()},

@@ -106,6 +106,7 @@ fn defaults(config: &Config, ic: &InstanceConfig, s: &Settings) -> Result<Table,
         "stream_deadline_ms".into(),
         int(ic.events_stream_deadline_ms),
     );
+    events.insert("batch_ms".into(), int(ic.events_batch_ms));
     section(a2a, "introspection")
         .insert("enabled".into(), Value::Boolean(ic.introspection_enabled));
     section(a2a, "console").insert("enabled".into(), Value::Boolean(!ic.console.is_empty()));

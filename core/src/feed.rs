@@ -25,17 +25,18 @@ const TASK_EVENT_HISTORY_BYTES: usize = 32 * 1024;
 #[derive(Debug)]
 pub struct FeedEntry {
     pub(crate) seq: u64,
-    /// Epoch milliseconds.
-    pub(crate) ts: u64,
     /// The event's kind, one of the closed vocabulary ([`crate::ext::events_schema`]).
     pub kind: &'static str,
     /// Who receives it besides operators: everyone, or the owning principal's id.
     pub(crate) audience: Audience,
     pub(crate) owner: Option<String>,
-    /// The `data` document as JSON text, rendered once for every subscriber.
-    pub data: Arc<str>,
-    /// For a `task` event, the same document without task annotations.
-    pub(crate) data_plain: Option<Arc<str>>,
+    /// The event's SSE frame from the JSON-RPC request id on, encoded once when it was
+    /// pushed and shared by every subscriber's output (see [`encode_frame`]).
+    pub(crate) frame: Arc<[u8]>,
+    /// For a `task` event, the same frame without task annotations.
+    pub(crate) frame_plain: Option<Arc<[u8]>>,
+    /// Where the `data` document starts in `frame`.
+    data_at: usize,
 }
 
 impl FeedEntry {
@@ -50,33 +51,49 @@ impl FeedEntry {
         }
     }
 
-    /// The `data` document a subscriber receives: without task annotations unless it
-    /// activated that extension. Rendered once at push time and shared by every frame.
-    pub(crate) fn data_for(&self, annotate: bool) -> &Arc<str> {
-        match (&self.data_plain, annotate) {
+    /// The frame a subscriber receives: without task annotations unless it activated that
+    /// extension. Encoded once at push time and shared by every subscriber.
+    pub(crate) fn frame_for(&self, annotate: bool) -> &Arc<[u8]> {
+        match (&self.frame_plain, annotate) {
             (Some(plain), false) => plain,
-            _ => &self.data,
+            _ => &self.frame,
         }
+    }
+
+    /// The `data` document as JSON text (with task annotations, for a `task` event).
+    pub fn data(&self) -> &str {
+        let end = self.frame.len().saturating_sub(FRAME_END.len());
+        let bytes = self.frame.get(self.data_at..end).unwrap_or_default();
+        std::str::from_utf8(bytes).unwrap_or_default()
     }
 }
 
-/// Writes the JSON-RPC response carrying one event's frame for request `id`:
-/// `{"id":…,"jsonrpc":"2.0","result":{"event":{"kind":…,"seq":…,"ts":…,"data":…}}}`.
-pub(crate) fn write_event_response(
-    out: &mut Vec<u8>,
-    id: &str,
-    kind: &str,
-    seq: u64,
-    ts: u64,
-    data: &str,
-) {
+/// What follows an event's `data` document in its frame: the `event`, `result` and response
+/// objects close, and the SSE event ends.
+const FRAME_END: &[u8] = b"}}}\n\n";
+
+/// What comes before the request id in an event's SSE frame.
+pub(crate) const FRAME_HEAD: &[u8] = b"data: {\"id\":";
+
+/// Encodes the part of an event's frame that is the same for every subscriber: everything
+/// after the JSON-RPC request id, `,"jsonrpc":"2.0","result":{"event":{"kind":…,"seq":…,
+/// "ts":…,"data":…}}}` and the blank line that ends the SSE event. A subscriber's frame is
+/// [`FRAME_HEAD`], its request id, then these bytes (inside one chunk when chunked).
+/// Returns the bytes and where `data` starts in them.
+fn encode_frame(kind: &str, seq: u64, ts: u64, data: &Value) -> (Arc<[u8]>, usize) {
     use std::io::Write as _;
+    let mut out = Vec::with_capacity(160);
     let _ = write!(
         out,
-        "{{\"id\":{id},\"jsonrpc\":\"2.0\",\"result\":{{\"event\":{{\"kind\":\"{kind}\",\"seq\":{seq},\"ts\":{ts},\"data\":"
+        ",\"jsonrpc\":\"2.0\",\"result\":{{\"event\":{{\"kind\":\"{kind}\",\"seq\":{seq},\"ts\":{ts},\"data\":"
     );
-    out.extend_from_slice(data.as_bytes());
-    out.extend_from_slice(b"}}}");
+    let data_at = out.len();
+    if serde_json::to_writer(&mut out, data).is_err() {
+        out.truncate(data_at);
+        out.extend_from_slice(b"null");
+    }
+    out.extend_from_slice(FRAME_END);
+    (Arc::from(out), data_at)
 }
 
 /// What may be pushed: the closed vocabulary, one variant per family of kinds.
@@ -211,31 +228,35 @@ impl Ring {
         self.entries.iter().skip(skip)
     }
 
-    /// The only way onto the ring (see [`crate::instance::Instance::push_event`]).
+    /// The only way onto the ring (see [`crate::instance::Instance::push_event`]): numbers
+    /// the event and encodes its frames, once for every subscriber.
     fn push_entry(
         &mut self,
         ts: u64,
         kind: &'static str,
         audience: Audience,
         owner: Option<String>,
-        data: Arc<str>,
-        data_plain: Option<Arc<str>>,
+        data: &Value,
+        data_plain: Option<&Value>,
     ) -> u64 {
+        let seq = self.newest + 1;
+        let (frame, data_at) = encode_frame(kind, seq, ts, data);
+        let frame_plain = data_plain.map(|d| encode_frame(kind, seq, ts, d).0);
         if self.entries.len() == self.capacity {
             self.entries.pop_front();
             self.dropped += 1;
         }
-        self.newest += 1;
+        self.newest = seq;
         self.entries.push_back(FeedEntry {
-            seq: self.newest,
-            ts,
+            seq,
             kind,
             audience,
             owner,
-            data,
-            data_plain,
+            frame,
+            frame_plain,
+            data_at,
         });
-        self.newest
+        seq
     }
 }
 
@@ -275,10 +296,14 @@ pub(crate) fn push(
     }
     #[cfg(debug_assertions)]
     check_against_schema(spec.kind, &data)?;
-    let render =
-        |v: &Value| -> Arc<str> { Arc::from(serde_json::to_string(v).unwrap_or_default()) };
-    let plain = data_plain.as_ref().map(render);
-    Ok(ring.push_entry(ts, spec.kind, spec.audience, owner, render(&data), plain))
+    Ok(ring.push_entry(
+        ts,
+        spec.kind,
+        spec.audience,
+        owner,
+        &data,
+        data_plain.as_ref(),
+    ))
 }
 
 /// A Task for the feed: its history cut to the newest few messages.

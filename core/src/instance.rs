@@ -137,6 +137,9 @@ pub struct InstanceConfig {
     pub events_ring: usize,
     /// A feed stream ends with `goodbye` `deadline` after this long.
     pub events_stream_deadline_ms: u64,
+    /// Under a steady flow of events, a feed subscriber takes them at most once per this
+    /// many ms, or sooner once a batch waits (`a2a.events.batch_ms`; 0: at every event).
+    pub events_batch_ms: u64,
     /// Credentials and rules: who callers are.
     pub auth: crate::auth::AuthConfig,
     /// `a2a.cors.origins`: the browser origins served.
@@ -202,6 +205,7 @@ impl InstanceConfig {
             config_document: serde_json::json!({}),
             events_ring: 1024,
             events_stream_deadline_ms: 600_000,
+            events_batch_ms: 10,
             auth: crate::auth::AuthConfig::default(),
             cors: crate::http::cors::CorsPolicy::default(),
             tls: HashMap::new(),
@@ -549,7 +553,9 @@ pub struct Instance {
     /// Pending device codes and open sessions.
     pub(crate) sessions: crate::sessions::Sessions,
     /// The connections streaming the feed.
-    feed_watchers: std::collections::HashSet<ConnKey>,
+    /// The connections streaming the feed, each with the seq whose push wakes it
+    /// ([`Instance::arm_feed`]; `u64::MAX`: woken already, not again until it asks).
+    feed_watchers: HashMap<ConnKey, u64>,
     /// The connections' wakers: the one registry every wake-up of a connection goes
     /// through.
     pub(crate) ready: Ready,
@@ -975,8 +981,14 @@ impl Instance {
             return Ok(0);
         };
         let seq = crate::feed::push(ring, event, now.epoch_ms, introspection)?;
-        for conn in &self.feed_watchers {
-            self.ready.wake(*conn);
+        let newest = ring.newest();
+        for (conn, wake_at) in self.feed_watchers.iter_mut() {
+            // One wake-up per poll: a subscriber already woken (or taking a batch) is not
+            // woken again by every event.
+            if newest >= *wake_at {
+                *wake_at = u64::MAX;
+                self.ready.wake(*conn);
+            }
         }
         Ok(seq)
     }
@@ -1022,7 +1034,7 @@ impl Instance {
                 now,
             );
         }
-        for conn in &self.feed_watchers {
+        for conn in self.feed_watchers.keys() {
             self.ready.wake(*conn);
         }
     }
@@ -1042,9 +1054,18 @@ impl Instance {
         self.feed.as_ref()
     }
 
-    /// Connection `conn` streams the feed: it is woken by every event.
+    /// Connection `conn` streams the feed: the next event pushed wakes it ([`Instance::arm_feed`]
+    /// says which one later).
     pub(crate) fn watch_feed(&mut self, conn: ConnKey) {
-        self.feed_watchers.insert(conn);
+        self.feed_watchers.insert(conn, 0);
+    }
+
+    /// Feed connection `conn` is woken once the feed's newest seq reaches `seq` (its next
+    /// event, or a batch's worth), and then not again until it asks anew.
+    pub(crate) fn arm_feed(&mut self, conn: ConnKey, seq: u64) {
+        if let Some(wake_at) = self.feed_watchers.get_mut(&conn) {
+            *wake_at = seq;
+        }
     }
 
     pub(crate) fn unwatch_feed(&mut self, conn: ConnKey) {

@@ -321,7 +321,7 @@ fn audit_events(h: &Harness) -> Vec<Value> {
     let ring = h.inst.feed().expect("the feed is on");
     ring.after(0)
         .filter(|e| e.kind == "audit")
-        .map(|e| serde_json::from_str(&e.data).unwrap())
+        .map(|e| serde_json::from_str(e.data()).unwrap())
         .collect()
 }
 

@@ -17,11 +17,13 @@ fn feed_harness(ring: usize) -> Harness {
     Harness::with(|c| feed_config(c, ring))
 }
 
-/// The feed on, with a ring of `ring` events and a 10 s stream deadline.
+/// The feed on, with a ring of `ring` events and a 10 s stream deadline; every event goes
+/// out at once (no batching: `a_steady_flow_is_taken_in_batches` has that).
 fn feed_config(c: &mut agentd_core::InstanceConfig, ring: usize) {
     c.events_enabled = true;
     c.events_ring = ring;
     c.events_stream_deadline_ms = 10_000;
+    c.events_batch_ms = 0;
 }
 
 /// A task created and rejected by the fake host: two events.
@@ -538,4 +540,109 @@ fn no_other_push_path_exists() {
         "feed::push is called only by Instance::push_feed: {pushes:?}"
     );
     assert!(pushes[0].contains("instance.rs"), "{pushes:?}");
+}
+
+/// A `config` event, addressed to every subscriber.
+fn push_config(h: &mut Harness) -> u64 {
+    h.inst
+        .push_event(
+            FeedEvent::Other {
+                kind: "config",
+                data: json!({"paths": ["agent.approval"], "source": "admin.set"}),
+                owner: None,
+            },
+            h.now,
+        )
+        .unwrap()
+}
+
+#[test]
+fn a_steady_flow_is_taken_in_batches() {
+    // The default pacing: at most one batch per 10 ms, or sooner once 64 events wait.
+    let mut h = Harness::with(|c| {
+        c.events_enabled = true;
+        c.events_ring = 1024;
+    });
+    assert_eq!(h.config.events_batch_ms, 10);
+    let mut c = h.conn();
+    let out = subscribe(&mut h, &mut c, json!({"fromSeq": 0}), &[EVENTS]);
+    assert_eq!(event_seqs(&frames(&out)), Vec::<u64>::new());
+    assert!(
+        !c.conn.serve_after_write(),
+        "caught up: it waits for a wake-up, not another poll"
+    );
+
+    // After a quiet spell an event goes out at once.
+    let wakes = c.wakes();
+    push_config(&mut h);
+    assert_eq!(c.wakes(), wakes + 1);
+    let live = c.poll(&mut h);
+    assert_eq!(event_seqs(&frames_of(&live)), [1]);
+
+    // Within 10 ms of that batch, events wait for the next one: one wake-up for the first,
+    // none for the rest, nothing written until the batch's deadline.
+    for _ in 0..20 {
+        push_config(&mut h);
+    }
+    assert_eq!(c.wakes(), wakes + 2, "one wake-up, not one per event");
+    assert!(c.poll(&mut h).is_empty(), "the batch waits");
+    for _ in 0..10 {
+        push_config(&mut h);
+    }
+    assert_eq!(c.wakes(), wakes + 2);
+    assert_eq!(c.conn.poll_timeout(), Some(h.now.mono_ms + 10));
+    h.advance(10);
+    let batch = c.timeout(&mut h);
+    assert_eq!(event_seqs(&frames_of(&batch)), (2..=31).collect::<Vec<_>>());
+
+    // A full batch does not wait for the deadline: the 64th event waiting wakes it.
+    let wakes = c.wakes();
+    for _ in 0..63 {
+        push_config(&mut h);
+    }
+    assert!(c.wakes() <= wakes + 1);
+    assert!(c.poll(&mut h).is_empty(), "63 wait for more");
+    let woken = c.wakes();
+    push_config(&mut h);
+    assert_eq!(c.wakes(), woken + 1, "the 64th wakes it");
+    let batch = c.poll(&mut h);
+    assert_eq!(
+        event_seqs(&frames_of(&batch)),
+        (32..=95).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        batch
+            .windows(b"\"kind\":\"config\"".len())
+            .filter(|w| w == b"\"kind\":\"config\"")
+            .count(),
+        64,
+        "every frame whole"
+    );
+
+    // A batch larger than the frames taken per poll is taken over several polls, each right
+    // after the last one's output was written.
+    for _ in 0..300 {
+        push_config(&mut h);
+    }
+    let mut seqs = Vec::new();
+    let mut polls = 0;
+    loop {
+        c.conn.poll(&mut h.inst, h.now);
+        polls += 1;
+        seqs.extend(event_seqs(&frames_of(&c.drain(&h))));
+        if !c.conn.serve_after_write() {
+            break;
+        }
+    }
+    assert_eq!(seqs, (96..=395).collect::<Vec<_>>());
+    assert!((3..=4).contains(&polls), "{polls} polls");
+}
+
+/// The frames of a stream's continuation (no HTTP head): chunk sizes skipped.
+fn frames_of(bytes: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .collect()
 }

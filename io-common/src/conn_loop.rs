@@ -9,7 +9,7 @@
 //!     match lp.next(&conn) {
 //!         Next::Poll => { conn.serve(&mut instance.lock(), now);     // under the lock
 //!                         lp.served(&mut conn, now) }                 // framing, TLS: not
-//!         Next::Write => { write pending_output, consume_output; lp.written() }
+//!         Next::Write => { write pending_output, consume_output; lp.written(&conn) }
 //!         Next::Read { deadline } => bytes: lp.received(&mut conn, bytes, now);
 //!                                    end of input: conn.handle_eof(..);
 //!                                    deadline: conn.handle_timeout(..)
@@ -85,10 +85,11 @@ impl ConnLoop {
         }
     }
 
-    /// All pending output was written: the core is polled again first, since writing may
-    /// have made room for more (a long replay, the next frames of a stream).
-    pub fn written(&mut self) {
-        self.poll = true;
+    /// All pending output was written: the core is polled again first if writing may have
+    /// made room for more (a long replay, the next frames of a stream); a feed subscriber
+    /// that took everything there was waits for its next wake-up instead.
+    pub fn written(&mut self, conn: &Connection) {
+        self.poll = conn.serve_after_write();
     }
 
     /// `Connection::serve` ran (under the lock): what it decided is framed and encrypted
@@ -154,10 +155,50 @@ mod tests {
         assert_eq!(lp.next(&conn), Next::Write);
         let n = conn.pending_output().len();
         conn.consume_output(n, now);
-        lp.written();
+        lp.written(&conn);
         assert_eq!(lp.next(&conn), Next::Poll, "written: polled again first");
         conn.poll(&mut inst, now);
         assert!(matches!(lp.next(&conn), Next::Read { .. }));
+    }
+
+    /// A feed subscriber that took every event there was waits for the wake-up of the next
+    /// one after writing, instead of taking the lock again to find nothing.
+    #[test]
+    fn a_caught_up_feed_waits_for_its_wake_up_after_writing() {
+        let now = Now::new(0, 1_767_225_600_000);
+        let mut config = InstanceConfig::new(vec![ListenerInfo {
+            kind: ListenerKind::Tcp,
+            url: "http://127.0.0.1:8420/".into(),
+            loopback: true,
+        }]);
+        config.events_enabled = true;
+        let mut inst = Instance::new(config.clone(), Box::new(CounterEntropy(1)), now);
+        let waker = std::task::Waker::noop().clone();
+        let mut conn = Connection::new(0, Peer::Tcp, config.conn, waker, now);
+        conn.prepare(&inst);
+        let mut lp = ConnLoop::new();
+        assert_eq!(lp.next(&conn), Next::Poll);
+        conn.poll(&mut inst, now);
+        let body =
+            r#"{"jsonrpc":"2.0","id":1,"method":"agentd.events/SubscribeToEvents","params":{}}"#;
+        let req = format!(
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nA2A-Version: 1.0\r\n\
+             A2A-Extensions: https://agentd.dev/a2a/ext/events\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        lp.received(&mut conn, req.as_bytes(), now);
+        assert_eq!(lp.next(&conn), Next::Poll);
+        conn.serve(&mut inst, now);
+        lp.served(&mut conn, now);
+        assert_eq!(lp.next(&conn), Next::Write, "the hello");
+        let n = conn.pending_output().len();
+        conn.consume_output(n, now);
+        lp.written(&conn);
+        assert!(
+            matches!(lp.next(&conn), Next::Wait { .. }),
+            "nothing more on the ring: no poll until a wake-up"
+        );
+        assert_eq!(lp.next(&conn), Next::Poll, "after the wait, polled");
     }
 
     #[test]

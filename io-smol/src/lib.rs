@@ -370,7 +370,7 @@ impl Ctx {
                             _ => break 'conn,
                         }
                     }
-                    lp.written();
+                    lp.written(&conn);
                 }
                 Next::Read { deadline } => {
                     // Wait for bytes without holding a buffer: 10,000 idle connections cost

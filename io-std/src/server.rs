@@ -338,7 +338,7 @@ impl AcceptContext {
                     if !flush(&mut stream, &mut conn, &self.clock) {
                         break;
                     }
-                    lp.written();
+                    lp.written(&conn);
                 }
                 Next::Read { deadline } => {
                     let now = self.clock.now();

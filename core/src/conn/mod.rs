@@ -100,6 +100,15 @@ enum State {
         deadline: u64,
         annotate: bool,
         last_write: u64,
+        /// When this subscriber last took events: under a steady flow it takes them at most
+        /// once per `events_batch_ms`, or sooner once [`FEED_BATCH`] wait (see
+        /// [`Connection::pump_feed`]). None: never, or long enough ago.
+        last_batch: Option<u64>,
+        /// Events wait for a batch until then.
+        linger: Option<u64>,
+        /// The last pump stopped at its bounds, with events past the cursor: serve again once
+        /// the output is written, with no wake-up to wait for.
+        more: bool,
     },
     /// A command waits for the host's answer.
     Calling {
@@ -214,6 +223,14 @@ pub struct Connection {
 /// far behind is cut off).
 const FRAMES_AHEAD: usize = 32;
 
+/// Feed frames taken from the ring ahead of the output: a feed's frames are shared bytes
+/// ([`crate::feed`] encodes each event once), so a subscriber takes a larger batch per poll
+/// and writes it in one go.
+const FEED_FRAMES_AHEAD: usize = 128;
+
+/// Events that wake a feed subscriber which waits for a batch before its deadline.
+const FEED_BATCH: u64 = 64;
+
 /// A frame of a stream or of the events feed, decided under the instance and written
 /// outside it. It shares what it carries (a task's event, a feed event's rendered data)
 /// with the instance.
@@ -224,13 +241,9 @@ enum Frame {
         event_id: Option<String>,
         event: Arc<StreamResponse>,
     },
-    /// An events-feed event: its data was rendered once, when it was pushed.
-    Feed {
-        kind: &'static str,
-        seq: u64,
-        ts: u64,
-        data: Arc<str>,
-    },
+    /// An events-feed event: the frame encoded once, when it was pushed, and shared with
+    /// every subscriber (it follows this stream's request id).
+    Feed(Arc<[u8]>),
     /// Bytes framed already: a stream's error event, a feed's goodbye, a stream's end.
     Framed(Vec<u8>),
 }
@@ -520,6 +533,17 @@ impl Connection {
                 < self.limits.http.input_capacity()
     }
 
+    /// Whether [`Connection::serve`] should run again once the output is written, before
+    /// waiting for anything: writing may have made room for more (a long replay, a stream's
+    /// next frames). A feed subscriber that took every event it could see waits for the
+    /// wake-up of the next one instead.
+    pub fn serve_after_write(&self) -> bool {
+        match self.state {
+            State::Feed { more, .. } => more || self.closing,
+            _ => true,
+        }
+    }
+
     /// The connection is done: close the socket, then call [`Connection::close`].
     pub fn is_finished(&self) -> bool {
         self.aborted || (self.closing && self.backlog() == 0 && !self.answering())
@@ -610,8 +634,12 @@ impl Connection {
             State::Feed {
                 last_write,
                 deadline,
+                linger,
                 ..
-            } => Some((last_write + l.sse_keepalive_ms).min(*deadline)),
+            } => {
+                let due = (last_write + l.sse_keepalive_ms).min(*deadline);
+                Some(linger.map_or(due, |t| t.min(due)))
+            }
         };
         match (write, state) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -680,10 +708,15 @@ impl Connection {
                 deadline,
                 last_write,
                 chunked,
+                linger,
                 ..
             } => {
                 if t >= *deadline {
                     self.end_feed(inst, Some(crate::feed::Goodbye::Deadline), now);
+                    self.drive(inst, now);
+                } else if linger.is_some_and(|d| t >= d) {
+                    // The batch waited long enough: what there is goes out now.
+                    *linger = None;
                     self.drive(inst, now);
                 } else if t >= *last_write + l.sse_keepalive_ms {
                     *last_write = t;
@@ -806,5 +839,81 @@ mod tests {
         assert!(!conn.produce(now));
         let out = String::from_utf8_lossy(conn.pending_output()).into_owned();
         assert_eq!(out.matches("-32001").count(), 2, "{out}");
+    }
+
+    /// Every subscriber's frame of an event is the one encoding the ring holds: nothing is
+    /// serialized per subscriber, only its request id is written around the shared bytes.
+    #[test]
+    fn feed_subscribers_share_each_events_encoded_frame() {
+        let now = Now::new(0, 1_767_225_600_000);
+        let mut config = InstanceConfig::new(vec![ListenerInfo {
+            kind: ListenerKind::Tcp,
+            url: "http://127.0.0.1:8420/".into(),
+            loopback: true,
+        }]);
+        config.events_enabled = true;
+        let mut inst = Instance::new(config.clone(), Box::new(CounterEntropy(1)), now);
+        let mut subs: Vec<Connection> = (0..5u64)
+            .map(|i| {
+                let waker = std::task::Waker::noop().clone();
+                let mut conn = Connection::new(0, Peer::Tcp, config.conn, waker, now);
+                conn.prepare(&inst);
+                let body = format!(
+                    r#"{{"jsonrpc":"2.0","id":{},"method":"agentd.events/SubscribeToEvents","params":{{}}}}"#,
+                    100 + i
+                );
+                let req = format!(
+                    "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                     A2A-Version: 1.0\r\nA2A-Extensions: https://agentd.dev/a2a/ext/events\r\n\
+                     Content-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                conn.handle_input(&mut inst, req.as_bytes(), now);
+                let n = conn.pending_output().len();
+                assert!(n > 0, "hello");
+                conn.consume_output(n, now);
+                conn
+            })
+            .collect();
+        assert_eq!(inst.feed_subscribers(), 5);
+        let event = crate::feed::FeedEvent::Other {
+            kind: "config",
+            data: serde_json::json!({"paths": ["agent.approval"], "source": "admin.set"}),
+            owner: None,
+        };
+        inst.push_event(event, now).unwrap();
+        for conn in subs.iter_mut() {
+            conn.serve(&mut inst, now);
+        }
+        let ring = inst.feed().unwrap();
+        let entry = ring.after(0).next().unwrap();
+        assert_eq!(
+            Arc::strong_count(&entry.frame),
+            1 + subs.len(),
+            "the ring's encoding and one share per subscriber"
+        );
+        for conn in &subs {
+            match conn.frames.front() {
+                Some(Frame::Feed(f)) => assert!(Arc::ptr_eq(f, &entry.frame)),
+                other => panic!("a feed frame: {other:?}"),
+            }
+        }
+        let shared = String::from_utf8_lossy(&entry.frame).into_owned();
+        for (i, conn) in subs.iter_mut().enumerate() {
+            conn.produce(now);
+            let out = String::from_utf8_lossy(conn.pending_output()).into_owned();
+            let frame = format!("data: {{\"id\":{}{shared}", 100 + i);
+            assert_eq!(out, format!("{:x}\r\n{frame}\r\n", frame.len()));
+            let doc: serde_json::Value =
+                serde_json::from_str(frame.trim_start_matches("data: ").trim_end()).unwrap();
+            assert_eq!(doc["result"]["event"]["seq"], 1);
+            assert_eq!(doc["result"]["event"]["data"]["source"], "admin.set");
+        }
+        let entry = inst.feed().unwrap().after(0).next().unwrap();
+        assert_eq!(Arc::strong_count(&entry.frame), 1, "written: no copy kept");
+        assert_eq!(
+            entry.data(),
+            r#"{"paths":["agent.approval"],"source":"admin.set"}"#
+        );
     }
 }

@@ -114,18 +114,32 @@ impl Connection {
             deadline: now.mono_ms + inst.config().events_stream_deadline_ms,
             annotate: activated.contains(crate::ext::Ext::TaskAnnotations),
             last_write: now.mono_ms,
+            last_batch: None,
+            linger: None,
+            more: true,
         };
     }
 
-    /// Writes feed events past the cursor that this caller may see. True when the stream
-    /// ended (the subscriber fell out of the ring).
+    /// Takes feed events past the cursor that this caller may see, for `produce` to write.
+    /// True when the stream ended (the subscriber fell out of the ring, or its session was
+    /// revoked).
+    ///
+    /// Under a steady flow of events a subscriber takes them in batches: at most once per
+    /// `events_batch_ms`, or as soon as [`FEED_BATCH`] wait, so that each wake-up and each
+    /// write carries many frames instead of one (an event after a quiet spell goes at once).
+    /// The instance wakes a feed connection only when its next event, or its batch, is
+    /// there ([`Instance::arm_feed`]), not at every event.
     pub(super) fn pump_feed(&mut self, inst: &mut Instance, now: Now) -> bool {
         let State::Feed {
+            watcher,
             ref principal,
             ref sid,
             ref mut cursor,
             annotate,
             ref mut last_write,
+            ref mut last_batch,
+            ref mut linger,
+            ref mut more,
             ..
         } = self.state
         else {
@@ -138,6 +152,7 @@ impl Connection {
                 return true;
             }
         }
+        let batch_ms = inst.config().events_batch_ms;
         let Some(ring) = inst.feed.as_ref() else {
             return false;
         };
@@ -147,28 +162,49 @@ impl Connection {
             self.end_feed(inst, None, now);
             return true;
         }
+        let waiting = ring.newest().saturating_sub(*cursor);
+        // Not while catching up: the rest of a batch taken in parts goes on at once.
+        let paced = !*more && last_batch.is_some_and(|t| now.mono_ms < t.saturating_add(batch_ms));
+        if waiting > 0 && waiting < FEED_BATCH && paced {
+            // Too soon after the last batch: wait for more, until the deadline or a batch.
+            let due = last_batch.unwrap_or_default().saturating_add(batch_ms);
+            *linger = Some(due);
+            *more = false;
+            let wake_at = cursor.saturating_add(FEED_BATCH);
+            inst.arm_feed(watcher, wake_at);
+            return false;
+        }
+        *linger = None;
         let mut took = false;
         // Bounded by the output backlog and the frames ahead of it: the driver writes them
         // (produce frames them, outside the instance), then polls again.
         let backlog = self.out.len() - self.out_pos;
+        let mut bounded = false;
         for e in ring.after(*cursor) {
-            if backlog >= self.limits.max_output_bytes || self.frames.len() >= FRAMES_AHEAD {
+            if backlog >= self.limits.max_output_bytes || self.frames.len() >= FEED_FRAMES_AHEAD {
+                bounded = true;
                 break;
             }
             *cursor = e.seq;
             if !e.visible_to(principal) {
                 continue;
             }
-            self.frames.push_back(Frame::Feed {
-                kind: e.kind,
-                seq: e.seq,
-                ts: e.ts,
-                data: e.data_for(annotate).clone(),
-            });
+            self.frames
+                .push_back(Frame::Feed(e.frame_for(annotate).clone()));
             took = true;
         }
+        *more = bounded;
         if took {
             *last_write = now.mono_ms;
+            *last_batch = Some(now.mono_ms);
+        } else if !paced {
+            // Quiet: the next event goes out at once.
+            *last_batch = None;
+        }
+        if !bounded {
+            // Caught up: woken by the next event.
+            let next = cursor.saturating_add(1);
+            inst.arm_feed(watcher, next);
         }
         false
     }

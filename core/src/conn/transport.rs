@@ -88,6 +88,10 @@ impl Connection {
                 return;
             }
             let Some(frame) = self.frames.pop_front() else {
+                if self.frames.capacity() > 2 * FRAMES_AHEAD {
+                    // A feed's large batch keeps no room between batches.
+                    self.frames = VecDeque::new();
+                }
                 return;
             };
             self.write_frame(frame);
@@ -126,16 +130,11 @@ impl Connection {
                     );
                 }
             }
-            Frame::Feed {
-                kind,
-                seq,
-                ts,
-                data,
-            } => {
-                let mut doc = Vec::with_capacity(data.len() + 96);
-                crate::feed::write_event_response(&mut doc, id.as_json(), kind, seq, ts, &data);
-                response::write_sse_event(&mut self.out, &doc, chunked);
-            }
+            Frame::Feed(frame) => response::write_sse_shared(
+                &mut self.out,
+                [crate::feed::FRAME_HEAD, id.as_json().as_bytes(), &frame],
+                chunked,
+            ),
             Frame::Framed(bytes) => self.out.extend_from_slice(&bytes),
         }
     }

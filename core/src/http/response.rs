@@ -146,6 +146,32 @@ pub(crate) fn write_sse_event_with_id(
     }
 }
 
+/// An SSE event whose bytes are given in parts, `data: ` and the blank line after it
+/// included (a feed event's frame: its head, the request id, the shared rest), inside one
+/// chunk when chunked.
+pub(crate) fn write_sse_shared(out: &mut Vec<u8>, parts: [&[u8]; 3], chunked: bool) {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    if chunked {
+        write_hex(out, len);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.reserve(len + 2);
+    for p in parts {
+        out.extend_from_slice(p);
+    }
+    if chunked {
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// `n` in lowercase hex, as a chunk size.
+fn write_hex(out: &mut Vec<u8>, n: usize) {
+    let digits = (usize::BITS - n.leading_zeros()).div_ceil(4).max(1);
+    for i in (0..digits).rev() {
+        out.push(b"0123456789abcdef"[(n >> (4 * i)) & 0xf]);
+    }
+}
+
 /// An SSE comment: a keep-alive that every client ignores.
 pub(crate) fn write_sse_comment(out: &mut Vec<u8>, text: &str, chunked: bool) {
     let len = text.len() + b": \n\n".len();
