@@ -18,7 +18,6 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -225,28 +224,13 @@ fn run_chromium(chromium: &Path, url: &str, work: &Path) -> BrowserRun {
     fs::create_dir_all(&home).expect("create chromium's HOME");
     let stderr_path = work.join(format!("chromium-{n}.stderr"));
     let stderr_file = fs::File::create(&stderr_path).expect("create chromium's stderr log");
-    let mut child = Command::new(chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-proxy-server",
-        ])
+    let mut cmd = Command::new(chromium);
+    cmd.args(common::chromium::HEADLESS_FLAGS)
         .arg(format!("--user-data-dir={}", profile.display()))
         .arg("--virtual-time-budget=5000")
         .arg("--dump-dom")
-        .arg(url)
-        .env("HOME", &home)
-        .env("XDG_CONFIG_HOME", home.join(".config"))
-        .env("XDG_CACHE_HOME", home.join(".cache"))
-        .env_remove("CHROMIUM_FLAGS")
-        .current_dir(work)
-        .process_group(0)
+        .arg(url);
+    let mut child = common::chromium::isolate(&mut cmd, &home, work)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::from(stderr_file))

@@ -638,7 +638,7 @@ struct Lax {
 
 impl Lax {
     fn start() -> Lax {
-        use std::io::{Read, Write};
+        use std::io::Write;
         use std::sync::atomic::Ordering;
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.set_nonblocking(true).unwrap();
@@ -653,26 +653,8 @@ impl Lax {
                 };
                 let _ = c.set_nonblocking(false);
                 let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(2)));
-                let mut req = Vec::new();
-                let mut buf = [0u8; 8192];
-                // The head, then as much body as Content-Length says.
-                loop {
-                    if let Some(end) = req.windows(4).position(|w| w == b"\r\n\r\n") {
-                        let head = String::from_utf8_lossy(&req[..end]).to_ascii_lowercase();
-                        let len = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .and_then(|v| v.trim().parse::<usize>().ok())
-                            .unwrap_or(0);
-                        if req.len() >= end + 4 + len {
-                            break;
-                        }
-                    }
-                    match c.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => req.extend_from_slice(&buf[..n]),
-                    }
-                }
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+                let req = common::cli::read_request(&mut c, deadline).unwrap_or_default();
                 let text = String::from_utf8_lossy(&req);
                 let body = if text.starts_with("GET") {
                     serde_json::json!({

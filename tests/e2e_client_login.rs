@@ -13,6 +13,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::cli::{cli_command, cli_env};
 use common::{post, rpc_body, Daemon, Setup, TempDir, Via};
 use serde_json::{json, Value};
 
@@ -36,22 +37,20 @@ fn daemon(device_grant: bool) -> Daemon {
 
 /// The client with its config directory at `config` and no token from the environment.
 fn cli(config: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_agentd"));
-    c.args(args)
-        .env_remove("AGENTD_TOKEN")
-        .env("XDG_CONFIG_HOME", config)
+    let mut c = cli_command(args);
+    c.env("XDG_CONFIG_HOME", config)
         .env("HOME", config)
-        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     c
 }
 
 fn run(config: &Path, args: &[&str]) -> Output {
-    let mut child = cli(config, args).spawn().expect("spawn agentd");
-    wait(&mut child, args)
+    let dir = config.to_str().expect("a UTF-8 temp path");
+    cli_env(args, &[("XDG_CONFIG_HOME", dir), ("HOME", dir)])
 }
 
+/// Waits for a client started by [`start_login`] (its stderr already taken) to end.
 fn wait(child: &mut Child, what: &[&str]) -> Output {
     let deadline = Instant::now() + Duration::from_secs(60);
     while child.try_wait().expect("wait").is_none() {
@@ -69,19 +68,11 @@ fn wait(child: &mut Child, what: &[&str]) -> Output {
     if let Some(mut s) = child.stdout.take() {
         let _ = std::io::Read::read_to_end(&mut s, &mut out.stdout);
     }
-    if let Some(mut s) = child.stderr.take() {
-        let _ = std::io::Read::read_to_end(&mut s, &mut out.stderr);
-    }
     out
 }
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-/// What a run printed, both streams, for failure messages.
-fn said(o: &Output) -> String {
-    format!("{}{}", text(&o.stdout), text(&o.stderr))
 }
 
 /// Starts `agentd login` and returns it with the user code it showed on stderr (the rest of
@@ -208,7 +199,12 @@ fn login_keeps_a_private_token_that_the_other_subcommands_use_and_logout_revokes
 
     // The kept token signs the other subcommands in: a task sent is alice's.
     let listed = run(&config, &["list", &url, "--json"]);
-    assert_eq!(listed.status.code(), Some(0), "{}", said(&listed));
+    assert_eq!(
+        listed.status.code(),
+        Some(0),
+        "{}",
+        common::cli::text(&listed)
+    );
     let sent = run(&config, &["send", &url, "hello", "--no-stream", "--json"]);
     assert_eq!(sent.status.code(), Some(0), "{}", text(&sent.stdout));
     let sent: Value = serde_json::from_slice(&sent.stdout).expect("json");
@@ -218,7 +214,7 @@ fn login_keeps_a_private_token_that_the_other_subcommands_use_and_logout_revokes
         .unwrap()
         .to_owned();
     let mine = run(&config, &["get", &url, &task, "--json"]);
-    assert_eq!(mine.status.code(), Some(0), "{}", said(&mine));
+    assert_eq!(mine.status.code(), Some(0), "{}", common::cli::text(&mine));
     // --bearer still wins over the kept token.
     let other = run(&config, &["list", &url, "--bearer", "not-a-token"]);
     assert_ne!(other.status.code(), Some(0));
@@ -226,7 +222,7 @@ fn login_keeps_a_private_token_that_the_other_subcommands_use_and_logout_revokes
     // Logout revokes it on the server and forgets it here.
     assert_eq!(list_status(&d, &token), 200);
     let out = run(&config, &["logout", &url]);
-    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", common::cli::text(&out));
     assert_eq!(
         list_status(&d, &token),
         401,
@@ -273,7 +269,7 @@ fn an_expired_kept_token_is_not_sent_and_a_server_without_the_grant_is_refused()
     let fresh = json!({"version": 1, "tokens": {format!("http://{}", d.tcp): {"access_token": "op-token", "expires_at": 4_000_000_000u64, "scope": "operator"}}});
     std::fs::write(config.join("agentd/credentials.json"), fresh.to_string()).unwrap();
     let out = run(&config, &["list", &url]);
-    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", common::cli::text(&out));
 
     let plain = daemon(false);
     let out = run(&config, &["login", &plain.tcp_url()]);

@@ -22,7 +22,6 @@ mod common;
 
 use std::fs;
 use std::io::{Read, Write};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Command, Stdio};
 use std::sync::mpsc;
@@ -741,34 +740,18 @@ impl Browser {
         let log = fs::File::create(&stderr).expect("create chromium's stderr log");
         // The shell hands chromium our stdin as its fd 3 and our stdout as its fd 4 (the
         // pipe's ends), then execs it: the process is chromium, in a group of its own.
-        let mut child = Command::new("/bin/sh")
-            .arg("-c")
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c")
             .arg(r#"exec "$0" "$@" 3<&0 4>&1 </dev/null >/dev/null"#)
             .arg(chromium)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-proxy-server",
-                "--hide-scrollbars",
-                "--remote-debugging-pipe",
-            ])
+            .args(common::chromium::HEADLESS_FLAGS)
+            .args(["--hide-scrollbars", "--remote-debugging-pipe"])
             .arg(format!(
                 "--user-data-dir={}",
                 work.join("profile").display()
             ))
-            .arg("about:blank")
-            .env("HOME", &home)
-            .env("XDG_CONFIG_HOME", home.join(".config"))
-            .env("XDG_CACHE_HOME", home.join(".cache"))
-            .env_remove("CHROMIUM_FLAGS")
-            .current_dir(work)
-            .process_group(0)
+            .arg("about:blank");
+        let mut child = common::chromium::isolate(&mut cmd, &home, work)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))

@@ -5,10 +5,38 @@
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, WaitOptions};
+
+/// The flags every headless run takes: no sandbox (tests run as root), no GPU, and nothing
+/// that reaches past loopback (no QUIC, no proxy, no background or component fetches).
+pub const HEADLESS_FLAGS: &[&str] = &[
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-proxy-server",
+];
+
+/// Keeps a chromium command to itself: `home` as its HOME and config/cache dirs, `work` as
+/// its directory, no flags from the environment, and a process group of its own (for
+/// [`stop_leftovers`]).
+pub fn isolate<'c>(cmd: &'c mut Command, home: &Path, work: &Path) -> &'c mut Command {
+    cmd.env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join(".config"))
+        .env("XDG_CACHE_HOME", home.join(".cache"))
+        .env_remove("CHROMIUM_FLAGS")
+        .current_dir(work)
+        .process_group(0)
+}
 
 pub fn pid(raw: u32) -> Pid {
     let raw = i32::try_from(raw).expect("a pid fits an i32");

@@ -326,30 +326,10 @@ struct Flags {
 fn relay(mut client: TcpStream, upstream: std::net::SocketAddr, rule: Cut, f: &Flags) {
     let _ = client.set_nonblocking(false);
     let _ = client.set_read_timeout(Some(Duration::from_millis(100)));
-    let mut req = Vec::new();
+    let Some(req) = read_request(&mut client, Instant::now() + Duration::from_secs(5)) else {
+        return;
+    };
     let mut buf = [0u8; 16384];
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        if let Some(end) = req.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&req[..end]).to_ascii_lowercase();
-            let len = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .unwrap_or(0);
-            if req.len() >= end + 4 + len {
-                break;
-            }
-        }
-        if Instant::now() > deadline {
-            return;
-        }
-        match client.read(&mut buf) {
-            Ok(0) => return,
-            Ok(n) => req.extend_from_slice(&buf[..n]),
-            Err(_) => {}
-        }
-    }
     let text = String::from_utf8_lossy(&req).to_ascii_lowercase();
     let ours = text.contains(rule.method);
     let resuming = ours && (rule.resumes)(&text);
@@ -476,5 +456,34 @@ impl Drop for SdkServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 request read from `stream`: its head, then as much body as Content-Length
+/// says. `None` when the peer closed or `deadline` passed first (read timeouts set on the
+/// stream are waited out until then).
+pub fn read_request(stream: &mut impl Read, deadline: Instant) -> Option<Vec<u8>> {
+    let mut req = Vec::new();
+    let mut buf = [0u8; 16384];
+    loop {
+        if let Some(end) = req.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&req[..end]).to_ascii_lowercase();
+            let len = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if req.len() >= end + 4 + len {
+                return Some(req);
+            }
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        match stream.read(&mut buf) {
+            Ok(0) => return None,
+            Ok(n) => req.extend_from_slice(&buf[..n]),
+            Err(_) => {}
+        }
     }
 }
