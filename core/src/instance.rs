@@ -521,7 +521,7 @@ pub(crate) struct PendingCall {
     pub(crate) outcome: Option<CallOutcome>,
     /// The message's digest, for a task op: its task records the message as accepted, so
     /// a retry finds the task.
-    pub(crate) digest: Option<String>,
+    pub(crate) digest: Option<crate::tasks::MessageDigest>,
 }
 
 /// The shared state of one daemon.
@@ -845,12 +845,16 @@ impl Instance {
 
     /// The digest of a task op this caller sent under `message_id` that the host has not
     /// started yet (its task does not exist, so the task index cannot know the id yet).
-    pub(crate) fn pending_task_op(&self, principal: &str, message_id: &str) -> Option<&str> {
+    pub(crate) fn pending_task_op(
+        &self,
+        principal: &str,
+        message_id: &str,
+    ) -> Option<crate::tasks::MessageDigest> {
         self.calls
             .values()
             .filter(|c| c.outcome.is_none() && c.principal.id == principal)
             .filter(|c| c.message.message_id == message_id)
-            .find_map(|c| c.digest.as_deref())
+            .find_map(|c| c.digest)
     }
 
     /// The host made every change up to `seq` durable (the fsync returned): answers held for
@@ -1186,7 +1190,7 @@ impl Instance {
             call.mode,
             call.annotate,
             call.history,
-            call.digest.clone(),
+            call.digest,
         );
         let (by, message_id) = (principal.id.clone(), message.message_id.clone());
         self.tasks
@@ -1501,9 +1505,11 @@ impl Instance {
                 if t.state.is_terminal() {
                     return Err(CompletionError::TaskTerminal(t.state));
                 }
-                t.ask_schema = schema;
-                t.ask_channel = channel;
-                t.ask_operator_only = operator_only;
+                t.set_gate(Some(crate::tasks::Gate {
+                    schema,
+                    channel,
+                    operator_only,
+                }));
                 Ok(())
             }
             Completion::Artifact {

@@ -543,7 +543,7 @@ fn send(
             ));
         }
         if t.state == TaskState::InputRequired {
-            if t.ask_operator_only && !ctx.principal.is_operator() {
+            if t.gate().is_some_and(|g| g.operator_only) && !ctx.principal.is_operator() {
                 return Err(RpcError::new(
                     ErrorKind::PermissionDenied,
                     format!(
@@ -552,7 +552,7 @@ fn send(
                 )
                 .with_meta("taskId", &task_id));
             }
-            if let Some(schema) = &t.ask_schema {
+            if let Some(schema) = t.gate().and_then(|g| g.schema.as_ref()) {
                 check_gate_answer(schema, &message)?;
             }
         }
@@ -560,7 +560,7 @@ fn send(
             name: t.context_id.clone(),
             key: t.context_key.clone(),
         };
-        let owner = t.owner.clone();
+        let owner = Principal::clone(&t.owner);
         inst.tasks
             .append_message(&task_id, message.clone())
             .map_err(|e| match e {
@@ -571,9 +571,7 @@ fn send(
             .accept_message(&task_id, &ctx.principal.id, &message.message_id, digest);
         // The gate is answered: its question no longer stands.
         if let Some(t) = inst.tasks.get_mut(&task_id) {
-            t.ask_schema = None;
-            t.ask_channel = None;
-            t.ask_operator_only = false;
+            t.set_gate(None);
         }
         inst.set_status(&task_id, TaskState::Working, None, ctx.now)
             .map_err(|_| RpcError::task_not_found(&task_id))?;
@@ -639,7 +637,7 @@ fn retried(
     inst: &mut Instance,
     ctx: &CallContext<'_>,
     message: &Message,
-    digest: &str,
+    digest: &crate::tasks::MessageDigest,
     mode: CallMode,
     history: Option<usize>,
     annotate: bool,
@@ -647,7 +645,7 @@ fn retried(
     if let Some(first) = inst.pending_task_op(&ctx.principal.id, &message.message_id) {
         // The first send's task op is with the host, its task not started: a retry now
         // must not run it again, and cannot be answered with a task yet.
-        if first != digest {
+        if first != *digest {
             return Err(RpcError::invalid_field(
                 "message.messageId",
                 format!(
@@ -672,7 +670,7 @@ fn retried(
         return Ok(None);
     }
     let task_id = t.id.to_string();
-    if first != digest {
+    if first != *digest {
         return Err(RpcError::invalid_field(
             "message.messageId",
             format!(
@@ -950,7 +948,7 @@ fn run_command(
     mode: CallMode,
     history: Option<usize>,
     annotate: bool,
-    digest: Option<String>,
+    digest: Option<crate::tasks::MessageDigest>,
 ) -> Result<Reply, RpcError> {
     let context = inst.resolve_context(ctx.principal, &message.context_id);
     let context_id = context.name.clone();
@@ -1262,7 +1260,7 @@ struct Local {
     mode: CallMode,
     history: Option<usize>,
     annotate: bool,
-    digest: Option<String>,
+    digest: Option<crate::tasks::MessageDigest>,
 }
 
 /// A task op the core did itself: its task is created, carries the result as its

@@ -17,7 +17,7 @@ use std::time::Instant;
 use agentd_core::a2a::types::{Message, Part, Role as MessageRole, TaskState};
 use agentd_core::auth::{Principal, Role};
 use agentd_core::ext::COMMAND_URI;
-use agentd_core::tasks::{ContextIds, TaskLimits, TaskStore};
+use agentd_core::tasks::{ContextIds, MessageDigest, TaskLimits, TaskStore};
 use serde_json::{json, Value};
 use support::*;
 
@@ -259,7 +259,7 @@ fn task_memory() {
         let mid = first.message_id.clone();
         s.create(id.clone(), context, owner.clone(), first, T0)
             .unwrap();
-        s.accept_message(&id, &owner.id, &mid, "0".repeat(64));
+        s.accept_message(&id, &owner.id, &mid, MessageDigest::from_bytes([0; 32]));
         let reason = vec![Part::text("no agent is configured")];
         s.set_status(&id, TaskState::Rejected, Some(reason), T0)
             .unwrap();

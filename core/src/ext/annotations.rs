@@ -15,7 +15,7 @@ pub(crate) fn object(rec: &TaskRecord) -> Value {
     let mut a = Map::new();
     a.insert(
         "link".into(),
-        json!({"kind": rec.link.kind.as_str(), "id": rec.link.id}),
+        json!({"kind": rec.link().0.as_str(), "id": rec.link().1}),
     );
     a.insert("created".into(), json!(rfc3339_ms(rec.created_ms)));
     a.insert(
@@ -28,13 +28,13 @@ pub(crate) fn object(rec: &TaskRecord) -> Value {
         ),
     );
     a.insert("principal".into(), json!(rec.owner.id));
-    if let Some(schema) = &rec.ask_schema {
+    if let Some(schema) = rec.gate().and_then(|g| g.schema.as_ref()) {
         a.insert("askSchema".into(), schema.clone());
     }
-    if let Some(channel) = &rec.ask_channel {
+    if let Some(channel) = rec.gate().and_then(|g| g.channel.as_ref()) {
         a.insert("askChannel".into(), json!(channel));
     }
-    if let Some(op) = &rec.command {
+    if let Some(op) = rec.command() {
         a.insert("command".into(), json!(op));
     }
     Value::Object(a)

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::a2a::types::{Artifact, Message, Role, Task, TaskState, TaskStatus};
+use crate::a2a::types::{Artifact, Message, Part, Role, Task, TaskState, TaskStatus};
 use crate::auth::Principal;
 use crate::time::rfc3339_ms;
 
@@ -89,19 +89,20 @@ pub struct TaskRecord {
     /// The internal key of the task's conversation: what the host sees.
     pub context_key: String,
     /// Who created the task: access to it is checked against them.
-    pub(crate) owner: Principal,
+    /// One allocation per principal, shared by all its held tasks ([`TaskStore::principals`]).
+    pub(crate) owner: Arc<Principal>,
     /// The task's current state.
     pub(crate) state: TaskState,
-    /// The agent message that came with the current status, if any; shared with the snapshots
-    /// that carry it.
-    pub(crate) status_message: Option<Arc<Message>>,
+    /// The agent message that came with the current status, if any.
+    status_message: Option<StatusMessage>,
     /// Epoch milliseconds of the current status.
     pub status_ms: u64,
     /// The store's update counter when the status last changed: orders tasks whose status
     /// changed in the same millisecond.
     pub status_seq: u64,
     pub(crate) created_ms: u64,
-    history: VecDeque<(Arc<Message>, usize)>,
+    /// The messages of the conversation so far, oldest first, each with its weight.
+    history: VecDeque<(HeldMessage, usize)>,
     history_bytes: usize,
     /// The task's artifacts in the order they were first produced; shared with the snapshots
     /// that carry them.
@@ -113,24 +114,88 @@ pub struct TaskRecord {
     status_count: u64,
     /// Every state the task has been in, oldest first, with when it entered it.
     pub status_history: Vec<(TaskState, u64)>,
-    /// What the task tracks (task annotations' `link`).
-    pub link: Link,
-    /// The command op that started it, if one did.
-    pub command: Option<String>,
-    /// The JSON Schema of the answer an input-required gate asks for.
-    pub ask_schema: Option<serde_json::Value>,
-    /// Where the gate is also announced.
-    pub ask_channel: Option<String>,
-    /// Only an operator may answer the gate (an exec step's approval): the owner of the
-    /// run must not approve its own program. Not persisted: a gate does not outlive a
-    /// restart (its run ends FAILED).
-    pub ask_operator_only: bool,
+    /// The command that started the task and what it tracks; `None` for the common task, a
+    /// conversation turn that tracks itself. Boxed, as what few tasks have.
+    origin: Option<Box<Origin>>,
+    /// The question of the input-required gate the task waits at, if any. Boxed likewise.
+    gate: Option<Box<Gate>>,
     /// The client messages this task accepted (it was created by or continued with them),
     /// oldest first, each with its serialized size: what recognizes a retried SendMessage.
     /// Bounded like the history.
     accepted: VecDeque<(Accepted, usize)>,
     /// Serialized bytes of `accepted`, counted in the task's weight.
     accepted_bytes: usize,
+}
+
+/// Where a task started by a command came from.
+#[derive(Clone, Debug)]
+struct Origin {
+    /// What the task tracks (task annotations' `link`).
+    link: Link,
+    /// The command op that started it.
+    command: Option<String>,
+}
+
+/// The question of an input-required gate: the answer it asks for and who may give it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Gate {
+    /// The JSON Schema of the answer.
+    pub schema: Option<serde_json::Value>,
+    /// Where the gate is also announced.
+    pub channel: Option<String>,
+    /// Only an operator may answer (an exec step's approval): the owner of the run must not
+    /// approve its own program. Not persisted: a gate does not outlive a restart (its run
+    /// ends FAILED).
+    pub operator_only: bool,
+}
+
+/// A message of a task's history, as the task holds it: live while the task can still
+/// change, then packed as its JSON text when the task ends. A finished task is read
+/// seldom and never changes again, and a store holds mostly finished tasks: as text, a
+/// short message costs its own bytes and one allocation instead of a message value, a
+/// parts vector and a string per field (about 340 bytes more for a one-line message).
+/// Shown, a packed message is read back into a value.
+#[derive(Clone, Debug)]
+enum HeldMessage {
+    Live(Arc<Message>),
+    Packed(Box<str>),
+}
+
+impl HeldMessage {
+    /// The message as a value.
+    fn message(&self) -> Arc<Message> {
+        match self {
+            HeldMessage::Live(m) => m.clone(),
+            // Packed text is written by `pack` or checked when a record is restored
+            // (`from_task_doc`), so it reads back; an unreadable one would show empty
+            // rather than stop the daemon.
+            HeldMessage::Packed(text) => Arc::new(serde_json::from_str(text).unwrap_or_default()),
+        }
+    }
+
+    /// The message as a stored record carries it.
+    fn doc(&self) -> persist::HistoryDoc {
+        match self {
+            HeldMessage::Live(m) => persist::HistoryDoc::Live(m.clone()),
+            HeldMessage::Packed(text) => {
+                persist::HistoryDoc::Packed(serde_json::from_str(text).unwrap_or_default())
+            }
+        }
+    }
+}
+
+/// A task's current agent status message. The store makes every one itself (see
+/// [`TaskRecord::agent_message`]): its ids are the task's and its `messageId` is
+/// `<task id>.status.<status count>`, so only its parts are held and the message is made
+/// whole when shown. That spares a held task a message value and three strings, about
+/// 370 bytes, which is most of a finished one-message task's overhead. A restored status
+/// message of any other shape (a record written by hand) is held whole. Once the task has
+/// ended, its parts are packed as their JSON text, like its history ([`HeldMessage`]).
+#[derive(Clone, Debug)]
+enum StatusMessage {
+    Parts(Box<[Part]>),
+    PackedParts(Box<str>),
+    Whole(Arc<Message>),
 }
 
 /// One message a task accepted: who sent it, its `messageId`, and the digest of its content
@@ -143,14 +208,65 @@ pub(crate) struct Accepted {
     pub(crate) by: Arc<str>,
     /// Shared with the store's `by_message` key.
     pub(crate) message_id: Arc<str>,
-    pub(crate) digest: String,
+    pub(crate) digest: MessageDigest,
 }
 
-/// The sha256 (hex) of a message as the client sent it. Its serialization is canonical: the
+/// The sha256 of a message as the client sent it ([`message_digest`]): held as its 32
+/// bytes, written (in a stored record, in a debug print) as 64 hex digits.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct MessageDigest([u8; 32]);
+
+impl MessageDigest {
+    /// A digest of these bytes.
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        MessageDigest(bytes)
+    }
+
+    /// Its 64 hex digits.
+    pub fn to_hex(&self) -> String {
+        crate::ids::hex(&self.0)
+    }
+
+    /// A digest from its 64 hex digits.
+    pub fn from_hex(text: &str) -> Option<Self> {
+        let text = text.as_bytes();
+        if text.len() != 64 {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (byte, pair) in out.iter_mut().zip(text.chunks_exact(2)) {
+            let digit = |c: u8| (c as char).to_digit(16);
+            *byte = (digit(pair[0])? * 16 + digit(pair[1])?) as u8;
+        }
+        Some(MessageDigest(out))
+    }
+}
+
+impl core::fmt::Debug for MessageDigest {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl serde::Serialize for MessageDigest {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for MessageDigest {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        MessageDigest::from_hex(&text)
+            .ok_or_else(|| serde::de::Error::custom("a digest is 64 hex digits"))
+    }
+}
+
+/// The sha256 of a message as the client sent it. Its serialization is canonical: the
 /// fields in declaration order, object keys sorted (serde_json's map is ordered).
-pub fn message_digest(message: &Message) -> String {
+pub fn message_digest(message: &Message) -> MessageDigest {
     let bytes = serde_json::to_vec(message).unwrap_or_default();
-    crate::ids::hex(&crate::digest::sha256(&bytes))
+    MessageDigest(crate::digest::sha256(&bytes))
 }
 
 impl TaskRecord {
@@ -168,7 +284,7 @@ impl TaskRecord {
                 .history
                 .iter()
                 .skip(self.history.len() - keep)
-                .map(|(m, _)| m.clone())
+                .map(|(m, _)| m.message())
                 .collect(),
             id: self.id.to_string(),
             metadata: None,
@@ -176,11 +292,40 @@ impl TaskRecord {
         }
     }
 
+    /// What the task tracks (task annotations' `link`): for most tasks, their own turn.
+    pub fn link(&self) -> (LinkKind, &str) {
+        match &self.origin {
+            Some(o) => (o.link.kind, &o.link.id),
+            None => (LinkKind::Turn, &self.id),
+        }
+    }
+
+    /// The command op that started the task, if one did.
+    pub fn command(&self) -> Option<&str> {
+        self.origin.as_ref()?.command.as_deref()
+    }
+
+    /// The question of the gate the task waits at, if any.
+    pub fn gate(&self) -> Option<&Gate> {
+        self.gate.as_deref()
+    }
+
+    /// Sets (or, with `None` or an empty question, clears) the gate's question.
+    pub(crate) fn set_gate(&mut self, gate: Option<Gate>) {
+        self.gate = gate.filter(|g| *g != Gate::default()).map(Box::new);
+    }
+
+    /// Sets what the task tracks and the command that started it.
+    fn set_origin(&mut self, link: Link, command: Option<String>) {
+        let own_turn = link.kind == LinkKind::Turn && *link.id == *self.id && command.is_none();
+        self.origin = (!own_turn).then(|| Box::new(Origin { link, command }));
+    }
+
     /// The task's current status as the wire shows it: state, status message and RFC 3339
     /// timestamp.
     pub(crate) fn status(&self) -> TaskStatus {
         TaskStatus {
-            message: self.status_message.clone(),
+            message: self.status_message(),
             state: self.state,
             timestamp: rfc3339_ms(self.status_ms),
         }
@@ -206,11 +351,52 @@ impl TaskRecord {
     /// About the bytes of the task's JSON: its weight and its status message, which the
     /// weight does not count. What decides whether an answer is written in slices.
     pub(crate) fn answer_weight(&self) -> usize {
-        self.weight()
-            + self
-                .status_message
-                .as_ref()
-                .map_or(0, |m| serialized_len(&**m))
+        self.weight() + self.status_message().map_or(0, |m| serialized_len(&*m))
+    }
+
+    /// The agent message of the current status, made whole.
+    pub(crate) fn status_message(&self) -> Option<Arc<Message>> {
+        let parts = match self.status_message.as_ref()? {
+            StatusMessage::Parts(parts) => parts.to_vec(),
+            // Written by `pack` from parts, so it reads back.
+            StatusMessage::PackedParts(text) => serde_json::from_str(text).unwrap_or_default(),
+            StatusMessage::Whole(m) => return Some(m.clone()),
+        };
+        Some(Arc::new(Message {
+            context_id: self.context_id.to_string(),
+            message_id: status_message_id(&self.id, self.status_count),
+            parts,
+            role: Role::Agent,
+            task_id: self.id.to_string(),
+            ..Message::default()
+        }))
+    }
+
+    /// Holds `message` as the current status message: as its parts alone when it has the
+    /// shape [`TaskRecord::status_message`] makes.
+    fn hold_status_message(&mut self, message: Option<Message>) {
+        self.status_message = message.map(|m| {
+            let derived = m.task_id == *self.id
+                && m.context_id == *self.context_id
+                && m.role == Role::Agent
+                && m.message_id == status_message_id(&self.id, self.status_count)
+                && m.extensions.is_empty()
+                && m.metadata.is_none()
+                && m.reference_task_ids.is_empty();
+            if derived {
+                StatusMessage::Parts(m.parts.into_boxed_slice())
+            } else {
+                StatusMessage::Whole(Arc::new(m))
+            }
+        });
+    }
+
+    /// Moves the current status message, if any, into the history.
+    fn retire_status_message(&mut self, limits: &TaskLimits) {
+        if let Some(prev) = self.status_message() {
+            self.status_message = None;
+            self.push_history(prev, limits);
+        }
     }
 
     /// What the task counts against [`TaskLimits::total_bytes`].
@@ -230,7 +416,7 @@ impl TaskRecord {
         if self.history.capacity() == 0 {
             self.history.reserve_exact(1);
         }
-        self.history.push_back((message, size));
+        self.history.push_back((HeldMessage::Live(message), size));
         self.history_bytes += size;
         while self.history.len() > limits.history_messages
             || (self.history_bytes > limits.history_bytes && self.history.len() > 1)
@@ -241,18 +427,35 @@ impl TaskRecord {
         }
     }
 
-    /// An agent message about this task, with its ids filled in.
-    fn agent_message(&mut self, parts: Vec<crate::a2a::types::Part>) -> Message {
-        self.status_count += 1;
-        Message {
-            context_id: self.context_id.clone(),
-            message_id: format!("{}.status.{}", self.id, self.status_count),
-            parts,
-            role: Role::Agent,
-            task_id: self.id.to_string(),
-            ..Message::default()
+    /// Packs the history and the status message's parts as JSON text, once the task has
+    /// ended: a history message's weight becomes its text's length, which is all it now
+    /// takes.
+    fn pack(&mut self) {
+        if let Some(StatusMessage::Parts(parts)) = &self.status_message {
+            let text = serde_json::to_string(&**parts).unwrap_or_default();
+            self.status_message = Some(StatusMessage::PackedParts(text.into_boxed_str()));
+        }
+        for (m, size) in self.history.iter_mut() {
+            if let HeldMessage::Live(live) = m {
+                let text = serde_json::to_string(&**live).unwrap_or_default();
+                self.history_bytes = self.history_bytes - *size + text.len();
+                *size = text.len();
+                *m = HeldMessage::Packed(text.into_boxed_str());
+            }
         }
     }
+
+    /// Makes `parts` the task's new agent status message, which names itself after the
+    /// task's status count.
+    fn agent_message(&mut self, parts: Vec<Part>) {
+        self.status_count += 1;
+        self.status_message = Some(StatusMessage::Parts(parts.into_boxed_slice()));
+    }
+}
+
+/// The `messageId` of a task's `n`th agent status message.
+fn status_message_id(task_id: &str, n: u64) -> String {
+    format!("{task_id}.status.{n}")
 }
 
 /// Why the store refused a change.
@@ -345,6 +548,8 @@ pub struct TaskStore {
     by_message: HashMap<Arc<str>, HashMap<Arc<str>, Arc<str>>>,
     /// The listing's indexes: by owner, state, owner and state, and context, with counts.
     index: index::TaskIndex,
+    /// The owners of held tasks, by id: each held once, whatever number of tasks it owns.
+    principals: HashMap<String, Arc<Principal>>,
 }
 
 impl TaskStore {
@@ -366,6 +571,7 @@ impl TaskStore {
             bytes: 0,
             by_message: HashMap::new(),
             index: index::TaskIndex::default(),
+            principals: HashMap::new(),
         }
     }
 
@@ -376,18 +582,18 @@ impl TaskStore {
     }
 
     /// The task that accepted `by`'s message `message_id`, with that message's digest.
-    pub fn accepted_by(&self, by: &str, message_id: &str) -> Option<(&TaskRecord, &str)> {
+    pub fn accepted_by(&self, by: &str, message_id: &str) -> Option<(&TaskRecord, MessageDigest)> {
         let id = self.by_message.get(by)?.get(message_id)?;
         let t = self.tasks.get(id)?;
         let a = t
             .accepted()
             .find(|a| &*a.by == by && &*a.message_id == message_id)?;
-        Some((t, a.digest.as_str()))
+        Some((t, a.digest))
     }
 
     /// Records that task `id` accepted `by`'s message `message_id` (of digest `digest`), so
     /// a retry of it finds the task. Past the history bound the oldest entry is forgotten.
-    pub fn accept_message(&mut self, id: &str, by: &str, message_id: &str, digest: String) {
+    pub fn accept_message(&mut self, id: &str, by: &str, message_id: &str, digest: MessageDigest) {
         let keep = self.limits.history_messages.max(1);
         let Some(t) = self.tasks.get_mut(id) else {
             return;
@@ -545,6 +751,30 @@ impl TaskStore {
         }
     }
 
+    /// The shared allocation of `owner`: the one held tasks already share when it is the
+    /// same principal (a reload can change a principal's grants: new tasks then share the
+    /// new one).
+    fn intern_owner(&mut self, owner: Principal) -> Arc<Principal> {
+        match self.principals.get(&owner.id) {
+            Some(held) if **held == owner => held.clone(),
+            _ => {
+                let owner = Arc::new(owner);
+                self.principals.insert(owner.id.clone(), owner.clone());
+                owner
+            }
+        }
+    }
+
+    /// Forgets `owner`'s shared allocation once `rec`, going, is the last held task to use
+    /// it. The store alone holds these `Arc`s, so the count is the map's plus its tasks'.
+    fn release_owner(&mut self, rec: &TaskRecord) {
+        if let Some(held) = self.principals.get(&rec.owner.id) {
+            if Arc::ptr_eq(held, &rec.owner) && Arc::strong_count(held) <= 2 {
+                self.principals.remove(&rec.owner.id);
+            }
+        }
+    }
+
     fn context_used(&mut self, rec: &TaskRecord) {
         let k = (rec.owner.id.clone(), rec.context_id.clone());
         let e = self.contexts.entry(k).or_insert_with(|| ContextEntry {
@@ -624,6 +854,7 @@ impl TaskStore {
         if let Some(old) = self.remove(&rec.id) {
             drop(old);
         }
+        rec.owner = self.intern_owner(Arc::unwrap_or_clone(rec.owner));
         // The bound may have shrunk since the record was written.
         while rec.accepted.len() > self.limits.history_messages.max(1) {
             if let Some((_, s)) = rec.accepted.pop_front() {
@@ -731,11 +962,8 @@ impl TaskStore {
         }
         first.task_id = id.clone();
         first.context_id = context.name.clone();
-        let link = Link {
-            kind: LinkKind::Turn,
-            id: id.clone(),
-        };
         let id: Arc<str> = id.into();
+        let owner = self.intern_owner(owner);
         let mut rec = TaskRecord {
             id: id.clone(),
             context_id: context.name,
@@ -752,11 +980,8 @@ impl TaskStore {
             artifact_bytes: 0,
             status_count: 0,
             status_history: vec![(TaskState::Submitted, now_ms)],
-            link,
-            command: None,
-            ask_schema: None,
-            ask_channel: None,
-            ask_operator_only: false,
+            origin: None,
+            gate: None,
             accepted: VecDeque::new(),
             accepted_bytes: 0,
         };
@@ -781,6 +1006,7 @@ impl TaskStore {
         self.index.remove(t.entry());
         self.terminal.remove(&(t.created_ms, t.id.clone()));
         self.context_released(&t);
+        self.release_owner(&t);
         for a in t.accepted() {
             self.unindex(id, a);
         }
@@ -793,7 +1019,8 @@ impl TaskStore {
     fn evict(&mut self, id: &str) {
         if let Some(t) = self.remove(id) {
             self.touch(id);
-            self.evicted.push((t.id.to_string(), t.owner));
+            self.evicted
+                .push((t.id.to_string(), Principal::clone(&t.owner)));
         }
     }
 
@@ -813,8 +1040,7 @@ impl TaskStore {
     /// Sets what a task tracks and which command started it (a host's answer to a command).
     pub fn set_origin(&mut self, id: &str, link: Link, command: Option<String>) {
         if let Some(t) = self.tasks.get_mut(id) {
-            t.link = link;
-            t.command = command;
+            t.set_origin(link, command);
             self.touch(id);
         }
     }
@@ -826,9 +1052,8 @@ impl TaskStore {
         let growth = {
             let t = self.live_mut(id)?;
             let pending = t
-                .status_message
-                .as_ref()
-                .map_or(0, |m| serialized_len(m) + m.parts.len() * PART_COST);
+                .status_message()
+                .map_or(0, |m| serialized_len(&*m) + m.parts.len() * PART_COST);
             let size = serialized_len(&message) + message.parts.len() * PART_COST + pending;
             // The task's own history bound drops its oldest first: it grows at most to it.
             (t.history_bytes + size)
@@ -840,9 +1065,7 @@ impl TaskStore {
             message.task_id = t.id.to_string();
             message.context_id = t.context_id.clone();
             // The agent's question came before this answer: keep the history in that order.
-            if let Some(prev) = t.status_message.take() {
-                t.push_history(prev, &limits);
-            }
+            t.retire_status_message(&limits);
             t.push_history(Arc::new(message), &limits);
             Ok(())
         })?;
@@ -856,7 +1079,7 @@ impl TaskStore {
         &mut self,
         id: &str,
         state: TaskState,
-        parts: Option<Vec<crate::a2a::types::Part>>,
+        parts: Option<Vec<Part>>,
         now_ms: u64,
     ) -> Result<&TaskRecord, StoreError> {
         let limits = self.limits;
@@ -864,15 +1087,18 @@ impl TaskStore {
         let (old_key, old_state, new_key, terminal_key) = self.reweigh(id, |t| {
             let old_key = (t.status_ms, t.status_seq);
             let old_state = t.state;
-            if let Some(prev) = t.status_message.take() {
-                t.push_history(prev, &limits);
+            t.retire_status_message(&limits);
+            if let Some(parts) = parts {
+                t.agent_message(parts);
             }
-            t.status_message = parts.map(|p| Arc::new(t.agent_message(p)));
             t.state = state;
             // Status times never go backwards, so the listing order stays a total order.
             t.status_ms = now_ms.max(t.status_ms);
             t.status_seq = seq;
             record_transition(&mut t.status_history, state, t.status_ms);
+            if state.is_terminal() {
+                t.pack();
+            }
             let new_key = (t.status_ms, t.status_seq);
             let terminal_key = state.is_terminal().then(|| (t.created_ms, t.id.clone()));
             Ok((old_key, old_state, new_key, terminal_key))
@@ -1335,13 +1561,14 @@ mod tests {
         s.create("t".into(), ContextIds::plain("c"), op.clone(), msg("a"), 1)
             .unwrap();
         let bare = s.total_bytes();
+        let d = |id: &str| MessageDigest::from_bytes([id.as_bytes()[0]; 32]);
         for id in ["a", "b", "c"] {
-            s.accept_message("t", &op.id, id, format!("d-{id}"));
+            s.accept_message("t", &op.id, id, d(id));
         }
         // The oldest past the bound is forgotten, in the list and the index.
         assert!(s.accepted_by(&op.id, "a").is_none());
         let (t, digest) = s.accepted_by(&op.id, "c").unwrap();
-        assert_eq!((&*t.id, digest), ("t", "d-c"));
+        assert_eq!((&*t.id, digest), ("t", d("c")));
         assert!(s.accepted_by("user:other", "c").is_none());
         // Counted in the task's weight, and in its record.
         assert!(s.total_bytes() > bare);
@@ -1363,7 +1590,234 @@ mod tests {
         assert!(s.by_message.is_empty());
         // Restored: indexed again.
         s.restore(back);
-        assert_eq!(s.accepted_by(&op.id, "b").unwrap().1, "d-b");
+        assert_eq!(s.accepted_by(&op.id, "b").unwrap().1, d("b"));
+    }
+
+    /// A message with every field and kind of part, to read back from packed text.
+    fn rich(id: &str) -> Message {
+        let mut file = Part::text("");
+        file.content = crate::a2a::types::PartContent::Url("https://example.com/a.png".into());
+        file.filename = "a.png".into();
+        file.media_type = "image/png".into();
+        let mut raw = Part::text("");
+        raw.content = crate::a2a::types::PartContent::Raw("aGk=".into());
+        let mut meta = serde_json::Map::new();
+        meta.insert("n".into(), serde_json::json!(0.1));
+        meta.insert("nested".into(), serde_json::json!({"a": [1, "é", null]}));
+        let mut text = Part::text("line\n\"quoted\" \u{1F600}");
+        text.metadata = Some(meta.clone());
+        Message {
+            message_id: id.into(),
+            role: Role::User,
+            parts: vec![
+                text,
+                Part::data(serde_json::json!({"k": [true, 2]})),
+                file,
+                raw,
+            ],
+            extensions: vec!["https://example.com/ext".into()],
+            metadata: Some(meta),
+            reference_task_ids: vec!["other".into()],
+            ..Message::default()
+        }
+    }
+
+    #[test]
+    fn a_finished_task_packs_its_history_and_shows_it_unchanged() {
+        let mut s = TaskStore::new(TaskLimits::DEFAULT);
+        let op = Principal::operator();
+        s.create("t".into(), ContextIds::plain("c"), op, rich("m0"), 1)
+            .unwrap();
+        s.set_status(
+            "t",
+            TaskState::InputRequired,
+            Some(vec![Part::text("?")]),
+            2,
+        )
+        .unwrap();
+        s.append_message("t", rich("m1")).unwrap();
+        let live = s.get("t").unwrap().to_task(None, true);
+        let live_doc = s.get("t").unwrap().to_doc();
+        let live_weight = s.get("t").unwrap().weight();
+        assert!(s
+            .get("t")
+            .unwrap()
+            .history
+            .iter()
+            .all(|(m, _)| matches!(m, HeldMessage::Live(_))));
+        let done_parts = rich("s").parts;
+        s.set_status("t", TaskState::Completed, Some(done_parts.clone()), 3)
+            .unwrap();
+        let t = s.get("t").unwrap();
+        assert!(matches!(
+            t.status_message,
+            Some(StatusMessage::PackedParts(_))
+        ));
+        assert_eq!(t.status().message.unwrap().parts, done_parts);
+        assert!(t
+            .history
+            .iter()
+            .all(|(m, _)| matches!(m, HeldMessage::Packed(_))));
+        // Shown, the same messages; in the record, the same history.
+        let done = t.to_task(None, true);
+        assert_eq!(done.history, live.history);
+        assert_eq!(t.to_doc()["history"], live_doc["history"]);
+        // Packed, a message weighs its text alone, and the store's total follows.
+        assert!(t.weight() < live_weight);
+        assert_eq!(s.total_bytes(), t.weight());
+        // A restart reads a finished task's messages as text, checked.
+        let back = TaskRecord::from_json(&t.to_doc().to_string()).unwrap();
+        assert!(back
+            .history
+            .iter()
+            .all(|(m, _)| matches!(m, HeldMessage::Packed(_))));
+        assert_eq!(back.to_task(None, true), done);
+        assert!(matches!(
+            back.status_message,
+            Some(StatusMessage::PackedParts(_))
+        ));
+        assert_eq!(back.weight(), t.weight());
+        let mut doc = t.to_doc();
+        doc["history"][0]["parts"] = serde_json::json!("not parts");
+        assert!(TaskRecord::from_doc(doc).is_err());
+        // A live task's read back live.
+        let mut doc = live_doc.clone();
+        doc["state"] = serde_json::json!(TaskState::Working);
+        let back = TaskRecord::from_doc(doc).unwrap();
+        assert!(back
+            .history
+            .iter()
+            .all(|(m, _)| matches!(m, HeldMessage::Live(_))));
+        assert_eq!(back.to_task(None, true).history, live.history);
+    }
+
+    #[test]
+    fn the_status_message_is_held_as_parts_and_shown_whole() {
+        let mut s = TaskStore::new(TaskLimits::DEFAULT);
+        s.create(
+            "t".into(),
+            ContextIds::plain("c"),
+            Principal::operator(),
+            msg("m"),
+            1,
+        )
+        .unwrap();
+        s.set_status("t", TaskState::Working, Some(vec![Part::text("a")]), 2)
+            .unwrap();
+        let t = s.get("t").unwrap();
+        assert!(matches!(t.status_message, Some(StatusMessage::Parts(_))));
+        let m = t.status().message.unwrap();
+        assert_eq!(
+            (&*m.message_id, &*m.task_id, &*m.context_id, m.role),
+            ("t.status.1", "t", "c", Role::Agent)
+        );
+        assert_eq!(m.parts, [Part::text("a")]);
+        // Read back from a record: parts again; a message of another shape stays whole.
+        let back = TaskRecord::from_doc(t.to_doc()).unwrap();
+        assert!(matches!(back.status_message, Some(StatusMessage::Parts(_))));
+        assert_eq!(back.status(), t.status());
+        let mut doc = t.to_doc();
+        doc["statusMessage"]["messageId"] = serde_json::json!("chosen");
+        let back = TaskRecord::from_doc(doc).unwrap();
+        assert!(matches!(back.status_message, Some(StatusMessage::Whole(_))));
+        assert_eq!(back.status().message.unwrap().message_id, "chosen");
+        // The next status moves it into the history, whole.
+        s.set_status("t", TaskState::Working, Some(vec![Part::text("b")]), 3)
+            .unwrap();
+        let task = s.get("t").unwrap().to_task(None, false);
+        assert_eq!(task.history[1], m);
+        assert_eq!(task.status.message.unwrap().message_id, "t.status.2");
+    }
+
+    #[test]
+    fn tasks_of_one_principal_share_it_until_the_last_goes() {
+        let mut s = TaskStore::new(TaskLimits::DEFAULT);
+        let alice = Principal::new("user:alice", crate::auth::Role::User, vec![]);
+        for id in ["a", "b"] {
+            s.create(
+                id.into(),
+                ContextIds::plain("c"),
+                alice.clone(),
+                msg("m"),
+                1,
+            )
+            .unwrap();
+        }
+        assert!(Arc::ptr_eq(
+            &s.get("a").unwrap().owner,
+            &s.get("b").unwrap().owner
+        ));
+        // Given new grants (a reload), new tasks share the new principal.
+        let granted = Principal::new("user:alice", crate::auth::Role::User, vec!["*".into()]);
+        s.create(
+            "c".into(),
+            ContextIds::plain("c"),
+            granted.clone(),
+            msg("m"),
+            1,
+        )
+        .unwrap();
+        assert_eq!(*s.get("c").unwrap().owner, granted);
+        assert_eq!(*s.get("a").unwrap().owner, alice);
+        // Restored tasks share it too; the last task gone, it is forgotten.
+        let back = TaskRecord::from_doc(s.get("c").unwrap().to_doc()).unwrap();
+        s.restore(back);
+        for id in ["a", "b"] {
+            s.remove(id);
+        }
+        assert_eq!(s.principals.len(), 1);
+        s.remove("c");
+        assert!(s.principals.is_empty());
+    }
+
+    #[test]
+    fn digests_are_held_as_bytes_and_stored_as_hex() {
+        let d = message_digest(&msg("m"));
+        let hex = d.to_hex();
+        assert_eq!(hex.len(), 64);
+        assert_eq!(MessageDigest::from_hex(&hex), Some(d));
+        assert_eq!(serde_json::to_value(d).unwrap(), serde_json::json!(hex));
+        assert_eq!(MessageDigest::from_hex(&hex[1..]), None);
+        assert_eq!(MessageDigest::from_hex(&"g".repeat(64)), None);
+        assert!(serde_json::from_value::<MessageDigest>(serde_json::json!("00")).is_err());
+        assert_ne!(message_digest(&msg("n")), d);
+    }
+
+    #[test]
+    fn a_task_tracks_its_own_turn_unless_a_command_says_otherwise() {
+        let mut s = TaskStore::new(TaskLimits::DEFAULT);
+        s.create(
+            "t".into(),
+            ContextIds::plain("c"),
+            Principal::operator(),
+            msg("m"),
+            1,
+        )
+        .unwrap();
+        let t = s.get("t").unwrap();
+        assert!(t.origin.is_none() && t.gate.is_none());
+        assert_eq!((t.link(), t.command()), ((LinkKind::Turn, "t"), None));
+        let run = Link {
+            kind: LinkKind::Run,
+            id: "r1".into(),
+        };
+        s.set_origin("t", run, Some("release.start".into()));
+        let t = s.get_mut("t").unwrap();
+        assert_eq!(
+            (t.link(), t.command()),
+            ((LinkKind::Run, "r1"), Some("release.start"))
+        );
+        t.set_gate(Some(Gate {
+            channel: Some("ops".into()),
+            ..Gate::default()
+        }));
+        let back = TaskRecord::from_doc(t.to_doc()).unwrap();
+        assert_eq!(back.link(), (LinkKind::Run, "r1"));
+        assert_eq!(back.gate().unwrap().channel.as_deref(), Some("ops"));
+        // An empty question is no gate.
+        let t = s.get_mut("t").unwrap();
+        t.set_gate(Some(Gate::default()));
+        assert!(t.gate().is_none());
     }
 
     #[test]

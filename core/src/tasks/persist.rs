@@ -8,17 +8,21 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::sync::Arc;
 
-use super::{Accepted, TaskRecord};
+use super::{Accepted, HeldMessage, TaskRecord};
 use super::{Link, LinkKind};
 use crate::a2a::types::{Artifact, Message, TaskState};
 use crate::auth::PrincipalDoc;
+use serde_json::value::RawValue;
 
 /// The record kind of tasks in the durable store.
 pub const TASK_KIND: &str = "task";
 
+/// `H`: how the history's messages are carried: written from values or packed text
+/// ([`HistoryDoc`]), read as raw JSON text (so a finished task's messages are kept as the
+/// text they were stored as).
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct TaskDoc {
+struct TaskDoc<H> {
     v: u32,
     id: String,
     context_id: String,
@@ -33,7 +37,7 @@ struct TaskDoc {
     status_ms: u64,
     status_seq: u64,
     created_ms: u64,
-    history: Vec<Arc<Message>>,
+    history: Vec<H>,
     artifacts: Vec<Arc<Artifact>>,
     status_count: u64,
     status_history: Vec<(TaskState, u64)>,
@@ -61,19 +65,19 @@ impl TaskRecord {
             context_key: Some(self.context_key.clone()),
             owner: PrincipalDoc::from(&self.owner),
             state: self.state,
-            status_message: self.status_message.clone(),
+            status_message: self.status_message(),
             status_ms: self.status_ms,
             status_seq: self.status_seq,
             created_ms: self.created_ms,
-            history: self.history.iter().map(|(m, _)| m.clone()).collect(),
+            history: self.history.iter().map(|(m, _)| m.doc()).collect(),
             artifacts: self.artifacts.clone(),
             status_count: self.status_count,
             status_history: self.status_history.clone(),
-            link_kind: self.link.kind.as_str().to_owned(),
-            link_id: self.link.id.clone(),
-            command: self.command.clone(),
-            ask_schema: self.ask_schema.clone(),
-            ask_channel: self.ask_channel.clone(),
+            link_kind: self.link().0.as_str().to_owned(),
+            link_id: self.link().1.to_owned(),
+            command: self.command().map(str::to_owned),
+            ask_schema: self.gate().and_then(|g| g.schema.clone()),
+            ask_channel: self.gate().and_then(|g| g.channel.clone()),
             accepted: self.accepted().cloned().collect(),
         };
         serde_json::to_value(doc).expect("a task record serialises")
@@ -81,7 +85,9 @@ impl TaskRecord {
 
     /// A record from its durable form.
     pub fn from_doc(body: Value) -> Result<TaskRecord, RecordError> {
-        Self::from_task_doc(serde_json::from_value(body).map_err(|e| e.to_string())?)
+        // Read as text, as the store hands records over: a finished task keeps its
+        // messages' text.
+        Self::from_json(&body.to_string())
     }
 
     /// A record from its durable form's JSON text, read straight into the record's shape:
@@ -91,7 +97,7 @@ impl TaskRecord {
         Self::from_task_doc(serde_json::from_str(text).map_err(|e| e.to_string())?)
     }
 
-    fn from_task_doc(d: TaskDoc) -> Result<TaskRecord, RecordError> {
+    fn from_task_doc(d: TaskDoc<Box<RawValue>>) -> Result<TaskRecord, RecordError> {
         if d.v != 1 {
             return Err(format!("task record version {} is not known", d.v).into());
         }
@@ -101,14 +107,22 @@ impl TaskRecord {
             "turn" => LinkKind::Turn,
             other => return Err(format!("unknown link kind {other:?}").into()),
         };
-        let history: std::collections::VecDeque<(Arc<Message>, usize)> = d
+        let packed = d.state.is_terminal();
+        let history = d
             .history
             .into_iter()
-            .map(|m| {
-                let size = super::serialized_len(&m) + m.parts.len() * super::PART_COST;
-                (m, size)
+            .map(|raw| {
+                let m: Message = serde_json::from_str(raw.get()).map_err(|e| e.to_string())?;
+                Ok(if packed {
+                    // Checked above, so it reads back when shown.
+                    let text: Box<str> = raw.into();
+                    (HeldMessage::Packed(text.clone()), text.len())
+                } else {
+                    let size = super::serialized_len(&m) + m.parts.len() * super::PART_COST;
+                    (HeldMessage::Live(Arc::new(m)), size)
+                })
             })
-            .collect();
+            .collect::<Result<std::collections::VecDeque<_>, RecordError>>()?;
         let accepted: std::collections::VecDeque<(Accepted, usize)> = d
             .accepted
             .into_iter()
@@ -117,7 +131,7 @@ impl TaskRecord {
                 (a, size)
             })
             .collect();
-        Ok(TaskRecord {
+        let mut rec = TaskRecord {
             accepted_bytes: accepted.iter().map(|(_, s)| s).sum(),
             accepted,
             artifact_bytes: d
@@ -130,23 +144,43 @@ impl TaskRecord {
             id: d.id.into(),
             context_key: d.context_key.unwrap_or_else(|| d.context_id.clone()),
             context_id: d.context_id,
-            owner: d.owner.into_principal()?,
+            owner: Arc::new(d.owner.into_principal()?),
             state: d.state,
-            status_message: d.status_message,
+            status_message: None,
             status_ms: d.status_ms,
             status_seq: d.status_seq,
             created_ms: d.created_ms,
             artifacts: d.artifacts,
             status_count: d.status_count,
             status_history: d.status_history,
-            link: Link {
+            origin: None,
+            gate: None,
+        };
+        rec.set_origin(
+            Link {
                 kind,
                 id: d.link_id,
             },
-            command: d.command,
-            ask_schema: d.ask_schema,
-            ask_channel: d.ask_channel,
-            ask_operator_only: false,
-        })
+            d.command,
+        );
+        rec.set_gate(Some(super::Gate {
+            schema: d.ask_schema,
+            channel: d.ask_channel,
+            operator_only: false,
+        }));
+        rec.hold_status_message(d.status_message.map(Arc::unwrap_or_clone));
+        if packed {
+            rec.pack();
+        }
+        Ok(rec)
     }
+}
+
+/// A history message as a record is written: a live message from its value, a packed one
+/// from its text read as JSON.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub(super) enum HistoryDoc {
+    Live(Arc<Message>),
+    Packed(Value),
 }
