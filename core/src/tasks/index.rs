@@ -20,6 +20,7 @@
 //! looked up by `&str`.
 
 use std::collections::{BTreeMap, HashMap};
+use std::num::NonZeroU64;
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -105,8 +106,8 @@ struct Context {
     key: Arc<str>,
     /// The owner's bucket of the context's tasks: `n` counts the held tasks in it.
     bucket: Counted,
-    /// While no held task uses it: its place in `unused`.
-    unused_at: Option<u64>,
+    /// While no held task uses it: its place in `unused` (never 0, so the `Option` is free).
+    unused_at: Option<NonZeroU64>,
 }
 
 /// What an index entry stands for: the task's fields its buckets are chosen by. The
@@ -154,6 +155,7 @@ pub(crate) struct TaskIndex {
     /// when they became unused, as (owner, name): kept while there is room, so a
     /// conversation outlives its tasks' eviction for a while.
     unused: BTreeMap<u64, (Arc<str>, Arc<str>)>,
+    /// Counts names made unused: the first is 1.
     unused_seq: u64,
     /// The next bucket id to give out.
     next: u64,
@@ -351,7 +353,7 @@ impl TaskIndex {
             c.key = key.clone();
         }
         if let Some(at) = c.unused_at.take() {
-            self.unused.remove(&at);
+            self.unused.remove(&at.get());
         }
     }
 
@@ -377,7 +379,7 @@ impl TaskIndex {
             .get_mut(&owner)
             .and_then(|o| o.contexts.get_mut(&name))
         {
-            c.unused_at = Some(self.unused_seq);
+            c.unused_at = NonZeroU64::new(self.unused_seq);
         }
         self.unused.insert(self.unused_seq, (owner, name));
         while self.unused.len() > keep.max(1) {
