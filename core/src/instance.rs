@@ -1528,7 +1528,7 @@ impl Instance {
                 let event = StreamResponse::ArtifactUpdate(TaskArtifactUpdateEvent {
                     append,
                     artifact,
-                    context_id: t.context_id.clone(),
+                    context_id: t.context_id.to_string(),
                     last_chunk,
                     metadata: None,
                     task_id: task_id.clone(),
@@ -1552,7 +1552,7 @@ impl Instance {
             .tasks
             .set_status(task_id, state, message, now.epoch_ms)?;
         let event = StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
-            context_id: t.context_id.clone(),
+            context_id: t.context_id.to_string(),
             metadata: None,
             status: t.status(),
             task_id: t.id.to_string(),

@@ -536,7 +536,7 @@ fn send(
         } else {
             &t.context_id
         };
-        if !message.context_id.is_empty() && message.context_id != *named {
+        if !message.context_id.is_empty() && *message.context_id != **named {
             return Err(RpcError::invalid_field(
                 "message.contextId",
                 format!("task {task_id} belongs to another context"),
@@ -557,8 +557,8 @@ fn send(
             }
         }
         let context = crate::tasks::ContextIds {
-            name: t.context_id.clone(),
-            key: t.context_key.clone(),
+            name: t.context_id.to_string(),
+            key: t.context_key.to_string(),
         };
         let owner = Principal::clone(&t.owner);
         inst.tasks

@@ -11,9 +11,18 @@
 //! Per task that is five or six entries of 25 bytes in the map (about 40 with the map's
 //! nodes), and the bucket tables: an owner's (shared by all its tasks) and a context's (one
 //! per conversation).
+//!
+//! The owner's bucket of a context name is also the contextId namespace's entry for it
+//! (§7.6: the name's internal key, and whether a held task still uses it): one table for
+//! both, which keeps a name while its tasks are held and then while there is room among the
+//! unused ones. A context's name and key are each one allocation (`Arc<str>`), held by its
+//! tasks' records and shared by every table that names it; each table is keyed by them and
+//! looked up by `&str`.
 
 use std::collections::{BTreeMap, HashMap};
+use std::num::NonZeroU64;
 use std::ops::Bound;
+use std::sync::Arc;
 
 use crate::a2a::types::TaskState;
 use crate::auth::{Principal, Role};
@@ -79,20 +88,35 @@ struct Counted {
     n: usize,
 }
 
-/// One owner's buckets: its own at `base`, one per state after it, one per context name.
+/// One owner's buckets: its own at `base`, one per state after it; and its context names.
 #[derive(Debug)]
 struct Owner {
     base: u64,
     counts: TaskCounts,
-    contexts: HashMap<String, Counted>,
+    contexts: HashMap<Arc<str>, Context>,
 }
 
-/// What an index entry stands for: the task's fields its buckets are chosen by.
+/// One context name of one owner, in one entry: the contextId namespace's binding of the
+/// name to its internal key (§7.6), and the owner's listing bucket for the name. It lives
+/// while a held task uses it, then while it is one of the `keep` names unused the longest
+/// least ([`TaskIndex::released`]).
+#[derive(Debug)]
+struct Context {
+    /// The internal key the name is bound to.
+    key: Arc<str>,
+    /// The owner's bucket of the context's tasks: `n` counts the held tasks in it.
+    bucket: Counted,
+    /// While no held task uses it: its place in `unused` (never 0, so the `Option` is free).
+    unused_at: Option<NonZeroU64>,
+}
+
+/// What an index entry stands for: the task's fields its buckets are chosen by. The
+/// context's name and key are the task's own allocations, which the tables share.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Entry<'a> {
     pub(crate) owner: &'a str,
-    pub(crate) name: &'a str,
-    pub(crate) key: &'a str,
+    pub(crate) name: &'a Arc<str>,
+    pub(crate) key: &'a Arc<str>,
     pub(crate) state: TaskState,
     pub(crate) at: At,
 }
@@ -116,16 +140,23 @@ pub(crate) struct Plan {
     pub(crate) state: Option<TaskState>,
 }
 
-/// The task store's ordered indexes and counts.
+/// The task store's ordered indexes and counts, and the contextId namespace.
 #[derive(Debug)]
 pub(crate) struct TaskIndex {
     /// (bucket, status time, status sequence) to the task's state.
     entries: BTreeMap<(u64, u64, u64), TaskState>,
     /// Tasks in each state; the state buckets are ids `0..STATES`.
     states: TaskCounts,
-    owners: HashMap<String, Owner>,
+    /// Every owner with a held task or a context name. Rebuilt from the tasks at restore.
+    owners: HashMap<Arc<str>, Owner>,
     /// Context names and keys, for an operator's listing by `contextId`.
-    contexts: HashMap<String, Counted>,
+    contexts: HashMap<Arc<str>, Counted>,
+    /// Context names no held task uses any more (or bound before their first task), by
+    /// when they became unused, as (owner, name): kept while there is room, so a
+    /// conversation outlives its tasks' eviction for a while.
+    unused: BTreeMap<u64, (Arc<str>, Arc<str>)>,
+    /// Counts names made unused: the first is 1.
+    unused_seq: u64,
     /// The next bucket id to give out.
     next: u64,
 }
@@ -137,25 +168,27 @@ impl Default for TaskIndex {
             states: TaskCounts::default(),
             owners: HashMap::new(),
             contexts: HashMap::new(),
+            unused: BTreeMap::new(),
+            unused_seq: 0,
             next: STATES as u64,
         }
     }
 }
 
 /// Counts one more entry in a named bucket, giving it an id if it is new.
-fn enter(map: &mut HashMap<String, Counted>, name: &str, next: &mut u64) -> u64 {
-    if let Some(c) = map.get_mut(name) {
+fn enter(map: &mut HashMap<Arc<str>, Counted>, name: &Arc<str>, next: &mut u64) -> u64 {
+    if let Some(c) = map.get_mut(&**name) {
         c.n += 1;
         return c.id;
     }
     let id = *next;
     *next += 1;
-    map.insert(name.to_owned(), Counted { id, n: 1 });
+    map.insert(name.clone(), Counted { id, n: 1 });
     id
 }
 
 /// Counts one entry fewer in a named bucket, forgetting it when empty.
-fn leave(map: &mut HashMap<String, Counted>, name: &str) -> Option<u64> {
+fn leave(map: &mut HashMap<Arc<str>, Counted>, name: &str) -> Option<u64> {
     let c = map.get_mut(name)?;
     let id = c.id;
     c.n = c.n.saturating_sub(1);
@@ -166,19 +199,13 @@ fn leave(map: &mut HashMap<String, Counted>, name: &str) -> Option<u64> {
 }
 
 impl TaskIndex {
-    /// Adds a task's entries.
-    pub(crate) fn insert(&mut self, e: Entry<'_>) {
-        let (ms, seq) = e.at;
-        let s = slot(e.state);
-        self.entries.insert((s as u64, ms, seq), e.state);
-        self.states.tasks += 1;
-        self.states.by_state[s] += 1;
-        let next = &mut self.next;
-        if !self.owners.contains_key(e.owner) {
-            let base = *next;
-            *next += 1 + STATES as u64;
+    /// Makes `owner`'s entry if it has none.
+    fn add_owner(&mut self, owner: &str) {
+        if !self.owners.contains_key(owner) {
+            let base = self.next;
+            self.next += 1 + STATES as u64;
             self.owners.insert(
-                e.owner.to_owned(),
+                Arc::from(owner),
                 Owner {
                     base,
                     counts: TaskCounts::default(),
@@ -186,12 +213,35 @@ impl TaskIndex {
                 },
             );
         }
+    }
+
+    /// Adds a task's entries. Its owner's context name is bound to its key if it was not
+    /// bound; a bound one keeps its key (the namespace's side is [`TaskIndex::used`]).
+    pub(crate) fn insert(&mut self, e: Entry<'_>) {
+        let (ms, seq) = e.at;
+        let s = slot(e.state);
+        self.entries.insert((s as u64, ms, seq), e.state);
+        self.states.tasks += 1;
+        self.states.by_state[s] += 1;
+        self.add_owner(e.owner);
+        let next = &mut self.next;
         if let Some(o) = self.owners.get_mut(e.owner) {
             o.counts.tasks += 1;
             o.counts.by_state[s] += 1;
             let (all, by_state) = (o.base, o.base + 1 + s as u64);
-            let ctx = enter(&mut o.contexts, e.name, next);
-            for b in [all, by_state, ctx] {
+            let c = o.contexts.entry(e.name.clone()).or_insert_with(|| {
+                *next += 1;
+                Context {
+                    key: e.key.clone(),
+                    bucket: Counted {
+                        id: *next - 1,
+                        n: 0,
+                    },
+                    unused_at: None,
+                }
+            });
+            c.bucket.n += 1;
+            for b in [all, by_state, c.bucket.id] {
                 self.entries.insert((b, ms, seq), e.state);
             }
         }
@@ -204,7 +254,8 @@ impl TaskIndex {
         }
     }
 
-    /// Removes a task's entries (as [`TaskIndex::insert`] added them).
+    /// Removes a task's entries (as [`TaskIndex::insert`] added them). Its context name
+    /// stays bound (the namespace's side is [`TaskIndex::released`]).
     pub(crate) fn remove(&mut self, e: Entry<'_>) {
         let (ms, seq) = e.at;
         let s = slot(e.state);
@@ -217,11 +268,9 @@ impl TaskIndex {
             o.counts.by_state[s] = o.counts.by_state[s].saturating_sub(1);
             self.entries.remove(&(o.base, ms, seq));
             self.entries.remove(&(o.base + 1 + s as u64, ms, seq));
-            if let Some(id) = leave(&mut o.contexts, e.name) {
-                self.entries.remove(&(id, ms, seq));
-            }
-            if o.counts.tasks == 0 {
-                self.owners.remove(e.owner);
+            if let Some(c) = o.contexts.get_mut(&**e.name) {
+                c.bucket.n = c.bucket.n.saturating_sub(1);
+                self.entries.remove(&(c.bucket.id, ms, seq));
             }
         }
         for c in [e.name, e.key] {
@@ -234,6 +283,124 @@ impl TaskIndex {
         }
     }
 
+    /// The internal key `owner` has bound to its context name `name`, if any.
+    pub(crate) fn context_key(&self, owner: &str, name: &str) -> Option<&Arc<str>> {
+        Some(&self.owners.get(owner)?.contexts.get(name)?.key)
+    }
+
+    /// The namespace's own allocations of `owner`'s context `name` and of its `key`, where
+    /// it holds them: what a task of that context shares rather than holding copies.
+    pub(crate) fn shared(
+        &self,
+        owner: &str,
+        name: &str,
+        key: &str,
+    ) -> (Option<Arc<str>>, Option<Arc<str>>) {
+        let found = self
+            .owners
+            .get(owner)
+            .and_then(|o| o.contexts.get_key_value(name));
+        match found {
+            Some((n, c)) => (Some(n.clone()), (*c.key == *key).then(|| c.key.clone())),
+            None => (None, None),
+        }
+    }
+
+    /// Binds `owner`'s context name `name` to `key` before any task uses it, unused; an
+    /// already bound name keeps its key. Past `keep` unused names, the one unused the
+    /// longest is forgotten.
+    pub(crate) fn bind(&mut self, owner: &str, name: &str, key: &str, keep: usize) {
+        if self.context_key(owner, name).is_some() {
+            return;
+        }
+        self.add_owner(owner);
+        let Some((owner, _)) = self.owners.get_key_value(owner) else {
+            return;
+        };
+        let owner = owner.clone();
+        let name: Arc<str> = Arc::from(name);
+        let key = if *name == *key {
+            name.clone()
+        } else {
+            Arc::from(key)
+        };
+        let id = self.next;
+        self.next += 1;
+        if let Some(o) = self.owners.get_mut(&owner) {
+            let bucket = Counted { id, n: 0 };
+            let c = Context {
+                key,
+                bucket,
+                unused_at: None,
+            };
+            o.contexts.insert(name.clone(), c);
+        }
+        self.mark_unused(owner, name, keep);
+    }
+
+    /// A task entered its owner's context (after [`TaskIndex::insert`]): the name is in
+    /// use, and bound to the task's key (two keys for one name happen only in a store
+    /// written by hand: the newest task's wins, as a continuation of it would use it).
+    pub(crate) fn used(&mut self, owner: &str, name: &str, key: &Arc<str>) {
+        let Some(c) = self
+            .owners
+            .get_mut(owner)
+            .and_then(|o| o.contexts.get_mut(name))
+        else {
+            return;
+        };
+        if c.key != *key {
+            c.key = key.clone();
+        }
+        if let Some(at) = c.unused_at.take() {
+            self.unused.remove(&at.get());
+        }
+    }
+
+    /// A task left its owner's context (after [`TaskIndex::remove`]): when it was the last
+    /// held one, the name becomes unused.
+    pub(crate) fn released(&mut self, owner: &str, name: &str, keep: usize) {
+        let Some((owner, o)) = self.owners.get_key_value(owner) else {
+            return;
+        };
+        let Some((name, c)) = o.contexts.get_key_value(name) else {
+            return;
+        };
+        if c.bucket.n == 0 && c.unused_at.is_none() {
+            let (owner, name) = (owner.clone(), name.clone());
+            self.mark_unused(owner, name, keep);
+        }
+    }
+
+    fn mark_unused(&mut self, owner: Arc<str>, name: Arc<str>, keep: usize) {
+        self.unused_seq += 1;
+        if let Some(c) = self
+            .owners
+            .get_mut(&owner)
+            .and_then(|o| o.contexts.get_mut(&name))
+        {
+            c.unused_at = NonZeroU64::new(self.unused_seq);
+        }
+        self.unused.insert(self.unused_seq, (owner, name));
+        while self.unused.len() > keep.max(1) {
+            let Some((_, (owner, name))) = self.unused.pop_first() else {
+                break;
+            };
+            if let Some(o) = self.owners.get_mut(&owner) {
+                o.contexts.remove(&name);
+                // An owner lives while it has a context name: each task uses one.
+                if o.contexts.is_empty() {
+                    self.owners.remove(&owner);
+                }
+            }
+        }
+    }
+
+    /// How many context names the namespace holds (used and unused).
+    pub(crate) fn context_count(&self) -> usize {
+        self.owners.values().map(|o| o.contexts.len()).sum()
+    }
+
     /// How many tasks `principal` may see, in all and by state.
     pub(crate) fn counts(&self, principal: &Principal) -> TaskCounts {
         if principal.is_operator() {
@@ -243,7 +410,7 @@ impl TaskIndex {
             return TaskCounts::default();
         }
         self.owners
-            .get(&principal.id)
+            .get(principal.id.as_str())
             .map(|o| o.counts.clone())
             .unwrap_or_default()
     }
@@ -290,7 +457,7 @@ impl TaskIndex {
         if principal.role == Role::Anonymous {
             return NOTHING;
         }
-        let Some(o) = self.owners.get(&principal.id) else {
+        let Some(o) = self.owners.get(principal.id.as_str()) else {
             return NOTHING;
         };
         match (context, state) {
@@ -308,7 +475,10 @@ impl TaskIndex {
                 },
                 state: None,
             },
-            (c, state) => o.contexts.get(c).map_or(NOTHING, |c| bucket(c, state)),
+            (c, state) => o
+                .contexts
+                .get(c)
+                .map_or(NOTHING, |c| bucket(&c.bucket, state)),
         }
     }
 
@@ -406,6 +576,30 @@ mod tests {
             let n = all.iter().filter(|t| t.state == st).count();
             assert_eq!(s.in_state(st), n, "step {step}: {st:?}");
         }
+        // Every held task's context name is bound, in use, and held once: the task's name
+        // is the namespace's allocation.
+        for t in &all {
+            let o = &s.index.owners[t.owner.id.as_str()];
+            let (name, c) = o.contexts.get_key_value(&*t.context_id).unwrap();
+            assert!(Arc::ptr_eq(name, &t.context_id), "step {step}: {}", t.id);
+            let n = all
+                .iter()
+                .filter(|u| u.owner.id == t.owner.id && u.context_id == t.context_id)
+                .count();
+            assert_eq!(
+                (c.bucket.n, c.unused_at),
+                (n, None),
+                "step {step}: {}",
+                t.id
+            );
+        }
+        let unused = s.index.owners.values().flat_map(|o| o.contexts.values());
+        assert_eq!(
+            unused.filter(|c| c.unused_at.is_some()).count(),
+            s.index.unused.len(),
+            "step {step}"
+        );
+        assert!(s.index.unused.len() <= s.limits.max_tasks, "step {step}");
         let mut times: Vec<Option<u64>> = vec![None];
         if let Some(t) = all.get(all.len() / 2) {
             times.push(Some(t.status_ms));
@@ -528,8 +722,15 @@ mod tests {
             s.remove(&id);
         }
         assert_eq!(s.index.entries(), 0);
-        assert!(s.index.owners.is_empty() && s.index.contexts.is_empty());
+        assert!(s.index.contexts.is_empty());
         assert_eq!(s.index.states, TaskCounts::default());
+        // What is left is the namespace's unused names, and their owners.
+        for o in s.index.owners.values() {
+            assert_eq!(o.counts, TaskCounts::default());
+            assert!(!o.contexts.is_empty());
+            assert!(o.contexts.values().all(|c| c.bucket.n == 0));
+        }
+        assert_eq!(s.context_count(), s.index.unused.len());
     }
 
     #[test]
@@ -537,6 +738,51 @@ mod tests {
         for seed in [1, 2, 0x5eed, 0xdead_beef] {
             run(seed, 120);
         }
+    }
+
+    #[test]
+    fn a_context_name_and_key_are_one_allocation_each() {
+        let mut s = TaskStore::new(TaskLimits::DEFAULT);
+        let alice = Principal::new("user:alice", Role::User, vec![]);
+        let ctx = || ContextIds {
+            name: "a".into(),
+            key: "ctx-a".into(),
+        };
+        s.bind_context("user:alice", "a", "ctx-a");
+        s.create("t1".into(), ctx(), alice.clone(), msg(), 1)
+            .unwrap();
+        s.create("t2".into(), ctx(), alice.clone(), msg(), 2)
+            .unwrap();
+        let op = Principal::operator();
+        s.create("t3".into(), ContextIds::plain("b"), op.clone(), msg(), 3)
+            .unwrap();
+        let shared = |s: &TaskStore| {
+            let (t1, t2, t3) = (&s.tasks["t1"], &s.tasks["t2"], &s.tasks["t3"]);
+            let o = &s.index.owners["user:alice"];
+            let (name, c) = o.contexts.get_key_value("a").unwrap();
+            assert!(Arc::ptr_eq(&t1.context_id, name) && Arc::ptr_eq(&t2.context_id, name));
+            assert!(Arc::ptr_eq(&t1.context_key, &c.key) && Arc::ptr_eq(&t2.context_key, &c.key));
+            // The listing's tables hold the same allocations.
+            let (g, _) = s.index.contexts.get_key_value("ctx-a").unwrap();
+            assert!(Arc::ptr_eq(g, &c.key));
+            // An operator's context: its key is its name.
+            assert!(Arc::ptr_eq(&t3.context_id, &t3.context_key));
+            let (name, c) = s.index.owners["operator"]
+                .contexts
+                .get_key_value("b")
+                .unwrap();
+            assert!(Arc::ptr_eq(name, &t3.context_id) && Arc::ptr_eq(&c.key, name));
+        };
+        shared(&s);
+        // A restart: the records read back share as the tasks made live did.
+        let docs: Vec<serde_json::Value> = s.tasks.values().map(|t| t.to_doc()).collect();
+        let mut s = TaskStore::new(TaskLimits::DEFAULT);
+        for d in docs {
+            s.restore(TaskRecord::from_doc(d).unwrap());
+        }
+        shared(&s);
+        assert_eq!(s.context_key("user:alice", "a"), Some("ctx-a"));
+        assert_eq!(s.context_count(), 2);
     }
 
     #[test]

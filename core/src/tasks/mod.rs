@@ -84,10 +84,12 @@ pub struct TaskRecord {
     /// The task's id, unique in the store: one allocation shared by every map of the store
     /// that names the task.
     pub(crate) id: Arc<str>,
-    /// The owner's own name for the task's context: what `Task.contextId` shows.
-    pub context_id: String,
-    /// The internal key of the task's conversation: what the host sees.
-    pub context_key: String,
+    /// The owner's own name for the task's context: what `Task.contextId` shows. One
+    /// allocation per context, shared with the store's namespace and indexes.
+    pub context_id: Arc<str>,
+    /// The internal key of the task's conversation: what the host sees. Shared like the
+    /// name (and is the name's own allocation when they are equal).
+    pub context_key: Arc<str>,
     /// Who created the task: access to it is checked against them.
     /// One allocation per principal, shared by all its held tasks ([`TaskStore::principals`]).
     pub(crate) owner: Arc<Principal>,
@@ -279,7 +281,7 @@ impl TaskRecord {
             } else {
                 Vec::new()
             },
-            context_id: self.context_id.clone(),
+            context_id: self.context_id.to_string(),
             history: self
                 .history
                 .iter()
@@ -501,16 +503,6 @@ fn record_transition(history: &mut Vec<(TaskState, u64)>, state: TaskState, at_m
     history.push((state, at_ms));
 }
 
-/// One name of the contextId namespace.
-#[derive(Debug)]
-struct ContextEntry {
-    key: String,
-    /// Held tasks in this context.
-    tasks: usize,
-    /// While no task uses it: its place in `unused_contexts`.
-    unused_at: Option<u64>,
-}
-
 /// The in-memory task store, with the order ListTasks pages through.
 #[derive(Debug)]
 pub struct TaskStore {
@@ -531,14 +523,6 @@ pub struct TaskStore {
     dirty: BTreeSet<String>,
     /// Counts changes while tracking; part of the instance's record sequence.
     changes: u64,
-    /// The contextId namespace: (owner id, the owner's name) to its internal key. Rebuilt
-    /// from the tasks at restore.
-    contexts: HashMap<(String, String), ContextEntry>,
-    /// Names no held task uses any more (or bound before their first task), by when they
-    /// became unused: kept while there is room, so a conversation outlives its tasks'
-    /// eviction for a while.
-    unused_contexts: BTreeMap<u64, (String, String)>,
-    unused_seq: u64,
     /// The sum of every held task's weight ([`TaskLimits::total_bytes`]).
     bytes: usize,
     /// (sender's principal id, messageId) of every message a held task still lists as
@@ -546,7 +530,9 @@ pub struct TaskStore {
     /// Keyed by sender, then messageId, so a lookup borrows both strings and each is held
     /// once, shared with the task's own list.
     by_message: HashMap<Arc<str>, HashMap<Arc<str>, Arc<str>>>,
-    /// The listing's indexes: by owner, state, owner and state, and context, with counts.
+    /// The listing's indexes: by owner, state, owner and state, and context, with counts;
+    /// and the contextId namespace, (owner id, the owner's name) to its internal key, whose
+    /// entries are the owner's context buckets. Rebuilt from the tasks at restore.
     index: index::TaskIndex,
     /// The owners of held tasks, by id: each held once, whatever number of tasks it owns.
     principals: HashMap<String, Arc<Principal>>,
@@ -565,9 +551,6 @@ impl TaskStore {
             track: false,
             dirty: BTreeSet::new(),
             changes: 0,
-            contexts: HashMap::new(),
-            unused_contexts: BTreeMap::new(),
-            unused_seq: 0,
             bytes: 0,
             by_message: HashMap::new(),
             index: index::TaskIndex::default(),
@@ -713,42 +696,14 @@ impl TaskStore {
 
     /// The internal key `owner` has bound to its context name `name`, if any.
     pub fn context_key(&self, owner: &str, name: &str) -> Option<&str> {
-        self.contexts
-            .get(&(owner.to_owned(), name.to_owned()))
-            .map(|e| e.key.as_str())
+        self.index.context_key(owner, name).map(|k| &**k)
     }
 
     /// Binds `owner`'s context name `name` to `key` before any task uses it. Names held tasks
     /// use are kept as long as those tasks; unused ones up to `max_tasks` of them, past which
     /// the one unused the longest is forgotten.
     pub fn bind_context(&mut self, owner: &str, name: &str, key: &str) {
-        let k = (owner.to_owned(), name.to_owned());
-        if self.contexts.contains_key(&k) {
-            return;
-        }
-        self.contexts.insert(
-            k.clone(),
-            ContextEntry {
-                key: key.to_owned(),
-                tasks: 0,
-                unused_at: None,
-            },
-        );
-        self.mark_unused(k);
-    }
-
-    fn mark_unused(&mut self, k: (String, String)) {
-        self.unused_seq += 1;
-        if let Some(e) = self.contexts.get_mut(&k) {
-            e.unused_at = Some(self.unused_seq);
-        }
-        self.unused_contexts.insert(self.unused_seq, k);
-        while self.unused_contexts.len() > self.limits.max_tasks.max(1) {
-            let Some((_, old)) = self.unused_contexts.pop_first() else {
-                break;
-            };
-            self.contexts.remove(&old);
-        }
+        self.index.bind(owner, name, key, self.limits.max_tasks);
     }
 
     /// The shared allocation of `owner`: the one held tasks already share when it is the
@@ -775,36 +730,21 @@ impl TaskStore {
         }
     }
 
+    /// After the task's index entries are in: its context name is in use.
     fn context_used(&mut self, rec: &TaskRecord) {
-        let k = (rec.owner.id.clone(), rec.context_id.clone());
-        let e = self.contexts.entry(k).or_insert_with(|| ContextEntry {
-            key: rec.context_key.clone(),
-            tasks: 0,
-            unused_at: None,
-        });
-        // Two keys for one name happen only in a store written by hand: the newest task's
-        // wins, as a continuation of it would use it.
-        e.key.clone_from(&rec.context_key);
-        e.tasks += 1;
-        if let Some(at) = e.unused_at.take() {
-            self.unused_contexts.remove(&at);
-        }
+        self.index
+            .used(&rec.owner.id, &rec.context_id, &rec.context_key);
     }
 
+    /// After the task's index entries are out: its context name may be unused now.
     fn context_released(&mut self, rec: &TaskRecord) {
-        let k = (rec.owner.id.clone(), rec.context_id.clone());
-        let Some(e) = self.contexts.get_mut(&k) else {
-            return;
-        };
-        e.tasks = e.tasks.saturating_sub(1);
-        if e.tasks == 0 {
-            self.mark_unused(k);
-        }
+        self.index
+            .released(&rec.owner.id, &rec.context_id, self.limits.max_tasks);
     }
 
     /// How many context names the namespace holds (used and unused).
     pub fn context_count(&self) -> usize {
-        self.contexts.len()
+        self.index.context_count()
     }
 
     /// Starts (or stops) remembering which tasks changed, for [`TaskStore::take_dirty`].
@@ -870,6 +810,12 @@ impl TaskStore {
         self.seq = self.seq.max(rec.status_seq);
         self.order
             .insert((rec.status_ms, rec.status_seq), rec.id.clone());
+        // The context's name and key are held once, whichever tasks use them.
+        let (name, key) = self
+            .index
+            .shared(&rec.owner.id, &rec.context_id, &rec.context_key);
+        rec.context_id = name.unwrap_or(rec.context_id);
+        rec.context_key = key.unwrap_or(rec.context_key);
         self.index.insert(rec.entry());
         if rec.state.is_terminal() {
             self.terminal.insert((rec.created_ms, rec.id.clone()));
@@ -962,12 +908,19 @@ impl TaskStore {
         }
         first.task_id = id.clone();
         first.context_id = context.name.clone();
+        // The context's name and key as the namespace holds them, or held once from here on.
+        let (name, key) = self.index.shared(&owner.id, &context.name, &context.key);
+        let name = name.unwrap_or_else(|| context.name.into());
+        let key = key.unwrap_or_else(|| match *context.key == *name {
+            true => name.clone(),
+            false => context.key.into(),
+        });
         let id: Arc<str> = id.into();
         let owner = self.intern_owner(owner);
         let mut rec = TaskRecord {
             id: id.clone(),
-            context_id: context.name,
-            context_key: context.key,
+            context_id: name,
+            context_key: key,
             owner,
             state: TaskState::Submitted,
             status_message: None,
@@ -987,9 +940,9 @@ impl TaskStore {
         };
         rec.push_history(Arc::new(first), &self.limits);
         self.bytes += rec.weight();
-        self.context_used(&rec);
         self.order.insert((now_ms, rec.status_seq), id.clone());
         self.index.insert(rec.entry());
+        self.context_used(&rec);
         self.touch(&id);
         Ok(self.tasks.entry(id).or_insert(Box::new(rec)))
     }
@@ -1063,7 +1016,7 @@ impl TaskStore {
         self.room_to_grow(id, growth)?;
         self.reweigh(id, |t| {
             message.task_id = t.id.to_string();
-            message.context_id = t.context_id.clone();
+            message.context_id = t.context_id.to_string();
             // The agent's question came before this answer: keep the history in that order.
             t.retire_status_message(&limits);
             t.push_history(Arc::new(message), &limits);
@@ -1242,8 +1195,8 @@ impl ListFilter<'_> {
     pub fn matches(&self, t: &TaskRecord) -> bool {
         self.principal.may_see(&t.owner)
             && (self.context_id.is_empty()
-                || t.context_id == self.context_id
-                || (self.principal.is_operator() && t.context_key == self.context_id))
+                || *t.context_id == *self.context_id
+                || (self.principal.is_operator() && *t.context_key == *self.context_id))
             && self.state.is_none_or(|s| t.state == s)
             && self.since_ms.is_none_or(|ms| t.status_ms >= ms)
     }

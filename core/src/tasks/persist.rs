@@ -61,8 +61,8 @@ impl TaskRecord {
         let doc = TaskDoc {
             v: 1,
             id: self.id.to_string(),
-            context_id: self.context_id.clone(),
-            context_key: Some(self.context_key.clone()),
+            context_id: self.context_id.to_string(),
+            context_key: Some(self.context_key.to_string()),
             owner: PrincipalDoc::from(&self.owner),
             state: self.state,
             status_message: self.status_message(),
@@ -131,6 +131,12 @@ impl TaskRecord {
                 (a, size)
             })
             .collect();
+        // An operator's context: its key is its name, one allocation for both.
+        let context_id: Arc<str> = d.context_id.into();
+        let context_key = match d.context_key {
+            Some(k) if *k != *context_id => k.into(),
+            _ => context_id.clone(),
+        };
         let mut rec = TaskRecord {
             accepted_bytes: accepted.iter().map(|(_, s)| s).sum(),
             accepted,
@@ -142,8 +148,8 @@ impl TaskRecord {
             history_bytes: history.iter().map(|(_, s)| s).sum(),
             history,
             id: d.id.into(),
-            context_key: d.context_key.unwrap_or_else(|| d.context_id.clone()),
-            context_id: d.context_id,
+            context_key,
+            context_id,
             owner: Arc::new(d.owner.into_principal()?),
             state: d.state,
             status_message: None,
