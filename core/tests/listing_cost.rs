@@ -269,6 +269,7 @@ fn made_live(n: usize) -> MadeLive {
                 + doc["statusMessage"].to_string().len();
         }
     }
+    s.pack_finished();
     let m = MadeLive {
         content,
         requested: (LIVE.load(Ordering::Relaxed) - before) / n,

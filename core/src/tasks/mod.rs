@@ -186,18 +186,17 @@ impl HeldMessage {
     }
 }
 
-/// A task's current agent status message. The store makes every one itself (see
-/// [`TaskRecord::agent_message`]): its ids are the task's and its `messageId` is
-/// `<task id>.status.<status count>`, so only its parts are held and the message is made
-/// whole when shown. That spares a held task a message value and three strings, about
-/// 370 bytes, which is most of a finished one-message task's overhead. A restored status
-/// message of any other shape (a record written by hand) is held whole. Once the task has
-/// ended, its parts are packed as their JSON text, like its history ([`HeldMessage`]).
+/// A task's current agent status message: whole while the task can change (shared with the
+/// events that carry it). The store makes every one itself ([`TaskRecord::agent_message`]):
+/// its ids are the task's and its `messageId` is `<task id>.status.<status count>`, so once
+/// the task has ended only its parts are kept, packed as their JSON text like its history
+/// ([`HeldMessage`]), and the message is made whole again when shown. That spares a
+/// finished task a message value, a parts vector and three strings, about 500 bytes. A
+/// restored status message of any other shape (a record written by hand) stays whole.
 #[derive(Clone, Debug)]
 enum StatusMessage {
-    Parts(Box<[Part]>),
-    PackedParts(Box<str>),
     Whole(Arc<Message>),
+    PackedParts(Box<str>),
 }
 
 /// One message a task accepted: who sent it, its `messageId`, and the digest of its content
@@ -359,10 +358,9 @@ impl TaskRecord {
     /// The agent message of the current status, made whole.
     pub(crate) fn status_message(&self) -> Option<Arc<Message>> {
         let parts = match self.status_message.as_ref()? {
-            StatusMessage::Parts(parts) => parts.to_vec(),
+            StatusMessage::Whole(m) => return Some(m.clone()),
             // Written by `pack` from parts, so it reads back.
             StatusMessage::PackedParts(text) => serde_json::from_str(text).unwrap_or_default(),
-            StatusMessage::Whole(m) => return Some(m.clone()),
         };
         Some(Arc::new(Message {
             context_id: self.context_id.to_string(),
@@ -374,23 +372,16 @@ impl TaskRecord {
         }))
     }
 
-    /// Holds `message` as the current status message: as its parts alone when it has the
-    /// shape [`TaskRecord::status_message`] makes.
-    fn hold_status_message(&mut self, message: Option<Message>) {
-        self.status_message = message.map(|m| {
-            let derived = m.task_id == *self.id
-                && m.context_id == *self.context_id
-                && m.role == Role::Agent
-                && m.message_id == status_message_id(&self.id, self.status_count)
-                && m.extensions.is_empty()
-                && m.metadata.is_none()
-                && m.reference_task_ids.is_empty();
-            if derived {
-                StatusMessage::Parts(m.parts.into_boxed_slice())
-            } else {
-                StatusMessage::Whole(Arc::new(m))
-            }
-        });
+    /// Whether `m` has the shape [`TaskRecord::agent_message`] gives the current status
+    /// message, so its parts alone say it all.
+    fn made_here(&self, m: &Message) -> bool {
+        m.task_id == *self.id
+            && m.context_id == *self.context_id
+            && m.role == Role::Agent
+            && m.message_id == status_message_id(&self.id, self.status_count)
+            && m.extensions.is_empty()
+            && m.metadata.is_none()
+            && m.reference_task_ids.is_empty()
     }
 
     /// Moves the current status message, if any, into the history.
@@ -433,9 +424,11 @@ impl TaskRecord {
     /// ended: a history message's weight becomes its text's length, which is all it now
     /// takes.
     fn pack(&mut self) {
-        if let Some(StatusMessage::Parts(parts)) = &self.status_message {
-            let text = serde_json::to_string(&**parts).unwrap_or_default();
-            self.status_message = Some(StatusMessage::PackedParts(text.into_boxed_str()));
+        if let Some(StatusMessage::Whole(m)) = &self.status_message {
+            if self.made_here(m) {
+                let text = serde_json::to_string(&m.parts).unwrap_or_default();
+                self.status_message = Some(StatusMessage::PackedParts(text.into_boxed_str()));
+            }
         }
         for (m, size) in self.history.iter_mut() {
             if let HeldMessage::Live(live) = m {
@@ -451,7 +444,14 @@ impl TaskRecord {
     /// task's status count.
     fn agent_message(&mut self, parts: Vec<Part>) {
         self.status_count += 1;
-        self.status_message = Some(StatusMessage::Parts(parts.into_boxed_slice()));
+        self.status_message = Some(StatusMessage::Whole(Arc::new(Message {
+            context_id: self.context_id.to_string(),
+            message_id: status_message_id(&self.id, self.status_count),
+            parts,
+            role: Role::Agent,
+            task_id: self.id.to_string(),
+            ..Message::default()
+        })));
     }
 }
 
@@ -536,6 +536,10 @@ pub struct TaskStore {
     index: index::TaskIndex,
     /// The owners of held tasks, by id: each held once, whatever number of tasks it owns.
     principals: HashMap<String, Arc<Principal>>,
+    /// Tasks that ended and are not packed yet ([`TaskRecord::pack`]): packed at the store's
+    /// next change, so the answer and events of the change that ended a task are made from
+    /// its live values, not read back from the text just written.
+    unpacked: Vec<Arc<str>>,
 }
 
 impl TaskStore {
@@ -555,6 +559,7 @@ impl TaskStore {
             by_message: HashMap::new(),
             index: index::TaskIndex::default(),
             principals: HashMap::new(),
+            unpacked: Vec::new(),
         }
     }
 
@@ -891,6 +896,7 @@ impl TaskStore {
         mut first: Message,
         now_ms: u64,
     ) -> Result<&TaskRecord, StoreError> {
+        self.pack_finished();
         if self.tasks.len() >= self.limits.max_tasks {
             let oldest = self
                 .terminal
@@ -945,6 +951,19 @@ impl TaskStore {
         self.context_used(&rec);
         self.touch(&id);
         Ok(self.tasks.entry(id).or_insert(Box::new(rec)))
+    }
+
+    /// Packs the tasks that ended since the store's last change ([`TaskStore::unpacked`]).
+    pub fn pack_finished(&mut self) {
+        while let Some(id) = self.unpacked.pop() {
+            if let Some(t) = self.tasks.get_mut(&id) {
+                if t.state.is_terminal() {
+                    let before = t.weight();
+                    t.pack();
+                    self.bytes = self.bytes - before + t.weight();
+                }
+            }
+        }
     }
 
     fn next_seq(&mut self) -> u64 {
@@ -1035,6 +1054,7 @@ impl TaskStore {
         parts: Option<Vec<Part>>,
         now_ms: u64,
     ) -> Result<&TaskRecord, StoreError> {
+        self.pack_finished();
         let limits = self.limits;
         let seq = self.seq + 1;
         let (old_key, old_state, new_key, terminal_key) = self.reweigh(id, |t| {
@@ -1049,9 +1069,7 @@ impl TaskStore {
             t.status_ms = now_ms.max(t.status_ms);
             t.status_seq = seq;
             record_transition(&mut t.status_history, state, t.status_ms);
-            if state.is_terminal() {
-                t.pack();
-            }
+
             let new_key = (t.status_ms, t.status_seq);
             let terminal_key = state.is_terminal().then(|| (t.created_ms, t.id.clone()));
             Ok((old_key, old_state, new_key, terminal_key))
@@ -1070,6 +1088,7 @@ impl TaskStore {
             self.index.insert(t.entry());
         }
         if let Some(k) = terminal_key {
+            self.unpacked.push(k.1.clone());
             self.terminal.insert(k);
         }
         self.touch(id);
@@ -1601,6 +1620,14 @@ mod tests {
         let done_parts = rich("s").parts;
         s.set_status("t", TaskState::Completed, Some(done_parts.clone()), 3)
             .unwrap();
+        // The change that ended it answers from its live values; the next one packs it.
+        let t = s.get("t").unwrap();
+        assert!(matches!(t.status_message, Some(StatusMessage::Whole(_))));
+        assert!(t
+            .history
+            .iter()
+            .all(|(m, _)| matches!(m, HeldMessage::Live(_))));
+        s.pack_finished();
         let t = s.get("t").unwrap();
         assert!(matches!(
             t.status_message,
@@ -1645,7 +1672,7 @@ mod tests {
     }
 
     #[test]
-    fn the_status_message_is_held_as_parts_and_shown_whole() {
+    fn a_finished_tasks_status_message_is_held_as_its_parts() {
         let mut s = TaskStore::new(TaskLimits::DEFAULT);
         s.create(
             "t".into(),
@@ -1658,28 +1685,42 @@ mod tests {
         s.set_status("t", TaskState::Working, Some(vec![Part::text("a")]), 2)
             .unwrap();
         let t = s.get("t").unwrap();
-        assert!(matches!(t.status_message, Some(StatusMessage::Parts(_))));
-        let m = t.status().message.unwrap();
+        assert!(matches!(t.status_message, Some(StatusMessage::Whole(_))));
+        let first = t.status().message.unwrap();
         assert_eq!(
-            (&*m.message_id, &*m.task_id, &*m.context_id, m.role),
+            (
+                &*first.message_id,
+                &*first.task_id,
+                &*first.context_id,
+                first.role
+            ),
             ("t.status.1", "t", "c", Role::Agent)
         );
-        assert_eq!(m.parts, [Part::text("a")]);
-        // Read back from a record: parts again; a message of another shape stays whole.
+        // The next status moves it into the history, whole.
+        s.set_status("t", TaskState::Failed, Some(vec![Part::text("b")]), 3)
+            .unwrap();
+        let whole = s.get("t").unwrap().status();
+        s.pack_finished();
+        let t = s.get("t").unwrap();
+        assert!(matches!(
+            t.status_message,
+            Some(StatusMessage::PackedParts(_))
+        ));
+        assert_eq!(t.status(), whole);
+        assert_eq!(whole.message.as_ref().unwrap().message_id, "t.status.2");
+        assert_eq!(t.to_task(None, false).history[1], first);
+        // Read back from a record: packed again; a message of another shape stays whole.
         let back = TaskRecord::from_doc(t.to_doc()).unwrap();
-        assert!(matches!(back.status_message, Some(StatusMessage::Parts(_))));
-        assert_eq!(back.status(), t.status());
+        assert!(matches!(
+            back.status_message,
+            Some(StatusMessage::PackedParts(_))
+        ));
+        assert_eq!(back.status(), whole);
         let mut doc = t.to_doc();
         doc["statusMessage"]["messageId"] = serde_json::json!("chosen");
         let back = TaskRecord::from_doc(doc).unwrap();
         assert!(matches!(back.status_message, Some(StatusMessage::Whole(_))));
         assert_eq!(back.status().message.unwrap().message_id, "chosen");
-        // The next status moves it into the history, whole.
-        s.set_status("t", TaskState::Working, Some(vec![Part::text("b")]), 3)
-            .unwrap();
-        let task = s.get("t").unwrap().to_task(None, false);
-        assert_eq!(task.history[1], m);
-        assert_eq!(task.status.message.unwrap().message_id, "t.status.2");
     }
 
     #[test]

@@ -174,7 +174,7 @@ impl TaskRecord {
             channel: d.ask_channel,
             operator_only: false,
         }));
-        rec.hold_status_message(d.status_message.map(Arc::unwrap_or_clone));
+        rec.status_message = d.status_message.map(super::StatusMessage::Whole);
         if packed {
             rec.pack();
         }
