@@ -535,7 +535,8 @@ pub struct TaskStore {
     /// entries are the owner's context buckets. Rebuilt from the tasks at restore.
     index: index::TaskIndex,
     /// The owners of held tasks, by id: each held once, whatever number of tasks it owns.
-    principals: HashMap<String, Arc<Principal>>,
+    /// With each, how many held tasks that principal id owns: the entry goes with the last.
+    principals: HashMap<String, (Arc<Principal>, usize)>,
     /// Tasks that ended and are not packed yet ([`TaskRecord::pack`]): packed at the store's
     /// next change, so the answer and events of the change that ended a task are made from
     /// its live values, not read back from the text just written.
@@ -714,22 +715,25 @@ impl TaskStore {
     /// The shared allocation of `owner`: the one held tasks already share when it is the
     /// same principal (a reload can change a principal's grants: new tasks then share the
     /// new one).
+    /// Call once for each task the store takes in (its `release_owner` when it goes).
     fn intern_owner(&mut self, owner: Principal) -> Arc<Principal> {
-        match self.principals.get(&owner.id) {
-            Some(held) if **held == owner => held.clone(),
-            _ => {
-                let owner = Arc::new(owner);
-                self.principals.insert(owner.id.clone(), owner.clone());
-                owner
+        if let Some((held, tasks)) = self.principals.get_mut(&owner.id) {
+            if **held != owner {
+                *held = Arc::new(owner);
             }
+            *tasks += 1;
+            return held.clone();
         }
+        let held = Arc::new(owner);
+        self.principals.insert(held.id.clone(), (held.clone(), 1));
+        held
     }
 
-    /// Forgets `owner`'s shared allocation once `rec`, going, is the last held task to use
-    /// it. The store alone holds these `Arc`s, so the count is the map's plus its tasks'.
+    /// Counts out a task going: its owner's entry goes with the owner's last held task.
     fn release_owner(&mut self, rec: &TaskRecord) {
-        if let Some(held) = self.principals.get(&rec.owner.id) {
-            if Arc::ptr_eq(held, &rec.owner) && Arc::strong_count(held) <= 2 {
+        if let Some((_, tasks)) = self.principals.get_mut(&rec.owner.id) {
+            *tasks = tasks.saturating_sub(1);
+            if *tasks == 0 {
                 self.principals.remove(&rec.owner.id);
             }
         }
@@ -1756,12 +1760,15 @@ mod tests {
         // Restored tasks share it too; the last task gone, it is forgotten.
         let back = TaskRecord::from_doc(s.get("c").unwrap().to_doc()).unwrap();
         s.restore(back);
+        // A copy of a record held elsewhere keeps nothing in the table.
+        let copy = s.get("a").unwrap().clone();
         for id in ["a", "b"] {
             s.remove(id);
         }
         assert_eq!(s.principals.len(), 1);
         s.remove("c");
         assert!(s.principals.is_empty());
+        drop(copy);
     }
 
     #[test]
