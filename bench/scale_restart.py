@@ -288,9 +288,9 @@ def run(binary, driver, n, threads, keep):
             c.close()
             row["idle_kib"] = rss_kib(d.pid)
             row["populate_s"] = populate(d, n, threads)
-            # Settled: the daemon gives a burst's garbage back to the system a period or
-            # two after its resident set stops growing (src/memory.rs, GrowthPolicy).
-            time.sleep(3.0)
+            # Settled: the daemon gives a burst's garbage back to the system two or three
+            # periods after its resident set stops growing (src/memory.rs, GrowthPolicy).
+            time.sleep(4.0)
             row["before_kib"] = rss_kib(d.pid)
         finally:
             d.stop()

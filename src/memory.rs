@@ -154,15 +154,21 @@ impl TrimPolicy {
 /// those free chunks inside the heap. 100k tasks sent by 8 connections left 2.7 KiB resident
 /// per task where 1.9 KiB was in use. So: trim when the resident set has grown since the
 /// last trim by at least a quarter, and at least [`GrowthPolicy::GROWTH`], and grew by less
-/// than 1/64 over the last period (the burst is over). A steady load never trims; a store
-/// that keeps growing trims once per quarter of growth (a trim walks the whole heap, so
-/// its cost grows with it), once each burst has settled.
+/// than 1/64 in each of the last two periods (the burst is over). A store that keeps growing
+/// trims once per quarter of growth (a trim walks the whole heap, so its cost grows with
+/// it), once each burst has settled. A steady load never trims: growth must also pass what
+/// the resident set was before the last trim, so a load that faults back in what a trim
+/// gave (memory it reuses all the time) is not trimmed again and again.
 #[derive(Debug, Default, Clone)]
 pub struct GrowthPolicy {
     /// The resident set after the last trim (or the least seen since).
     baseline: u64,
+    /// The resident set just before the last trim.
+    high_water: u64,
     /// The resident set at the last sample.
     last: u64,
+    /// Consecutive periods that grew by less than 1/64.
+    calm: u32,
 }
 
 impl GrowthPolicy {
@@ -176,19 +182,29 @@ impl GrowthPolicy {
     /// One sample: `resident` bytes now. True when the caller should trim now.
     pub fn observe(&mut self, resident: u64) -> bool {
         let last = std::mem::replace(&mut self.last, resident);
+        self.calm = match resident <= last.saturating_add(last / 64) {
+            true => self.calm.saturating_add(1),
+            false => 0,
+        };
         if self.baseline == 0 || resident < self.baseline {
             self.baseline = resident;
             return false;
         }
-        let settled = resident <= last.saturating_add(last / 64);
         let worth = Self::GROWTH.max(self.baseline / 4);
-        settled && resident >= self.baseline.saturating_add(worth)
+        let past = self
+            .baseline
+            .saturating_add(worth)
+            .max(self.high_water.saturating_add(Self::GROWTH));
+        self.calm >= 2 && resident >= past
     }
 
-    /// A trim happened (whoever called for it): growth counts from `resident` after it.
-    pub fn trimmed(&mut self, resident: u64) {
-        self.baseline = resident;
-        self.last = resident;
+    /// A trim happened (whoever called for it), taking the resident set from `before` to
+    /// `after`: growth counts from `after`, and must also pass `before`.
+    pub fn trimmed(&mut self, before: u64, after: u64) {
+        self.baseline = after;
+        self.high_water = before;
+        self.last = after;
+        self.calm = 0;
     }
 }
 
@@ -239,7 +255,7 @@ pub fn spawn_trimmer(gauge: Arc<ConnGauge>) -> std::io::Result<()> {
                     if fell {
                         policy.trimmed(released);
                     }
-                    growth.trimmed(after);
+                    growth.trimmed(before, after);
                     tracing::debug!(
                         peak,
                         trimmed,
@@ -367,37 +383,40 @@ mod tests {
         let mut p = GrowthPolicy::new();
         assert!(!p.observe(10 * MIB), "the first sample is the baseline");
         assert!(!p.observe(10 * MIB), "steady");
-        // A burst: growing fast, no trim while it grows.
+        // A burst: no trim while it grows, nor after one calm period.
         for rss in [30, 60, 90] {
             assert!(!p.observe(rss * MIB), "still growing at {rss} MiB");
         }
-        assert!(p.observe(90 * MIB + MIB), "settled, 80 MiB above: trim");
-        p.trimmed(60 * MIB);
-        assert!(!p.observe(60 * MIB), "growth counts from the trim");
-        assert!(!p.observe(70 * MIB), "growing");
-        assert!(
-            !p.observe(70 * MIB),
-            "settled, but less than a quarter above"
-        );
-        assert!(!p.observe(80 * MIB), "growing");
-        assert!(p.observe(80 * MIB), "settled, a third above the trim");
-        p.trimmed(100 * MIB);
-        // A steady load never trims; memory given back lowers the baseline.
-        for _ in 0..100 {
-            assert!(!p.observe(100 * MIB));
+        assert!(!p.observe(91 * MIB), "calm for one period");
+        assert!(p.observe(91 * MIB), "calm for two, 81 MiB above: trim");
+        p.trimmed(91 * MIB, 60 * MIB);
+        // A steady load that faults back in what the trim gave is not trimmed again.
+        for _ in 0..50 {
+            assert!(!p.observe(91 * MIB));
         }
+        // Growth past what it was before the trim is.
+        assert!(!p.observe(100 * MIB), "growing");
+        assert!(!p.observe(100 * MIB), "calm for one period");
+        assert!(p.observe(100 * MIB), "past the high water, calm: trim");
+        p.trimmed(100 * MIB, 100 * MIB);
+        // Memory given back lowers the baseline; growth then counts from it, and from the
+        // high water.
         assert!(!p.observe(50 * MIB));
-        assert!(!p.observe(60 * MIB));
-        assert!(!p.observe(60 * MIB), "a fifth above the new baseline");
-        assert!(!p.observe(65 * MIB));
-        assert!(p.observe(65 * MIB), "more than a quarter above it, settled");
+        for _ in 0..3 {
+            assert!(!p.observe(100 * MIB), "not past the high water");
+        }
+        assert!(!p.observe(108 * MIB));
+        assert!(!p.observe(108 * MIB));
+        assert!(p.observe(108 * MIB), "8 MiB past it");
         // Small: 8 MiB is the least worth a trim.
         let mut p = GrowthPolicy::new();
         assert!(!p.observe(4 * MIB));
         assert!(!p.observe(11 * MIB));
+        assert!(!p.observe(11 * MIB));
         assert!(!p.observe(11 * MIB), "7 MiB above");
         assert!(!p.observe(12 * MIB + MIB / 2));
-        assert!(p.observe(12 * MIB + MIB / 2), "8.5 MiB above");
+        assert!(!p.observe(12 * MIB + MIB / 2));
+        assert!(p.observe(12 * MIB + MIB / 2), "8.5 MiB above, calm");
     }
 
     #[test]

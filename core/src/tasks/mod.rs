@@ -537,9 +537,11 @@ pub struct TaskStore {
     /// The owners of held tasks, by id: each held once, whatever number of tasks it owns.
     /// With each, how many held tasks that principal id owns: the entry goes with the last.
     principals: HashMap<String, (Arc<Principal>, usize)>,
-    /// Tasks that ended and are not packed yet ([`TaskRecord::pack`]): packed at the store's
-    /// next change, so the answer and events of the change that ended a task are made from
-    /// its live values, not read back from the text just written.
+    /// Tasks that ended and are not packed yet ([`TaskRecord::pack`]): packed when the store
+    /// next creates a task or changes one's status (so it holds one at most), so the answer
+    /// and events of the change that ended a task are made from its live values, not read
+    /// back from the text just written. Packing reads its text back exactly because
+    /// serde_json's `float_roundtrip` is on (the workspace's Cargo.toml).
     unpacked: Vec<Arc<str>>,
 }
 

@@ -116,7 +116,8 @@ impl TaskRecord {
                 Ok(if packed {
                     // Checked above, so it reads back when shown.
                     let text: Box<str> = raw.into();
-                    (HeldMessage::Packed(text.clone()), text.len())
+                    let len = text.len();
+                    (HeldMessage::Packed(text), len)
                 } else {
                     let size = super::serialized_len(&m) + m.parts.len() * super::PART_COST;
                     (HeldMessage::Live(Arc::new(m)), size)
