@@ -81,11 +81,12 @@ pub fn trim() -> bool {
 /// open: one trim per burst (and its follow-ups), and a steady load never trims.
 ///
 /// Each such trim is followed by [`TrimPolicy::FOLLOW_UPS`] more, a period apart, by one
-/// more after each that gave back at least [`TrimPolicy::WORTH`] bytes, and by one more
-/// after each period in which the process's threads grew fewer (within
-/// [`TrimPolicy::MAX_FOLLOW_UPS`] periods of the fall): what the burst's threads free as they exit
-/// (glibc's per-thread caches, flushed at thread exit, after the connection count fell)
-/// comes after the first, and 10,000 exits take many seconds on a loaded machine.
+/// more after each that gave back at least [`TrimPolicy::WORTH`] bytes, and by
+/// [`TrimPolicy::AFTER_EXITS`] more after each period in which the process's threads grew
+/// fewer (within [`TrimPolicy::MAX_FOLLOW_UPS`] periods of the fall): what the burst's
+/// threads free as they exit (glibc's per-thread caches, flushed at thread exit, after the
+/// connection count fell) comes after the first, 10,000 exits take many seconds on a loaded
+/// machine, and the last exits' memory may be freed a moment after the count falls.
 #[derive(Debug, Default, Clone)]
 pub struct TrimPolicy {
     recent_peak: usize,
@@ -103,6 +104,8 @@ impl TrimPolicy {
     /// The periods after a fall from the peak in which follow-ups may trim: the most trims
     /// one fall calls for after its first.
     pub const MAX_FOLLOW_UPS: usize = 60;
+    /// Trims after a period in which threads ended.
+    pub const AFTER_EXITS: usize = 3;
     /// A trim that gave back at least this many bytes calls for another.
     pub const WORTH: u64 = 1 << 20;
     /// The least drop from the peak worth a trim.
@@ -121,7 +124,7 @@ impl TrimPolicy {
         self.threads = threads;
         if threads_ended && self.window > 0 {
             // Threads of the burst exited since the last sample: what they freed is there.
-            self.follow_ups = self.follow_ups.max(1);
+            self.follow_ups = self.follow_ups.max(Self::AFTER_EXITS);
         }
         self.recent_peak = self.recent_peak.max(peak).max(open);
         let fell = self.recent_peak - open >= Self::MIN_DROP
@@ -350,6 +353,10 @@ mod tests {
         );
         for threads in [9_000, 5_000, 10] {
             assert!(p.observe(0, 0, threads), "{threads} threads left: trimmed");
+            p.trimmed(0);
+        }
+        for _ in 1..TrimPolicy::AFTER_EXITS {
+            assert!(p.observe(0, 0, 10), "what the last exits freed: trimmed");
             p.trimmed(0);
         }
         assert!(!p.observe(0, 0, 10), "all ended: no more");
