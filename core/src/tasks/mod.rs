@@ -187,7 +187,8 @@ impl HeldMessage {
 }
 
 /// A task's current agent status message: whole while the task can change (shared with the
-/// events that carry it). The store makes every one itself ([`TaskRecord::agent_message`]):
+/// events that carry it). The store makes every one itself
+/// ([`TaskRecord::made_status_message`]):
 /// its ids are the task's and its `messageId` is `<task id>.status.<status count>`, so once
 /// the task has ended only its parts are kept, packed as their JSON text like its history
 /// ([`HeldMessage`]), and the message is made whole again when shown. That spares a
@@ -357,23 +358,30 @@ impl TaskRecord {
 
     /// The agent message of the current status, made whole.
     pub(crate) fn status_message(&self) -> Option<Arc<Message>> {
-        let parts = match self.status_message.as_ref()? {
-            StatusMessage::Whole(m) => return Some(m.clone()),
+        match self.status_message.as_ref()? {
+            StatusMessage::Whole(m) => Some(m.clone()),
             // Written by `pack` from parts, so it reads back.
-            StatusMessage::PackedParts(text) => serde_json::from_str(text).unwrap_or_default(),
-        };
-        Some(Arc::new(Message {
+            StatusMessage::PackedParts(text) => Some(Arc::new(
+                self.made_status_message(serde_json::from_str(text).unwrap_or_default()),
+            )),
+        }
+    }
+
+    /// The current agent status message as the store makes it from `parts`: the task's
+    /// ids, and a `messageId` named after the task's status count.
+    fn made_status_message(&self, parts: Vec<Part>) -> Message {
+        Message {
             context_id: self.context_id.to_string(),
             message_id: status_message_id(&self.id, self.status_count),
             parts,
             role: Role::Agent,
             task_id: self.id.to_string(),
             ..Message::default()
-        }))
+        }
     }
 
-    /// Whether `m` has the shape [`TaskRecord::agent_message`] gives the current status
-    /// message, so its parts alone say it all.
+    /// Whether `m` has the shape [`TaskRecord::made_status_message`] gives, so its parts alone
+    /// say it all.
     fn made_here(&self, m: &Message) -> bool {
         m.task_id == *self.id
             && m.context_id == *self.context_id
@@ -444,14 +452,8 @@ impl TaskRecord {
     /// task's status count.
     fn agent_message(&mut self, parts: Vec<Part>) {
         self.status_count += 1;
-        self.status_message = Some(StatusMessage::Whole(Arc::new(Message {
-            context_id: self.context_id.to_string(),
-            message_id: status_message_id(&self.id, self.status_count),
-            parts,
-            role: Role::Agent,
-            task_id: self.id.to_string(),
-            ..Message::default()
-        })));
+        let made = self.made_status_message(parts);
+        self.status_message = Some(StatusMessage::Whole(Arc::new(made)));
     }
 }
 
@@ -1387,6 +1389,20 @@ mod tests {
         }
     }
 
+    /// A store holding one operator's task `t`, in context `c`, made at 1 from message `m`.
+    fn store_with_one_task() -> TaskStore {
+        let mut s = TaskStore::new(TaskLimits::DEFAULT);
+        s.create(
+            "t".into(),
+            ContextIds::plain("c"),
+            Principal::operator(),
+            msg("m"),
+            1,
+        )
+        .unwrap();
+        s
+    }
+
     fn big(id: &str, len: usize) -> Message {
         Message {
             message_id: id.into(),
@@ -1640,6 +1656,21 @@ mod tests {
             Some(StatusMessage::PackedParts(_))
         ));
         assert_eq!(t.status().message.unwrap().parts, done_parts);
+        // However many tasks end, at most one waits to be packed.
+        let mut more = TaskStore::new(TaskLimits::DEFAULT);
+        for i in 0..100 {
+            let id = format!("u{i}");
+            more.create(
+                id.clone(),
+                ContextIds::plain("c"),
+                Principal::operator(),
+                msg("x"),
+                4,
+            )
+            .unwrap();
+            more.set_status(&id, TaskState::Rejected, None, 4).unwrap();
+            assert!(more.unpacked.len() <= 1);
+        }
         assert!(t
             .history
             .iter()
@@ -1679,15 +1710,7 @@ mod tests {
 
     #[test]
     fn a_finished_tasks_status_message_is_held_as_its_parts() {
-        let mut s = TaskStore::new(TaskLimits::DEFAULT);
-        s.create(
-            "t".into(),
-            ContextIds::plain("c"),
-            Principal::operator(),
-            msg("m"),
-            1,
-        )
-        .unwrap();
+        let mut s = store_with_one_task();
         s.set_status("t", TaskState::Working, Some(vec![Part::text("a")]), 2)
             .unwrap();
         let t = s.get("t").unwrap();
@@ -1788,15 +1811,7 @@ mod tests {
 
     #[test]
     fn a_task_tracks_its_own_turn_unless_a_command_says_otherwise() {
-        let mut s = TaskStore::new(TaskLimits::DEFAULT);
-        s.create(
-            "t".into(),
-            ContextIds::plain("c"),
-            Principal::operator(),
-            msg("m"),
-            1,
-        )
-        .unwrap();
+        let mut s = store_with_one_task();
         let t = s.get("t").unwrap();
         assert!(t.origin.is_none() && t.gate.is_none());
         assert_eq!((t.link(), t.command()), ((LinkKind::Turn, "t"), None));
