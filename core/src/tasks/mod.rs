@@ -440,10 +440,10 @@ impl TaskRecord {
         }
         for (m, size) in self.history.iter_mut() {
             if let HeldMessage::Live(live) = m {
-                let text = serde_json::to_string(&**live).unwrap_or_default();
+                let text = json_text(&**live, *size - live.parts.len() * PART_COST);
                 self.history_bytes = self.history_bytes - *size + text.len();
                 *size = text.len();
-                *m = HeldMessage::Packed(text.into_boxed_str());
+                *m = HeldMessage::Packed(text);
             }
         }
     }
@@ -455,6 +455,16 @@ impl TaskRecord {
         let made = self.made_status_message(parts);
         self.status_message = Some(StatusMessage::Whole(Arc::new(made)));
     }
+}
+
+/// `value`'s JSON text, written into one allocation of `len` bytes, its known length:
+/// packing runs under the driver's shared lock, where `to_string`'s growing buffer and
+/// final shrink would copy the text up to three times.
+fn json_text(value: &impl serde::Serialize, len: usize) -> Box<str> {
+    let mut buf = Vec::with_capacity(len);
+    let _ = serde_json::to_writer(&mut buf, value);
+    // serde_json writes UTF-8 only.
+    String::from_utf8(buf).unwrap_or_default().into_boxed_str()
 }
 
 /// The `messageId` of a task's `n`th agent status message.
