@@ -552,8 +552,10 @@ pub struct TaskStore {
     /// Tasks that ended and are not packed yet ([`TaskRecord::pack`]): packed when the store
     /// next creates a task or changes one's status (so it holds one at most), so the answer
     /// and events of the change that ended a task are made from its live values, not read
-    /// back from the text just written. Packing reads its text back exactly because
-    /// serde_json's `float_roundtrip` is on (the workspace's Cargo.toml).
+    /// back from the text just written. While tracking, they wait for the next drain of
+    /// records instead ([`TaskStore::pack_before_change`]): the tasks ended since the last.
+    /// Packing reads its text back exactly because serde_json's `float_roundtrip` is on (the
+    /// workspace's Cargo.toml).
     unpacked: Vec<Arc<str>>,
 }
 
@@ -802,13 +804,16 @@ impl TaskStore {
 
     /// The tasks changed since the last call: each as it stands now, or `None` if it is gone.
     pub(crate) fn take_dirty(&mut self) -> Vec<(String, Option<serde_json::Value>)> {
-        std::mem::take(&mut self.dirty)
+        let records = std::mem::take(&mut self.dirty)
             .into_iter()
             .map(|id| {
                 let body = self.tasks.get(id.as_str()).map(|t| t.to_doc());
                 (id, body)
             })
-            .collect()
+            .collect();
+        // The finished tasks that waited for their records (`pack_before_change`).
+        self.pack_finished();
+        records
     }
 
     /// Puts back a task read from the durable store, with its place in the listing order.
@@ -914,7 +919,7 @@ impl TaskStore {
         mut first: Message,
         now_ms: u64,
     ) -> Result<&TaskRecord, StoreError> {
-        self.pack_finished();
+        self.pack_before_change();
         if self.tasks.len() >= self.limits.max_tasks {
             let oldest = self
                 .terminal
@@ -981,6 +986,16 @@ impl TaskStore {
                     self.bytes = self.bytes - before + t.weight();
                 }
             }
+        }
+    }
+
+    /// What a change does first: packs the tasks that ended before it, unless the host
+    /// drains records. Then each waits for [`TaskStore::take_dirty`], which packs it once it
+    /// has made its record from the task's live values: packed, its messages would be
+    /// parsed back from their text for that record, under the driver's lock.
+    fn pack_before_change(&mut self) {
+        if !self.track {
+            self.pack_finished();
         }
     }
 
@@ -1072,7 +1087,7 @@ impl TaskStore {
         parts: Option<Vec<Part>>,
         now_ms: u64,
     ) -> Result<&TaskRecord, StoreError> {
-        self.pack_finished();
+        self.pack_before_change();
         let limits = self.limits;
         let seq = self.seq + 1;
         let (old_key, old_state, new_key, terminal_key) = self.reweigh(id, |t| {
@@ -1681,6 +1696,37 @@ mod tests {
             more.set_status(&id, TaskState::Rejected, None, 4).unwrap();
             assert!(more.unpacked.len() <= 1);
         }
+        // With a write-ahead host, a finished task stays live until its record is drained
+        // (made from its values, not parsed back from its text), and is packed then.
+        let mut drained = TaskStore::new(TaskLimits::DEFAULT);
+        drained.set_tracking(true);
+        for i in 0..3 {
+            let id = format!("w{i}");
+            drained
+                .create(
+                    id.clone(),
+                    ContextIds::plain("c"),
+                    Principal::operator(),
+                    msg("x"),
+                    5,
+                )
+                .unwrap();
+            drained
+                .set_status(&id, TaskState::Rejected, None, 5)
+                .unwrap();
+        }
+        let is_live = |s: &TaskStore, id: &str| {
+            s.get(id)
+                .unwrap()
+                .history
+                .iter()
+                .all(|(m, _)| matches!(m, HeldMessage::Live(_)))
+        };
+        assert!((0..3).all(|i| is_live(&drained, &format!("w{i}"))));
+        let records = drained.take_dirty();
+        assert_eq!(records.len(), 3);
+        assert!(drained.unpacked.is_empty());
+        assert!((0..3).all(|i| !is_live(&drained, &format!("w{i}"))));
         assert!(t
             .history
             .iter()
