@@ -37,6 +37,7 @@ BENCH_EVENTS_CONNS=${BENCH_EVENTS_CONNS:-32}          # events: wrk connections 
 BENCH_EVENTS_DRAIN=${BENCH_EVENTS_DRAIN:-10}          # events: seconds to let subscribers catch up
 BENCH_EVENTS_BATCH_MS=${BENCH_EVENTS_BATCH_MS:-}      # events: a2a.events.batch_ms (empty: the daemon's default)
 BENCH_EVENTS_RING=${BENCH_EVENTS_RING:-}              # events: a2a.events.ring (empty: the daemon's default)
+BENCH_EVENTS_CLIENT=${BENCH_EVENTS_CLIENT:-rust}      # events: the subscribers, rust (events_reader.rs) or python (events_sub.py)
 BENCH_PY_OTEL=${BENCH_PY_OTEL:-0}                     # python-sdk: 1 keeps the SDK's tracing wrappers on
 BENCH_LOCK_STATS=${BENCH_LOCK_STATS:-1}               # agentd: 1 counts the shared lock's hold (AGENTD_LOCK_STATS)
 BENCH_TLS_CONNS=${BENCH_TLS_CONNS:-32}                # tls-storm: connections doing TLS handshakes
@@ -46,7 +47,6 @@ BENCH_TLS_KEY=${BENCH_TLS_KEY:-ec}                    # tls-storm: the certifica
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$BENCH_DIR/.." && pwd)
 LUA_DIR="$BENCH_DIR/lua"
-EVENTS_CLIENT="$BENCH_DIR/events_sub.py"
 PY_SDK_DIR="$BENCH_DIR/python-sdk"
 PY_SDK_SERVER="$PY_SDK_DIR/echo_server.py"
 BENCH_VENV=${BENCH_VENV:-"$REPO_ROOT/target/bench-venv"}   # made by python-sdk/setup.sh
@@ -516,19 +516,36 @@ bench_plain() {  # target
 # ---------------------------------------------------------------------------------------------
 # Scenario `events`: feed fan-out under a SendMessage load. For each subscriber count N, a fresh
 # daemon with the events feed enabled (so every run starts at seq 0 with an empty ring);
-# bench/events_sub.py opens N subscriptions (fromSeq 0) and, once every `hello` is in, wrk
-# runs the `send` scenario with BENCH_EVENTS_CONNS connections for BENCH_SECONDS. Then the
-# client reads the newest seq, lets the subscribers drain (at most BENCH_EVENTS_DRAIN s) and
-# reports frames, seq gaps and how streams ended. RSS is read before the subscribers connect,
+# the events client (BENCH_EVENTS_CLIENT) opens N subscriptions (fromSeq 0) and, once every
+# `hello` is in, wrk runs the `send` scenario with BENCH_EVENTS_CONNS connections for
+# BENCH_SECONDS. Then the client reads the newest seq, lets the subscribers drain (at most
+# BENCH_EVENTS_DRAIN s) and reports frames, seq gaps and how streams ended. RSS is read before the subscribers connect,
 # with N subscribers idle, and sampled for the peak from then until the client is done.
 # ---------------------------------------------------------------------------------------------
 EVROWS=()    # "target subs rps errs sub_eps_mean sub_eps_min total_eps newest complete gaps cut before idle peak per_sub flags"
 
+# The subscriber client's command line, without its flags: bench/events_reader.rs, compiled
+# once per run with rustc, or bench/events_sub.py.
+EVENTS_CLIENT=()
+events_client() {
+  [[ ${#EVENTS_CLIENT[@]} -gt 0 ]] && return 0
+  case $BENCH_EVENTS_CLIENT in
+    rust)
+      command -v rustc >/dev/null || { note "rustc is missing: no events client"; return 1; }
+      rustc -O --edition 2021 "$BENCH_DIR/events_reader.rs" -o "$WORK/events_reader" \
+        || { note "events_reader.rs did not compile"; return 1; }
+      EVENTS_CLIENT=("$WORK/events_reader") ;;
+    python)
+      command -v python3 >/dev/null || { note "python3 is missing: no events client"; return 1; }
+      EVENTS_CLIENT=(python3 "$BENCH_DIR/events_sub.py") ;;
+    *) die "BENCH_EVENTS_CLIENT: '$BENCH_EVENTS_CLIENT' is neither rust nor python" ;;
+  esac
+}
+
 bench_events() {  # target
   local t=$1 n
-  if ! command -v python3 >/dev/null; then
-    note "python3 is missing: skipping the events scenario"
-    EVROWS+=("$t - - - - - - - - - - - - - - - !no-python3"); FAILED=1
+  if ! events_client; then
+    EVROWS+=("$t - - - - - - - - - - - - - - - !no-client"); FAILED=1
     return 0
   fi
   for n in $BENCH_EVENTS_SUBS; do
@@ -555,7 +572,7 @@ bench_events_n() {  # target subs
   # The client bounds itself (--max-seconds); `timeout` bounds it again should it wedge.
   local budget=$(( BENCH_SECONDS + BENCH_EVENTS_DRAIN + 60 ))
   timeout --kill-after=5 $(( budget + 15 )) \
-    python3 "$EVENTS_CLIENT" --host "$HOST" --port "${TARGET_URL##*:}" --subs "$n" \
+    "${EVENTS_CLIENT[@]}" --host "$HOST" --port "${TARGET_URL##*:}" --subs "$n" \
       --ready-file "$tag.ready" --stop-file "$tag.stop" --out "$tag.out" \
       --drain "$BENCH_EVENTS_DRAIN" --max-seconds "$budget" 2>"$tag.log" &
   client_pid=$!
@@ -638,7 +655,7 @@ $dcpu/$(field "$ev" cpu_s) $flags")
 print_events_report() {
   (( ${#EVROWS[@]} )) || return 0
   echo
-  echo "events fan-out — send c=$BENCH_EVENTS_CONNS for ${BENCH_SECONDS}s, N subscribers fromSeq 0 (2 events per SendMessage)"
+  echo "events fan-out — send c=$BENCH_EVENTS_CONNS for ${BENCH_SECONDS}s, N subscribers fromSeq 0 (2 events per SendMessage, 3 once each new task evicts one), $BENCH_EVENTS_CLIENT client"
   echo
   local f='%-10s %5s %9s %6s %10s %10s %10s %8s %9s %5s %4s %10s %10s %10s %8s %10s  %s\n'
   # shellcheck disable=SC2059
@@ -662,8 +679,9 @@ print_events_report() {
   echo "events = newest seq after the load; all seqs = subscribers that read 1..newest with no gap;"
   echo "gaps = seq jumps inside a stream; cut = streams ended without goodbye (fell > ring behind);"
   echo "KiB/sub = (RSS N idle - RSS before) / N; cpu s d/c = CPU seconds of agentd / of the subscriber"
-  echo "client during the load and drain. The client is one Python process on the same cores as"
-  echo "agentd and wrk, so at high fan-out it competes for CPU: read send/s and ev/s with that in mind."
+  echo "client during the load and drain. The client runs on the same cores as agentd and wrk, so"
+  echo "at high fan-out it competes for CPU (the python client far more than the rust one): read"
+  echo "send/s and ev/s with that in mind."
 }
 
 # ---------------------------------------------------------------------------------------------

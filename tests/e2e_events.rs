@@ -1242,3 +1242,77 @@ fn largest_cursor_is_a_resync(driver: &str) {
 }
 
 both_drivers!(largest_cursor_is_a_resync() => largest_cursor_is_a_resync_smol, largest_cursor_is_a_resync_std);
+
+/// bench/events_reader.rs, the events benchmark's subscriber client, compiled as run.sh
+/// compiles it and run against a real feed: it counts what the feed sent (every seq, in
+/// order, none missing, none cut off or lagging). A benchmark whose client miscounts would
+/// report wrongly whether the daemon keeps up.
+#[test]
+fn bench_events_reader_counts_what_the_feed_sent() {
+    let dir = common::TempDir::new("events-reader");
+    let bin = dir.path().join("events_reader");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/events_reader.rs");
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let built = std::process::Command::new(rustc)
+        .args(["-O", "--edition", "2021", src, "-o"])
+        .arg(&bin)
+        .output()
+        .expect("rustc runs");
+    assert!(
+        built.status.success(),
+        "bench/events_reader.rs compiles: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    // A ring of 1024 holds all 40 events, so every subscriber is owed every seq.
+    let mut d = FeedDaemon::start("smol", 1024, 60_000);
+    let (ready, stop, out) = (
+        dir.path().join("ready"),
+        dir.path().join("stop"),
+        dir.path().join("out"),
+    );
+    let reader = std::process::Command::new(&bin)
+        .args(["--port", &d.tcp.port().to_string(), "--subs", "3"])
+        .arg("--ready-file")
+        .arg(&ready)
+        .arg("--stop-file")
+        .arg(&stop)
+        .arg("--out")
+        .arg(&out)
+        .args(["--drain", "10", "--max-seconds", "30"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the reader starts");
+    // Killed and reaped however the test ends (it also bounds itself: --max-seconds).
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut reader = Reaped(reader);
+    let until = Instant::now() + Duration::from_secs(15);
+    while !ready.exists() {
+        assert!(Instant::now() < until, "the reader's subscribers say hello");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    create_tasks(&d, Via::Tcp, 20, "bench");
+    std::fs::write(&stop, "").unwrap();
+    let status = reader.0.wait().expect("the reader ends");
+    let line = std::fs::read_to_string(&out).expect("the reader writes its result");
+    assert!(status.success(), "{line}");
+    let field = |k: &str| -> String {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("{k} in {line}"))
+            .to_owned()
+    };
+    assert_eq!(field("status"), "ok", "{line}");
+    assert_eq!(field("newest"), "40", "20 tasks, 2 events each: {line}");
+    assert_eq!(field("frames"), "120", "3 subscribers read 40 each: {line}");
+    assert_eq!(field("complete"), "3", "{line}");
+    for k in ["gaps", "dups", "cutoffs", "eofs", "lagging", "missed_tail"] {
+        assert_eq!(field(k), "0", "{k}: {line}");
+    }
+    d.assert_alive();
+}
