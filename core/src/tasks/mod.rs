@@ -41,6 +41,13 @@ pub struct TaskLimits {
 /// serialize to 1.3 MB but take about 20 MB as values.
 pub const PART_COST: usize = 96;
 
+/// The longest message (its JSON text, in bytes) a finished task packs ([`HeldMessage`]).
+/// Packing saves a message's value overhead, a few hundred bytes whatever its length, so it
+/// pays for short messages, which most are; a longer one stays a shared value, so the
+/// readers of a large finished task share it, where each would parse its own copy of the
+/// text (24 stalled readers of a 1.8 MB message would hold 24 copies).
+pub const PACKED_MESSAGE_MAX: usize = 4096;
+
 impl TaskLimits {
     /// The limits the daemon uses when its configuration sets none.
     pub const DEFAULT: TaskLimits = TaskLimits {
@@ -156,7 +163,8 @@ pub struct Gate {
 /// seldom and never changes again, and a store holds mostly finished tasks: as text, a
 /// short message costs its own bytes and one allocation instead of a message value, a
 /// parts vector and a string per field (about 340 bytes more for a one-line message).
-/// Shown, a packed message is read back into a value.
+/// Shown, a packed message is read back into a value. Only a message of at most
+/// [`PACKED_MESSAGE_MAX`] bytes is packed.
 #[derive(Clone, Debug)]
 enum HeldMessage {
     Live(Arc<Message>),
@@ -435,12 +443,18 @@ impl TaskRecord {
         if let Some(StatusMessage::Whole(m)) = &self.status_message {
             if self.made_here(m) {
                 let text = serde_json::to_string(&m.parts).unwrap_or_default();
-                self.status_message = Some(StatusMessage::PackedParts(text.into_boxed_str()));
+                if text.len() <= PACKED_MESSAGE_MAX {
+                    self.status_message = Some(StatusMessage::PackedParts(text.into_boxed_str()));
+                }
             }
         }
         for (m, size) in self.history.iter_mut() {
             if let HeldMessage::Live(live) = m {
-                let text = json_text(&**live, *size - live.parts.len() * PART_COST);
+                let len = *size - live.parts.len() * PART_COST;
+                if len > PACKED_MESSAGE_MAX {
+                    continue;
+                }
+                let text = json_text(&**live, len);
                 self.history_bytes = self.history_bytes - *size + text.len();
                 *size = text.len();
                 *m = HeldMessage::Packed(text);
@@ -1639,6 +1653,55 @@ mod tests {
             reference_task_ids: vec!["other".into()],
             ..Message::default()
         }
+    }
+
+    #[test]
+    fn a_long_message_stays_a_shared_value_when_its_task_ends() {
+        let mut s = TaskStore::new(TaskLimits::DEFAULT);
+        let long = |id: &str| Message {
+            message_id: id.into(),
+            role: Role::User,
+            parts: vec![Part::text("y".repeat(PACKED_MESSAGE_MAX))],
+            ..Message::default()
+        };
+        s.create(
+            "t".into(),
+            ContextIds::plain("c"),
+            Principal::operator(),
+            long("m0"),
+            1,
+        )
+        .unwrap();
+        s.append_message("t", msg("short")).unwrap();
+        let long_parts = long("s").parts;
+        s.set_status("t", TaskState::Completed, Some(long_parts.clone()), 2)
+            .unwrap();
+        s.pack_finished();
+        let t = s.get("t").unwrap();
+        let held: Vec<bool> = t
+            .history
+            .iter()
+            .map(|(m, _)| matches!(m, HeldMessage::Packed(_)))
+            .collect();
+        assert_eq!(
+            held,
+            [false, true],
+            "the long message live, the short one packed"
+        );
+        assert!(matches!(t.status_message, Some(StatusMessage::Whole(_))));
+        // Readers of it share the one value.
+        let (a, b) = (t.to_task(None, true), t.to_task(None, true));
+        assert!(Arc::ptr_eq(&a.history[0], &b.history[0]));
+        assert_eq!(t.status().message.unwrap().parts, long_parts);
+        // As a restart reads it: the same.
+        let back = TaskRecord::from_json(&t.to_doc().to_string()).unwrap();
+        let held: Vec<bool> = back
+            .history
+            .iter()
+            .map(|(m, _)| matches!(m, HeldMessage::Packed(_)))
+            .collect();
+        assert_eq!(held, [false, true]);
+        assert_eq!(back.to_task(None, true).history, a.history);
     }
 
     #[test]

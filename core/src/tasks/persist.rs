@@ -113,7 +113,7 @@ impl TaskRecord {
             .into_iter()
             .map(|raw| {
                 let m: Message = serde_json::from_str(raw.get()).map_err(|e| e.to_string())?;
-                Ok(if packed {
+                Ok(if packed && raw.get().len() <= super::PACKED_MESSAGE_MAX {
                     // Checked above, so it reads back when shown.
                     let text: Box<str> = raw.into();
                     let len = text.len();
