@@ -567,8 +567,8 @@ pub struct TaskStore {
     /// next creates a task or changes one's status (so it holds one at most), so the answer
     /// and events of the change that ended a task are made from its live values, not read
     /// back from the text just written. While tracking, they wait for the next drain of
-    /// records instead ([`TaskStore::pack_before_change`]): the tasks ended since the last.
-    /// Packing reads its text back exactly because serde_json's `float_roundtrip` is on (the
+    /// records instead ([`TaskStore::pack_before_change`]): the tasks ended since the last,
+    /// packed sooner only when the budget needs their room ([`TaskStore::shed`]). Packing reads its text back exactly because serde_json's `float_roundtrip` is on (the
     /// workspace's Cargo.toml).
     unpacked: Vec<Arc<str>>,
 }
@@ -678,6 +678,11 @@ impl TaskStore {
     /// Drops the oldest finished tasks (never `keep`) while the tasks weigh more than
     /// [`TaskLimits::total_bytes`] with `incoming` more bytes. Whether they then fit.
     fn shed(&mut self, keep: &str, incoming: usize) -> bool {
+        if self.bytes + incoming > self.limits.total_bytes && !self.unpacked.is_empty() {
+            // Finished tasks waiting for the drain take less room packed: no task is
+            // dropped for room they would give.
+            self.pack_finished();
+        }
         while self.bytes + incoming > self.limits.total_bytes {
             let Some(oldest) = self
                 .terminal
@@ -990,7 +995,7 @@ impl TaskStore {
         Ok(self.tasks.entry(id).or_insert(Box::new(rec)))
     }
 
-    /// Packs the tasks that ended since the store's last change ([`TaskStore::unpacked`]).
+    /// Packs the finished tasks not packed yet ([`TaskStore::unpacked`]).
     pub fn pack_finished(&mut self) {
         while let Some(id) = self.unpacked.pop() {
             if let Some(t) = self.tasks.get_mut(&id) {
@@ -1790,6 +1795,52 @@ mod tests {
         assert_eq!(records.len(), 3);
         assert!(drained.unpacked.is_empty());
         assert!((0..3).all(|i| !is_live(&drained, &format!("w{i}"))));
+        // A task waiting for the drain is packed, not dropped, when a new one needs its room.
+        let (unpacked_w, packed_w) = {
+            let mut probe = TaskStore::new(TaskLimits::DEFAULT);
+            probe
+                .create(
+                    "p".into(),
+                    ContextIds::plain("c"),
+                    Principal::operator(),
+                    msg("x"),
+                    6,
+                )
+                .unwrap();
+            probe.set_status("p", TaskState::Rejected, None, 6).unwrap();
+            let live = probe.total_bytes();
+            probe.pack_finished();
+            (live, probe.total_bytes())
+        };
+        assert!(packed_w < unpacked_w);
+        let incoming = serialized_len(&msg("x")) + PART_COST;
+        let mut tight = TaskStore::new(TaskLimits {
+            total_bytes: unpacked_w.max(packed_w + incoming),
+            ..TaskLimits::DEFAULT
+        });
+        tight.set_tracking(true);
+        tight
+            .create(
+                "a".into(),
+                ContextIds::plain("c"),
+                Principal::operator(),
+                msg("x"),
+                6,
+            )
+            .unwrap();
+        tight.set_status("a", TaskState::Rejected, None, 6).unwrap();
+        assert!(is_live(&tight, "a"));
+        tight
+            .create(
+                "b".into(),
+                ContextIds::plain("c"),
+                Principal::operator(),
+                msg("x"),
+                7,
+            )
+            .unwrap();
+        assert!(tight.get("a").is_some(), "packed to make room, not dropped");
+        assert!(!is_live(&tight, "a"));
         assert!(t
             .history
             .iter()
