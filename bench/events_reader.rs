@@ -142,20 +142,25 @@ impl Sub {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             if let Some(rest) = line.strip_prefix(FRAME) {
                 if let Some(rest) = rest.strip_prefix(EVENT) {
-                    events = true;
-                    self.event(seq_after_kind(rest));
+                    // A frame of another shape is not counted (as events_sub.py's pattern
+                    // does not match it).
+                    if let Some(seq) = seq_after_kind(rest) {
+                        events = true;
+                        self.event(seq);
+                    }
                 } else if rest.starts_with(HELLO) && self.hello_seq.is_none() {
                     self.hello_seq = find(rest, br#""seq":"#).map(|i| digits(&rest[i + 6..]));
                 } else if let Some(reason) = rest.strip_prefix(GOODBYE) {
+                    // The feed's last frame: the stream has ended, whether or not its
+                    // terminator is read.
                     let end = reason.iter().position(|&b| b == b'"').unwrap_or(0);
-                    self.goodbye = Some(String::from_utf8_lossy(&reason[..end]).into_owned());
+                    let reason = String::from_utf8_lossy(&reason[..end]).into_owned();
+                    self.end = Some(format!("goodbye:{reason}"));
+                    self.goodbye = Some(reason);
                 }
-            } else if line == b"0" {
-                // The chunked terminator: the feed ended the stream.
-                self.end = Some(match &self.goodbye {
-                    Some(r) => format!("goodbye:{r}"),
-                    None => "cutoff".into(),
-                });
+            } else if line == b"0" && self.goodbye.is_none() {
+                // The chunked terminator without a goodbye: the feed cut the stream off.
+                self.end = Some("cutoff".into());
             }
         }
         if events {
@@ -181,10 +186,11 @@ impl Sub {
     }
 }
 
-/// `kind…","seq":N` → N.
-fn seq_after_kind(rest: &[u8]) -> u64 {
-    let end = rest.iter().position(|&b| b == b'"').unwrap_or(rest.len());
-    rest[end..].strip_prefix(br#"","seq":"#).map_or(0, digits)
+/// `kind…","seq":N` → N; `None` for any other shape (seqs start at 1).
+fn seq_after_kind(rest: &[u8]) -> Option<u64> {
+    let end = rest.iter().position(|&b| b == b'"')?;
+    let seq = digits(rest[end..].strip_prefix(br#"","seq":"#)?);
+    (seq > 0).then_some(seq)
 }
 
 fn digits(s: &[u8]) -> u64 {
@@ -227,7 +233,14 @@ fn newest_seq(a: &Args) -> Option<u64> {
         match s.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => sub.feed(&mut pending, &buf[..n], Instant::now()),
-            Err(_) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => break,
         }
     }
     let _ = s.shutdown(Shutdown::Both);
@@ -344,7 +357,12 @@ fn main() {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    if shared.failed.load(Ordering::Relaxed) > 0 {
+    // A stream that ended after its hello, before the load, failed too.
+    let ended_early = shared
+        .progress
+        .iter()
+        .any(|p| p.load(Ordering::Relaxed) == u64::MAX);
+    if shared.failed.load(Ordering::Relaxed) > 0 || ended_early {
         set(&mut result, "status", "subscribe-failed".into());
         write_out(&result);
         std::process::exit(1);
