@@ -233,18 +233,18 @@ fn newest_seq(a: &Args) -> Option<u64> {
         match s.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => sub.feed(&mut pending, &buf[..n], Instant::now()),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock
-                        | std::io::ErrorKind::TimedOut
-                        | std::io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if waited(&e) => {}
             Err(_) => break,
         }
     }
     let _ = s.shutdown(Shutdown::Both);
     sub.hello_seq
+}
+
+/// A read that timed out or was interrupted: the stream is still open.
+fn waited(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{Interrupted, TimedOut, WouldBlock};
+    matches!(e.kind(), WouldBlock | TimedOut | Interrupted)
 }
 
 /// What the reader threads and the main thread share.
@@ -265,13 +265,7 @@ fn read_loop(mut s: TcpStream, idx: usize, shared: Arc<Shared>, recv: usize) -> 
         match s.read(&mut buf) {
             Ok(0) => sub.end = Some("eof".into()),
             Ok(n) => sub.feed(&mut pending, &buf[..n], Instant::now()),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock
-                        | std::io::ErrorKind::TimedOut
-                        | std::io::ErrorKind::Interrupted
-                ) => {}
+            Err(e) if waited(&e) => {}
             Err(e) => sub.end = Some(format!("error:{:?}", e.kind())),
         }
         if !said_hello && sub.hello_seq.is_some() {

@@ -1447,6 +1447,20 @@ mod tests {
         s
     }
 
+    /// Adds the operator's task `id`, made from message `x` at `at` and REJECTED at once:
+    /// a finished task as a conversation turn with no agent leaves it.
+    fn rejected_task(s: &mut TaskStore, id: &str, at: u64) {
+        s.create(
+            id.into(),
+            ContextIds::plain("c"),
+            Principal::operator(),
+            msg("x"),
+            at,
+        )
+        .unwrap();
+        s.set_status(id, TaskState::Rejected, None, at).unwrap();
+    }
+
     fn big(id: &str, len: usize) -> Message {
         Message {
             message_id: id.into(),
@@ -1753,15 +1767,7 @@ mod tests {
         let mut more = TaskStore::new(TaskLimits::DEFAULT);
         for i in 0..100 {
             let id = format!("u{i}");
-            more.create(
-                id.clone(),
-                ContextIds::plain("c"),
-                Principal::operator(),
-                msg("x"),
-                4,
-            )
-            .unwrap();
-            more.set_status(&id, TaskState::Rejected, None, 4).unwrap();
+            rejected_task(&mut more, &id, 4);
             assert!(more.unpacked.len() <= 1);
         }
         // With a write-ahead host, a finished task stays live until its record is drained
@@ -1769,19 +1775,7 @@ mod tests {
         let mut drained = TaskStore::new(TaskLimits::DEFAULT);
         drained.set_tracking(true);
         for i in 0..3 {
-            let id = format!("w{i}");
-            drained
-                .create(
-                    id.clone(),
-                    ContextIds::plain("c"),
-                    Principal::operator(),
-                    msg("x"),
-                    5,
-                )
-                .unwrap();
-            drained
-                .set_status(&id, TaskState::Rejected, None, 5)
-                .unwrap();
+            rejected_task(&mut drained, &format!("w{i}"), 5);
         }
         let is_live = |s: &TaskStore, id: &str| {
             s.get(id)
@@ -1798,16 +1792,7 @@ mod tests {
         // A task waiting for the drain is packed, not dropped, when a new one needs its room.
         let (unpacked_w, packed_w) = {
             let mut probe = TaskStore::new(TaskLimits::DEFAULT);
-            probe
-                .create(
-                    "p".into(),
-                    ContextIds::plain("c"),
-                    Principal::operator(),
-                    msg("x"),
-                    6,
-                )
-                .unwrap();
-            probe.set_status("p", TaskState::Rejected, None, 6).unwrap();
+            rejected_task(&mut probe, "p", 6);
             let live = probe.total_bytes();
             probe.pack_finished();
             (live, probe.total_bytes())
@@ -1819,26 +1804,9 @@ mod tests {
             ..TaskLimits::DEFAULT
         });
         tight.set_tracking(true);
-        tight
-            .create(
-                "a".into(),
-                ContextIds::plain("c"),
-                Principal::operator(),
-                msg("x"),
-                6,
-            )
-            .unwrap();
-        tight.set_status("a", TaskState::Rejected, None, 6).unwrap();
+        rejected_task(&mut tight, "a", 6);
         assert!(is_live(&tight, "a"));
-        tight
-            .create(
-                "b".into(),
-                ContextIds::plain("c"),
-                Principal::operator(),
-                msg("x"),
-                7,
-            )
-            .unwrap();
+        rejected_task(&mut tight, "b", 7);
         assert!(tight.get("a").is_some(), "packed to make room, not dropped");
         assert!(!is_live(&tight, "a"));
         assert!(t
