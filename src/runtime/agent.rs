@@ -17,15 +17,23 @@
 //! the pipe has room and nothing waits before it (a non-blocking write), else through a
 //! bounded queue to the writer thread.
 //!
+//! An owner with a loop of its own (the runtime) may read stdout itself instead
+//! ([`AgentProcess::new_polled`]): it claims each process's stdout ([`AgentProcess::take_stdout`]),
+//! waits for it to be readable beside its other work and calls [`AgentStdout::read_ready`].
+//! An answer then reaches the owner with no thread between the pipe and it: each line the
+//! agent writes is one wake-up fewer. Dropping the [`AgentStdout`] hands the reading back to
+//! a thread, so a stdout is never left unread.
+//!
 //! The child runs in its own process group, so a kill reaches whatever it started; the
 //! group is also killed when the child exits, so nothing it left behind outlives it.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -302,6 +310,20 @@ pub struct AgentProcess {
 impl AgentProcess {
     /// Supervises `spec`; nothing runs until the first turn. Events go to `events`.
     pub fn new(spec: AgentSpec, events: impl EventSink) -> Result<Self, AgentError> {
+        Self::with_stdout(spec, events, false)
+    }
+
+    /// As [`AgentProcess::new`], but each process's stdout is read by the caller: claim it
+    /// with [`AgentProcess::take_stdout`] after each `Started` event.
+    pub fn new_polled(spec: AgentSpec, events: impl EventSink) -> Result<Self, AgentError> {
+        Self::with_stdout(spec, events, true)
+    }
+
+    fn with_stdout(
+        spec: AgentSpec,
+        events: impl EventSink,
+        polled: bool,
+    ) -> Result<Self, AgentError> {
         if spec.name.is_empty() {
             return Err(AgentError::InvalidSpec("an agent needs a name".into()));
         }
@@ -314,6 +336,7 @@ impl AgentProcess {
         let shared = Arc::new(Shared {
             spec,
             events: Box::new(events),
+            polled,
             inner: Mutex::new(Inner {
                 state: AgentState::Idle,
                 proc: None,
@@ -327,6 +350,7 @@ impl AgentProcess {
                 stopping: false,
                 closing: false,
                 monitor_until: None,
+                unclaimed_stdout: None,
             }),
             wake: Condvar::new(),
         });
@@ -465,6 +489,19 @@ impl AgentProcess {
         true
     }
 
+    /// In polled mode, the stdout of a process started since the last call, for the caller
+    /// to read ([`AgentStdout::read_ready`] when its descriptor is readable). `None` in
+    /// thread mode, or when nothing new started.
+    pub fn take_stdout(&self) -> Option<AgentStdout> {
+        let (generation, pipe) = self.shared.lock().unclaimed_stdout.take()?;
+        Some(AgentStdout {
+            shared: self.shared.clone(),
+            generation,
+            pipe: Some(pipe),
+            line: Vec::new(),
+        })
+    }
+
     /// Its process's state alone (cheaper than [`AgentProcess::status`]).
     pub fn state(&self) -> AgentState {
         self.shared.lock().state
@@ -488,7 +525,8 @@ impl AgentProcess {
     /// Stops the agent for good: writes `shutdown`, closes its stdin and waits up to `grace`
     /// for it to exit (turns in flight may still be answered meanwhile), then kills it. Turns
     /// still in flight at the exit fail; later turns are refused with
-    /// [`AgentError::Stopped`].
+    /// [`AgentError::Stopped`]. In polled mode, drop the [`AgentStdout`] first: its stdout
+    /// is read by a thread while this waits.
     pub fn shutdown(&self, grace: Duration) {
         self.shared.begin_shutdown();
         self.shared.finish_shutdown(Instant::now() + grace, grace);
@@ -565,6 +603,111 @@ impl Agents {
         }
         for p in self.procs.values() {
             p.shared.finish_shutdown(deadline, grace);
+        }
+    }
+}
+
+/// A process's stdout read by the owner's loop (polled mode, [`AgentProcess::take_stdout`]):
+/// wait until its descriptor ([`AgentStdout::fd`]) is readable or hung up, then call
+/// [`AgentStdout::read_ready`]. Lines are handled as the reader thread would: events in
+/// order, bad lines counted, a line past `max_line_bytes` kills the process.
+pub struct AgentStdout {
+    shared: Arc<Shared>,
+    generation: u64,
+    /// Non-blocking. `None` once it is finished (end of file, error or a killed process).
+    pipe: Option<ChildStdout>,
+    /// The line begun so far (never more than `max_line_bytes`).
+    line: Vec<u8>,
+}
+
+/// Bytes one [`AgentStdout::read_ready`] reads at most, so a chatty agent cannot keep its
+/// owner from the rest of its work; what is left is still readable on the next wait.
+const READ_READY_BUDGET: usize = 64 * 1024;
+
+impl AgentStdout {
+    /// Reads what the pipe holds (up to a budget) and handles every whole line in it.
+    /// Returns whether to keep waiting on it: `false` once it is finished, when it may be
+    /// dropped. Never blocks.
+    pub fn read_ready(&mut self) -> bool {
+        let mut buf = [0u8; 8192];
+        let mut read = 0;
+        while read < READ_READY_BUDGET {
+            let Some(pipe) = self.pipe.as_mut() else {
+                return false;
+            };
+            match pipe.read(&mut buf) {
+                Ok(0) => {
+                    // A last line without a newline counts, as on the reader thread.
+                    if !self.line.is_empty() {
+                        let line = std::mem::take(&mut self.line);
+                        self.shared.on_line(self.generation, &line);
+                    }
+                    self.finish();
+                    return false;
+                }
+                Ok(n) => {
+                    read += n;
+                    if !self.take(&buf[..n]) {
+                        self.finish();
+                        return false;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::warn!(agent = %self.shared.spec.name, error = %e, "cannot read the agent's stdout");
+                    self.finish();
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// The descriptor to wait on (readable or hung up); `None` once it is finished.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.pipe.as_ref().map(AsFd::as_fd)
+    }
+
+    /// Splits `bytes` into lines and handles each whole one; `false` on a line too long.
+    fn take(&mut self, mut bytes: &[u8]) -> bool {
+        let max = self.shared.spec.max_line_bytes;
+        while !bytes.is_empty() {
+            let newline = bytes.iter().position(|&b| b == b'\n');
+            let take = newline.unwrap_or(bytes.len());
+            if self.line.len() + take > max {
+                self.shared.line_too_long(self.generation);
+                return false;
+            }
+            self.line.extend_from_slice(&bytes[..take]);
+            let Some(at) = newline else {
+                break;
+            };
+            bytes = &bytes[at + 1..];
+            if self.line.last() == Some(&b'\r') {
+                self.line.pop();
+            }
+            self.shared.on_line(self.generation, &self.line);
+            self.line.clear();
+        }
+        true
+    }
+
+    fn finish(&mut self) {
+        self.pipe = None;
+        self.line = Vec::new();
+        self.shared.stdout_closed(self.generation);
+    }
+}
+
+impl Drop for AgentStdout {
+    /// An unfinished stdout goes back to a reader thread: the process is never left
+    /// writing into a pipe nobody reads.
+    fn drop(&mut self) {
+        if let Some(pipe) = self.pipe.take() {
+            let begun = std::mem::take(&mut self.line);
+            self.shared
+                .hand_stdout_to_thread(self.generation, pipe, begun);
         }
     }
 }
@@ -663,6 +806,8 @@ const STDERR_LINES_PER_SEC: u32 = 50;
 struct Shared {
     spec: AgentSpec,
     events: Box<dyn EventSink>,
+    /// Stdout is read by the owner ([`AgentStdout`]), not by a thread of its own.
+    polled: bool,
     inner: Mutex<Inner>,
     /// Wakes the monitor (a new turn, a closed stdout, an exit) and shutdown waiters.
     wake: Condvar,
@@ -689,6 +834,9 @@ struct Inner {
     /// When the waiting monitor looks again at the latest (deadlines, exits), set under the
     /// lock as it starts waiting: a turn whose deadline is later need not wake it.
     monitor_until: Option<Instant>,
+    /// Polled mode: the newest process's stdout (with its generation) until the owner
+    /// claims it.
+    unclaimed_stdout: Option<(u64, ChildStdout)>,
 }
 
 struct InFlight {
@@ -882,10 +1030,12 @@ impl Shared {
             thread::Builder::new()
                 .name(format!("agent-{name}-in"))
                 .spawn(move || write_lines(stdin, rx, &queued))?;
-            let sh = self.clone();
-            thread::Builder::new()
-                .name(format!("agent-{name}-out"))
-                .spawn(move || sh.read_stdout(generation, stdout))?;
+            if self.polled {
+                rustix::io::ioctl_fionbio(&stdout, true)?;
+                inner.unclaimed_stdout = Some((generation, stdout));
+            } else {
+                self.read_stdout_on_thread(generation, stdout)?;
+            }
             let sh = self.clone();
             thread::Builder::new()
                 .name(format!("agent-{name}-err"))
@@ -1094,9 +1244,13 @@ impl Shared {
         }
     }
 
-    fn begin_shutdown(&self) {
+    fn begin_shutdown(self: &Arc<Self>) {
         let mut inner = self.lock();
         inner.stopping = true;
+        // Nobody claims it from now on: a thread reads it while the process winds down.
+        if let Some((generation, pipe)) = inner.unclaimed_stdout.take() {
+            self.hand_stdout_to_thread(generation, pipe, Vec::new());
+        }
         self.fail_waiting(&mut inner, "agentd is shutting it down");
         match inner.proc.as_mut() {
             Some(p) => {
@@ -1137,6 +1291,60 @@ impl Shared {
         inner.state = AgentState::Stopped;
     }
 
+    fn read_stdout_on_thread(
+        self: &Arc<Self>,
+        generation: u64,
+        out: impl Read + Send + 'static,
+    ) -> io::Result<()> {
+        let sh = self.clone();
+        thread::Builder::new()
+            .name(format!("agent-{}-out", self.spec.name))
+            .spawn(move || sh.read_stdout(generation, out))
+            .map(drop)
+    }
+
+    /// An owner's stdout (polled mode) read by a thread from here on: blocking again, with
+    /// the line it had begun first. Failing that, the pipe is closed (the agent then sees
+    /// EPIPE) and stdout counts as done, so the exit still settles.
+    fn hand_stdout_to_thread(self: &Arc<Self>, generation: u64, pipe: ChildStdout, begun: Vec<u8>) {
+        let handed = rustix::io::ioctl_fionbio(&pipe, false)
+            .map_err(io::Error::from)
+            .and_then(|()| {
+                self.read_stdout_on_thread(generation, io::Cursor::new(begun).chain(pipe))
+            });
+        if let Err(e) = handed {
+            tracing::warn!(agent = %self.spec.name, error = %e, "cannot read the agent's stdout");
+            self.stdout_closed(generation);
+        }
+    }
+
+    /// The process of `generation` will say nothing more: its exit may settle.
+    fn stdout_closed(&self, generation: u64) {
+        let mut inner = self.lock();
+        if let Some(p) = inner.proc.as_mut().filter(|p| p.generation == generation) {
+            p.stdout_done = true;
+            self.wake.notify_all();
+        }
+    }
+
+    /// Kills the process of `generation` (if still current) for a stdout line past the bound.
+    fn line_too_long(&self, generation: u64) {
+        let max = self.spec.max_line_bytes;
+        let mut inner = self.lock();
+        if inner
+            .proc
+            .as_ref()
+            .is_some_and(|p| p.generation == generation)
+        {
+            self.kill_current(
+                &mut inner,
+                format!("killed by agentd: it wrote a line longer than {max} bytes on stdout"),
+                AgentState::Crashed,
+                true,
+            );
+        }
+    }
+
     fn read_stdout(self: Arc<Self>, generation: u64, out: impl Read) {
         let max = self.spec.max_line_bytes;
         let mut r = BufReader::new(out);
@@ -1146,19 +1354,7 @@ impl Shared {
                 Ok(Line::Eof) => break,
                 Ok(Line::Full) => self.on_line(generation, &line),
                 Ok(Line::TooLong) => {
-                    let mut inner = self.lock();
-                    if inner
-                        .proc
-                        .as_ref()
-                        .is_some_and(|p| p.generation == generation)
-                    {
-                        self.kill_current(
-                            &mut inner,
-                            format!("killed by agentd: it wrote a line longer than {max} bytes on stdout"),
-                            AgentState::Crashed,
-                            true,
-                        );
-                    }
+                    self.line_too_long(generation);
                     break;
                 }
                 Err(e) => {
@@ -1167,11 +1363,7 @@ impl Shared {
                 }
             }
         }
-        let mut inner = self.lock();
-        if let Some(p) = inner.proc.as_mut().filter(|p| p.generation == generation) {
-            p.stdout_done = true;
-            self.wake.notify_all();
-        }
+        self.stdout_closed(generation);
     }
 
     fn on_line(&self, generation: u64, line: &[u8]) {

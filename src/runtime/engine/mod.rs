@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::task::{Wake, Waker};
 use std::thread;
@@ -30,7 +30,10 @@ use super::NO_AGENT;
 
 mod agents;
 mod commands;
+mod mailbox;
 mod runs;
+
+use mailbox::{Inbox, Mailbox, Woken};
 
 pub use commands::SERVED_OPS;
 
@@ -119,24 +122,24 @@ pub enum Exit {
 
 /// The running runtime: send it a termination request, wait for it to end.
 pub struct RuntimeHandle {
-    tx: Sender<Msg>,
+    mail: Mailbox,
     pub exit: Receiver<Exit>,
 }
 
 impl RuntimeHandle {
     /// A graceful drain, as `admin.drain` does (SIGTERM sends this).
     pub fn drain(&self, reason: &str) {
-        let _ = self.tx.send(Msg::Drain(reason.to_owned()));
+        self.mail.send(Msg::Drain(reason.to_owned()));
     }
 
     /// A handle that only asks for a drain, for another thread.
     pub fn drain_handle(&self) -> DrainHandle {
-        DrainHandle(Mutex::new(self.tx.clone()))
+        DrainHandle(self.mail.clone())
     }
 
     /// A handle that hands reloaded configuration to the runtime, for the SIGHUP thread.
     pub fn reload_handle(&self) -> ReloadHandle {
-        ReloadHandle(Mutex::new(self.tx.clone()))
+        ReloadHandle(self.mail.clone())
     }
 }
 
@@ -152,28 +155,20 @@ pub struct Reload {
 }
 
 /// Hands a reload to the runtime thread.
-pub struct ReloadHandle(Mutex<Sender<Msg>>);
+pub struct ReloadHandle(Mailbox);
 
 impl ReloadHandle {
     pub fn reload(&self, r: Reload) {
-        let _ = self
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(Msg::Reload(Box::new(r)));
+        self.0.send(Msg::Reload(Box::new(r)));
     }
 }
 
 /// Asks the runtime for a graceful drain.
-pub struct DrainHandle(Mutex<Sender<Msg>>);
+pub struct DrainHandle(Mailbox);
 
 impl DrainHandle {
     pub fn drain(&self, reason: &str) {
-        let _ = self
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(Msg::Drain(reason.to_owned()));
+        self.0.send(Msg::Drain(reason.to_owned()));
     }
 }
 
@@ -200,7 +195,7 @@ pub fn spawn(
     clock: Clock,
     settings: Settings,
 ) -> std::io::Result<RuntimeHandle> {
-    let (tx, rx) = channel();
+    let (mail, inbox) = Mailbox::new();
     let (exit_tx, exit_rx) = channel();
     let metrics = Arc::new(crate::metrics::RuntimeMetrics::default());
     {
@@ -221,15 +216,17 @@ pub fn spawn(
         inst.add_metrics_source(metrics.clone());
         inst.add_metrics_source(Arc::new(crate::metrics::ProcessMetrics));
     }
-    // Agent events go straight onto the runtime's one queue: no thread in between.
-    let agent_tx = AgentSink(tx.clone());
+    // Agent events go straight onto the runtime's one queue: no thread in between. The
+    // conversation agent's stdout is read by the runtime thread itself where it can sleep
+    // on it: a turn's answer reaches the runtime with no thread hop.
+    let agent_tx = AgentSink(mail.clone());
     let conversation = match settings.agent {
-        Some(spec) => Some(
-            AgentProcess::new(spec, agent_tx.clone())
-                .map_err(|e| std::io::Error::other(e.to_string()))?,
-        ),
+        Some(spec) if inbox.can_poll() => Some(AgentProcess::new_polled(spec, agent_tx.clone())),
+        Some(spec) => Some(AgentProcess::new(spec, agent_tx.clone())),
         None => None,
-    };
+    }
+    .transpose()
+    .map_err(|e| std::io::Error::other(e.to_string()))?;
     if let Some(a) = &conversation {
         let mut inst = instance.lock().unwrap_or_else(|p| p.into_inner());
         inst.set_model(a.spec().command.first().cloned().unwrap_or_default());
@@ -253,6 +250,7 @@ pub fn spawn(
             .collect(),
         subagents: BTreeMap::new(),
         agent_tx,
+        agent_stdout: None,
         agent_tasks: HashMap::new(),
         held_turns: Vec::new(),
         clock,
@@ -270,42 +268,41 @@ pub fn spawn(
         conversations: BTreeMap::new(),
         conversation_lru: BTreeSet::new(),
         next_run: 1,
-        tx: tx.clone(),
+        mail: mail.clone(),
         draining: None,
         drain_report_at: 0,
         exit: exit_tx,
     };
     thread::Builder::new()
         .name("agentd-runtime".into())
-        .spawn(move || rt.run(rx))?;
-    Ok(RuntimeHandle { tx, exit: exit_rx })
+        .spawn(move || rt.run(inbox))?;
+    Ok(RuntimeHandle {
+        mail,
+        exit: exit_rx,
+    })
 }
 
 /// Puts an agent process's events on the runtime's queue, in the order it emits them (it
 /// emits under its own lock). The channel is unbounded, so a send never blocks the agent's
 /// reader or monitor.
 #[derive(Clone)]
-struct AgentSink(Sender<Msg>);
+struct AgentSink(Mailbox);
 
 impl agent::EventSink for AgentSink {
     fn send(&self, event: AgentEvent) {
-        let _ = self.0.send(Msg::Agent(event));
+        self.0.send(Msg::Agent(event));
     }
 }
 
 /// Wakes the runtime thread when the instance queues an effect.
-struct EffectWake(Mutex<Sender<Msg>>);
+struct EffectWake(Mailbox);
 
 impl Wake for EffectWake {
     fn wake(self: Arc<Self>) {
         self.wake_by_ref()
     }
     fn wake_by_ref(self: &Arc<Self>) {
-        let _ = self
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(Msg::Wake);
+        self.0.send(Msg::Wake);
     }
 }
 
@@ -570,6 +567,8 @@ struct Runtime {
     /// Handle → the subagent.
     subagents: BTreeMap<String, Subagent>,
     agent_tx: AgentSink,
+    /// The conversation agent's current stdout, which this thread reads (polled mode).
+    agent_stdout: Option<agent::AgentStdout>,
     /// Task id → what answers it: the conversation agent or a subagent's handle.
     agent_tasks: HashMap<String, AgentTask>,
     /// Turns that arrived while the instance was paused.
@@ -591,7 +590,7 @@ struct Runtime {
     /// (last activity, key) of every conversation: the order they are dropped in.
     conversation_lru: BTreeSet<(u64, (String, String))>,
     next_run: u64,
-    tx: Sender<Msg>,
+    mail: Mailbox,
     /// The drain's reason, once one started.
     draining: Option<(String, Option<u64>)>,
     /// When a drain next says what it is waiting for (monotonic ms).
@@ -634,8 +633,8 @@ impl Runtime {
         self.metrics.set(c);
     }
 
-    fn run(&mut self, rx: Receiver<Msg>) {
-        let waker = Waker::from(Arc::new(EffectWake(Mutex::new(self.tx.clone()))));
+    fn run(&mut self, inbox: Inbox) {
+        let waker = Waker::from(Arc::new(EffectWake(self.mail.clone())));
         let mut msg = None;
         loop {
             {
@@ -650,7 +649,7 @@ impl Runtime {
                     self.on_msg(&mut inst, m, now);
                     handled += 1;
                     if handled < MSG_BATCH {
-                        msg = rx.try_recv().ok();
+                        msg = inbox.try_next();
                     }
                 }
                 while let Some(effect) = inst.poll_effect() {
@@ -660,6 +659,8 @@ impl Runtime {
                 self.count_for_metrics();
                 if self.drain_done(&mut inst, now) {
                     drop(inst);
+                    // Its stdout goes back to a thread, which reads it while it winds down.
+                    self.agent_stdout = None;
                     tracing::info!("drained: every piece of in-flight work ended; exiting");
                     // Agent processes get their shutdown line and a moment, then are killed:
                     // none outlives the daemon.
@@ -676,11 +677,19 @@ impl Runtime {
                 // Registered under the lock: an effect queued after it wakes us.
                 inst.register_effect_waker(&waker);
             }
+            // A process started since the last look: its stdout is the runtime's to read.
+            if let Some(out) = self
+                .conversation
+                .as_ref()
+                .and_then(AgentProcess::take_stdout)
+            {
+                self.agent_stdout = Some(out);
+            }
             let wait = self.next_timer();
-            msg = match rx.recv_timeout(wait) {
-                Ok(m) => Some(m),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => return,
+            msg = match inbox.next(wait, &mut self.agent_stdout) {
+                Woken::Msg(m) => Some(m),
+                Woken::Nothing => None,
+                Woken::Closed => return,
             };
         }
     }

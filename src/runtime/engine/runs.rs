@@ -188,7 +188,7 @@ impl Runtime {
                     };
                     r.waiting = Waiting::Worker;
                     let cancel = r.cancel.clone();
-                    let tx = self.tx.clone();
+                    let mail = self.mail.clone();
                     let run = id.to_owned();
                     // The step's span; its program gets the context in its environment,
                     // set last so it wins over the step's own `env`.
@@ -216,7 +216,7 @@ impl Runtime {
                             .spawn(move || {
                                 let result = exec::run(&job, &cancel);
                                 span.end(result.as_ref().err().cloned());
-                                let _ = tx.send(Msg::StepDone {
+                                mail.send(Msg::StepDone {
                                     run,
                                     step: i,
                                     attempt,
@@ -333,7 +333,7 @@ impl Runtime {
         let (client, mut send, timeout_ms) = match built {
             Ok(x) => x,
             Err(e) => {
-                let _ = self.tx.send(Msg::StepDone {
+                self.mail.send(Msg::StepDone {
                     run: id.to_owned(),
                     step: i,
                     attempt,
@@ -352,7 +352,7 @@ impl Runtime {
         send.message_id = Some(format!("{}.{}.{attempt}", r.id, r.workflow.steps[i].id));
         r.waiting = Waiting::Worker;
         let cancel = r.cancel.clone();
-        let tx = self.tx.clone();
+        let mail = self.mail.clone();
         let run = id.to_owned();
         let trace = r.trace.clone();
         let span_name = format!("{} {}", kind.name(), client.name());
@@ -377,7 +377,7 @@ impl Runtime {
                     .map_err(|e| peer_failure(client.name(), &e))
                     .and_then(|o| peer_output(client.name(), o));
                 span.end(result.as_ref().err().cloned());
-                let _ = tx.send(Msg::StepDone {
+                mail.send(Msg::StepDone {
                     run,
                     step: i,
                     attempt,
@@ -385,7 +385,7 @@ impl Runtime {
                 });
             });
         if let Err(e) = spawned {
-            let _ = self.tx.send(Msg::StepDone {
+            self.mail.send(Msg::StepDone {
                 run: id.to_owned(),
                 step: i,
                 attempt,
