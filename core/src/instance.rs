@@ -1617,7 +1617,9 @@ impl Instance {
                     sub.queue.push_back((seq, event.clone()));
                 }
             }
-            if let Some(conn) = sub.conn {
+            // A blocking send has nothing to do before the task settles: waking it for each
+            // status and artifact on the way would be a wake-up of its connection for nothing.
+            if let Some(conn) = sub.conn.filter(|_| settles || !sub.wait_only) {
                 self.ready.wake(conn);
             }
         }

@@ -545,14 +545,19 @@ fn blocking_send_waits_for_the_host() {
     assert_eq!(message.context_id, context_id);
     assert!(!context_id.is_empty());
 
+    let wakes = c.wakes();
     complete(&mut h, &task_id, TaskState::Working, None);
+    artifact(&mut h, &task_id, "a1", "part one", false);
+    artifact(&mut h, &task_id, "a1", " and two", true);
+    assert_eq!(
+        c.wakes(),
+        wakes,
+        "a blocking send is not woken for the updates before the task settles"
+    );
     assert!(
         c.poll(&mut h).is_empty(),
         "working is not the end of a turn"
     );
-    artifact(&mut h, &task_id, "a1", "part one", false);
-    artifact(&mut h, &task_id, "a1", " and two", true);
-    let wakes = c.wakes();
     complete(&mut h, &task_id, TaskState::Completed, Some("done"));
     assert!(c.wakes() > wakes, "the waiting connection is woken");
     let task = one(&c.poll(&mut h)).json()["result"]["task"].clone();
