@@ -22,20 +22,23 @@ impl Runtime {
             .conversations
             .entry(key.clone())
             .or_insert_with(|| Conversation::new(context_id, name, owner, now.epoch_ms));
-        let text: Vec<String> = message
-            .parts
-            .iter()
-            .map(|p| match serde_json::to_value(p) {
-                Ok(Value::Object(o)) => o
-                    .get("text")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| Value::Object(o).to_string()),
-                _ => String::new(),
-            })
-            .collect();
+        // Each part's text, or the whole part as JSON where it has none.
+        let mut text = String::new();
+        for (i, p) in message.parts.iter().enumerate() {
+            if i > 0 {
+                text.push('\n');
+            }
+            match &p.content {
+                PartContent::Text(t) => text.push_str(t),
+                _ => {
+                    if let Ok(v) = serde_json::to_value(p) {
+                        text.push_str(&v.to_string());
+                    }
+                }
+            }
+        }
         c.keep(
-            json!({"role": "user", "task": task_id, "text": text.join("\n"), "ts": now.epoch_ms}),
+            json!({"role": "user", "task": task_id, "text": text, "ts": now.epoch_ms}),
             max_bytes,
         );
         c.turns += 1;

@@ -11,7 +11,7 @@ use std::thread;
 use std::time::Duration;
 
 use agentd_core::a2a::piecewise::json_len;
-use agentd_core::a2a::types::{Message, Part, TaskState};
+use agentd_core::a2a::types::{Message, Part, PartContent, TaskState};
 use agentd_core::auth::Principal;
 use agentd_core::errors::{ErrorKind, RpcError};
 use agentd_core::ext::annotations::{Link, LinkKind};
@@ -1156,8 +1156,8 @@ fn parts_text(parts: &[Part]) -> String {
     parts
         .iter()
         .map(|p| match &p.content {
-            agentd_core::a2a::types::PartContent::Text(t) => t.clone(),
-            agentd_core::a2a::types::PartContent::Data(d) => d.to_string(),
+            PartContent::Text(t) => t.clone(),
+            PartContent::Data(d) => d.to_string(),
             _ => String::new(),
         })
         .collect::<Vec<_>>()
