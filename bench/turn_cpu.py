@@ -6,8 +6,12 @@ on loopback (memory store): one with no agent (every turn is REJECTED at once) a
 examples/agents/echo_agent.py as the conversation agent. Then, in --rounds interleaved
 rounds, it sends --turns SendMessage turns (blocking) and as many SendStreamingMessage turns
 (the stream read to its end) from --conns keep-alive connections to each daemon in turn,
-and prints the daemon's own CPU per turn: utime + stime of the daemon process
-(/proc/<pid>/stat; a child's CPU is not in it) over the turns, in ms. The agent's processes
+and prints the daemon's own CPU per turn over the turns, in ms: with the smol driver the sum
+of its threads' run time (/proc/<pid>/task/*/schedstat, ns; its threads live as long as it
+does), with std utime + stime of the process (/proc/<pid>/stat, clock ticks: it counts the
+per-connection threads that ended during the load). A child's CPU is in neither. Each
+round takes the daemons in a shuffled order (seeded), so a drift of the machine's speed
+does not always fall on the same one. The agent's processes
 (the keeper and python, every descendant of the daemon) are read the same way and printed
 apart. --store file gives the daemons the durable file store instead. The summary gives the median over rounds, the spread (min-max), the ratio
 agent / no agent per build, and the ratio of each build to the first. python3 standard
@@ -23,6 +27,7 @@ import argparse
 import http.client
 import json
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -55,6 +60,13 @@ def thread_cpu_ms(pid):
             continue
         out[name] = out.get(name, 0.0) + ns / 1e6
     return out
+
+
+def daemon_cpu_ms(pid, driver):
+    """The daemon's CPU so far, in ms: precise where every thread outlives the load (smol)."""
+    if driver == "smol":
+        return sum(thread_cpu_ms(pid).values())
+    return cpu_ms(pid)
 
 
 def descendants(pid):
@@ -167,13 +179,17 @@ def main():
               f"{'daemon ms/turn':>14} {'agent ms/turn':>13} {'RSS MiB':>8}")
         results = {}  # (i, mode, kind) -> [ms/turn]
         by_thread = {}  # (i, mode, kind) -> {thread: ms}
+        order = random.Random(17)
         for r in range(a.rounds):
             for k in kinds:
-                for (i, mode), d in daemons.items():
-                    before, kids = cpu_ms(d.pid), children_cpu_ms(d.pid)
+                keys = list(daemons)
+                order.shuffle(keys)
+                for i, mode in keys:
+                    d = daemons[(i, mode)]
+                    before, kids = daemon_cpu_ms(d.pid, a.driver), children_cpu_ms(d.pid)
                     threads = thread_cpu_ms(d.pid) if a.threads else {}
                     wall = load(d, k, a.turns, a.conns, want[mode], f"r{r}{i}{mode}{k}")
-                    ms = (cpu_ms(d.pid) - before) / a.turns
+                    ms = (daemon_cpu_ms(d.pid, a.driver) - before) / a.turns
                     kid = (children_cpu_ms(d.pid) - kids) / a.turns
                     results.setdefault((i, mode, k), []).append(ms)
                     if a.threads:
