@@ -1032,7 +1032,14 @@ impl Shared {
                 .spawn(move || write_lines(stdin, rx, &queued))?;
             if self.polled {
                 rustix::io::ioctl_fionbio(&stdout, true)?;
-                inner.unclaimed_stdout = Some((generation, stdout));
+                // An earlier process's stdout nobody claimed (it was killed and this one
+                // started before the owner looked): read to its end, as a thread would
+                // have. Its process is settled, so a failure here needs no `stdout_closed`.
+                if let Some((old, pipe)) = inner.unclaimed_stdout.replace((generation, stdout)) {
+                    if let Err(e) = self.try_hand_stdout_to_thread(old, pipe, Vec::new()) {
+                        tracing::warn!(agent = %self.spec.name, error = %e, "cannot read the agent's stdout");
+                    }
+                }
             } else {
                 self.read_stdout_on_thread(generation, stdout)?;
             }
@@ -1247,10 +1254,9 @@ impl Shared {
     fn begin_shutdown(self: &Arc<Self>) {
         let mut inner = self.lock();
         inner.stopping = true;
-        // Nobody claims it from now on: a thread reads it while the process winds down.
-        if let Some((generation, pipe)) = inner.unclaimed_stdout.take() {
-            self.hand_stdout_to_thread(generation, pipe, Vec::new());
-        }
+        // Nobody claims it from now on: a thread reads it while the process winds down
+        // (handed over below, out of the lock, which a failure to hand it over takes).
+        let unclaimed = inner.unclaimed_stdout.take();
         self.fail_waiting(&mut inner, "agentd is shutting it down");
         match inner.proc.as_mut() {
             Some(p) => {
@@ -1264,6 +1270,10 @@ impl Shared {
             None => inner.state = AgentState::Stopped,
         }
         self.wake.notify_all();
+        drop(inner);
+        if let Some((generation, pipe)) = unclaimed {
+            self.hand_stdout_to_thread(generation, pipe, Vec::new());
+        }
     }
 
     fn finish_shutdown(&self, deadline: Instant, grace: Duration) {
@@ -1305,17 +1315,23 @@ impl Shared {
 
     /// An owner's stdout (polled mode) read by a thread from here on: blocking again, with
     /// the line it had begun first. Failing that, the pipe is closed (the agent then sees
-    /// EPIPE) and stdout counts as done, so the exit still settles.
+    /// EPIPE) and stdout counts as done, so the exit still settles. Takes the lock on
+    /// failure: never call it with the lock held.
     fn hand_stdout_to_thread(self: &Arc<Self>, generation: u64, pipe: ChildStdout, begun: Vec<u8>) {
-        let handed = rustix::io::ioctl_fionbio(&pipe, false)
-            .map_err(io::Error::from)
-            .and_then(|()| {
-                self.read_stdout_on_thread(generation, io::Cursor::new(begun).chain(pipe))
-            });
-        if let Err(e) = handed {
+        if let Err(e) = self.try_hand_stdout_to_thread(generation, pipe, begun) {
             tracing::warn!(agent = %self.spec.name, error = %e, "cannot read the agent's stdout");
             self.stdout_closed(generation);
         }
+    }
+
+    fn try_hand_stdout_to_thread(
+        self: &Arc<Self>,
+        generation: u64,
+        pipe: ChildStdout,
+        begun: Vec<u8>,
+    ) -> io::Result<()> {
+        rustix::io::ioctl_fionbio(&pipe, false)?;
+        self.read_stdout_on_thread(generation, io::Cursor::new(begun).chain(pipe))
     }
 
     /// The process of `generation` will say nothing more: its exit may settle.

@@ -331,6 +331,35 @@ fn an_over_long_line_kills_the_agent() {
 }
 
 #[test]
+fn lines_at_the_edges_of_the_rules_are_read_as_the_rules_say() {
+    let mut s = spec("edges", "tests/agents/edges.py");
+    s.max_line_bytes = 512;
+    let (agent, rx) = start(s);
+    let reply = |events: &[AgentEvent]| match &events.last().unwrap().kind {
+        AgentEventKind::Reply { parts } => text_of(parts).to_owned(),
+        other => panic!("{other:?}"),
+    };
+
+    // Exactly the limit (a `\r` counted), arriving in two reads: taken whole.
+    agent.turn(text_turn("t1", "exact")).unwrap();
+    assert_eq!(reply(&turn_end(&rx, "t1")), "ok");
+
+    // A last line with no newline counts, before the exit is reported.
+    agent.turn(text_turn("t2", "eof")).unwrap();
+    assert_eq!(reply(&turn_end(&rx, "t2")), "last words");
+    until(&rx, "the exit", |e| {
+        matches!(&e.kind, AgentEventKind::Exited { in_flight, .. } if in_flight.is_empty())
+    });
+
+    // One byte past the limit kills the (restarted) agent.
+    agent.turn(text_turn("t3", "over")).unwrap();
+    assert_eq!(
+        fail_text(turn_end(&rx, "t3").last().unwrap()),
+        "agent process edges was killed by agentd: it wrote a line longer than 512 bytes on stdout"
+    );
+}
+
+#[test]
 fn garbage_lines_are_ignored_up_to_the_limit() {
     let mut s = spec("garbage", "tests/agents/garbage.py");
     s.max_bad_lines = 10;

@@ -69,8 +69,10 @@ impl Inbox {
 
     /// The next message, waiting up to `wait`. With `stdout` (the conversation agent's, read
     /// by the runtime) it also wakes when the agent wrote, and reads what it wrote: the
-    /// events come back through the mailbox, so the next call returns them. `stdout` is
-    /// set to `None` once it is finished.
+    /// events come back through the mailbox, so a later call returns them. The pipe is
+    /// looked at on every call, even with messages queued, so a backlog never holds an
+    /// answer in it until the turn's deadline. `stdout` is set to `None` once it is
+    /// finished.
     pub(crate) fn next(&self, wait: Duration, stdout: &mut Option<AgentStdout>) -> Woken {
         let polled = stdout
             .as_ref()
@@ -93,6 +95,13 @@ impl Inbox {
         match self.rx.try_recv() {
             Ok(m) => {
                 self.bell.disarm();
+                // Queued work first, but what the agent wrote meanwhile joins the queue.
+                let mut fds = [PollFd::from_borrowed_fd(out_fd, PollFlags::IN)];
+                let zero = Timespec::try_from(Duration::ZERO).ok();
+                let _ = poll(&mut fds, zero.as_ref());
+                if !fds[0].revents().is_empty() {
+                    Self::read(stdout);
+                }
                 return Woken::Msg(m);
             }
             Err(TryRecvError::Disconnected) => {
@@ -115,15 +124,19 @@ impl Inbox {
             self.bell.clear();
         }
         if wrote {
-            let out = stdout.as_mut().expect("polled above");
-            if !out.read_ready() {
-                *stdout = None;
-            }
+            Self::read(stdout);
         }
         match self.rx.try_recv() {
             Ok(m) => Woken::Msg(m),
             Err(TryRecvError::Empty) => Woken::Nothing,
             Err(TryRecvError::Disconnected) => Woken::Closed,
+        }
+    }
+
+    /// Reads what the agent wrote; forgets a finished stdout.
+    fn read(stdout: &mut Option<AgentStdout>) {
+        if stdout.as_mut().is_some_and(|out| !out.read_ready()) {
+            *stdout = None;
         }
     }
 
@@ -181,6 +194,102 @@ impl Doorbell {
         if let Some(fd) = &self.fd {
             let mut count = [0u8; 8];
             let _ = rustix::io::read(fd, &mut count);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::agent::{AgentEventKind, AgentProcess, AgentSpec, TurnIn};
+    use super::super::AgentSink;
+    use super::*;
+    use std::time::Instant;
+
+    fn turn(task: &str) -> TurnIn {
+        TurnIn {
+            task: task.into(),
+            context: "c".into(),
+            principal: "operator".into(),
+            parts: vec![agentd_core::a2a::types::Part::text("hi")],
+            trace: None,
+        }
+    }
+
+    #[test]
+    fn no_message_is_left_waiting_while_the_runtime_sleeps_in_poll() {
+        let (mail, inbox) = Mailbox::new();
+        assert!(inbox.can_poll(), "this machine has eventfd");
+        // A process that never writes: every wait is a sleep in poll on its stdout and the
+        // doorbell, and only a ring ends it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sleeper = AgentSpec::new("a", vec!["sleep".into(), "30".into()]);
+        let agent = AgentProcess::new_polled(sleeper, tx).unwrap();
+        agent.turn(turn("t1")).unwrap();
+        let started = rx.recv_timeout(Duration::from_secs(20)).expect("it starts");
+        assert!(matches!(started.kind, AgentEventKind::Started { .. }));
+        let mut out = Some(agent.take_stdout().expect("the started process's stdout"));
+        const SENDERS: usize = 4;
+        const EACH: usize = 3000;
+        let senders: Vec<_> = (0..SENDERS)
+            .map(|_| {
+                let mail = mail.clone();
+                std::thread::spawn(move || {
+                    for i in 0..EACH {
+                        mail.send(Msg::Wake);
+                        // Pauses, so the runtime catches up and goes to sleep often.
+                        if i % 16 == 0 {
+                            std::thread::sleep(Duration::from_micros(50));
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut got = 0;
+        while got < SENDERS * EACH {
+            let t = Instant::now();
+            let woken = inbox.next(Duration::from_secs(10), &mut out);
+            // A wake-up with nothing queued may happen (a ring that came late); a wait that
+            // runs to its end while a message is queued is a lost wake-up.
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "a wait ran {:?} with {got} of {} messages received",
+                t.elapsed(),
+                SENDERS * EACH
+            );
+            match woken {
+                Woken::Msg(_) => got += 1,
+                Woken::Nothing => {}
+                Woken::Closed => unreachable!("the test holds a sender"),
+            }
+        }
+        senders.into_iter().for_each(|s| s.join().unwrap());
+        assert!(out.is_some(), "the quiet stdout is still waited on");
+    }
+
+    #[test]
+    fn a_queue_that_never_empties_does_not_keep_the_agent_answer_unread() {
+        let (mail, inbox) = Mailbox::new();
+        let echo = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/agents/echo_agent.py");
+        let agent = AgentProcess::new_polled(
+            AgentSpec::new("a", vec!["python3".into(), echo.into()]),
+            AgentSink(mail.clone()),
+        )
+        .unwrap();
+        agent.turn(turn("t1")).unwrap();
+        let mut out = None;
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            assert!(Instant::now() < end, "the reply was never read");
+            if let Some(o) = agent.take_stdout() {
+                out = Some(o);
+            }
+            // Something always waits in the queue ahead of the agent's answer.
+            mail.send(Msg::Wake);
+            if let Woken::Msg(Msg::Agent(ev)) = inbox.next(Duration::from_secs(1), &mut out) {
+                if matches!(ev.kind, AgentEventKind::Reply { .. }) {
+                    break;
+                }
+            }
         }
     }
 }
