@@ -95,103 +95,96 @@ impl Drop for Owned {
     }
 }
 
-// ---- polled mode only ----
+/// What only polled mode has: handing a stdout back to a reader thread.
+mod hand_back {
+    use super::*;
+    use agentd::runtime::agent::{AgentEventKind, TurnIn};
+    use agentd_core::a2a::types::Part;
+    use std::sync::mpsc::{channel, Receiver};
+    use std::time::Instant;
 
-fn echo_spec() -> AgentSpec {
-    let echo = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/agents/echo_agent.py");
-    AgentSpec::new("echo", vec!["python3".into(), echo.into()])
-}
-
-fn echo_turn(task: &str) -> agentd::runtime::agent::TurnIn {
-    agentd::runtime::agent::TurnIn {
-        task: task.into(),
-        context: "ctx-1".into(),
-        principal: "user:alice".into(),
-        parts: vec![agentd_core::a2a::types::Part::text("hi")],
-        trace: None,
-    }
-}
-
-fn is_reply(ev: &AgentEvent, task: &str) -> bool {
-    ev.task.as_deref() == Some(task)
-        && matches!(
-            ev.kind,
-            agentd::runtime::agent::AgentEventKind::Reply { .. }
-        )
-}
-
-/// The events seen until `done`, failing after 20 s.
-fn wait_for(
-    rx: &std::sync::mpsc::Receiver<AgentEvent>,
-    done: impl Fn(&AgentEvent) -> bool,
-) -> Vec<AgentEvent> {
-    let end = std::time::Instant::now() + Duration::from_secs(20);
-    let mut seen = Vec::new();
-    loop {
-        let left = end.saturating_duration_since(std::time::Instant::now());
-        let ev = rx
-            .recv_timeout(left)
-            .unwrap_or_else(|_| panic!("not within 20 s; saw {seen:#?}"));
-        let stop = done(&ev);
-        seen.push(ev);
-        if stop {
-            return seen;
+    fn turn(task: &str) -> TurnIn {
+        TurnIn {
+            task: task.into(),
+            context: "ctx-1".into(),
+            principal: "user:alice".into(),
+            parts: vec![Part::text("hi")],
+            trace: None,
         }
     }
-}
 
-#[test]
-fn a_dropped_stdout_is_read_by_a_thread_from_then_on() {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let agent = AgentProcess::new_polled(echo_spec(), tx).unwrap();
-    agent.turn(echo_turn("t1")).unwrap();
-    wait_for(&rx, |e| {
-        matches!(
-            e.kind,
-            agentd::runtime::agent::AgentEventKind::Started { .. }
-        )
-    });
-    let mut out = agent.take_stdout().expect("the started process's stdout");
-    assert!(agent.take_stdout().is_none(), "claimed once");
-    // Nothing reads it but us: the reply comes when we read.
-    let end = std::time::Instant::now() + Duration::from_secs(20);
-    let mut replied = false;
-    while !replied && std::time::Instant::now() < end {
-        let fd = out.fd().expect("open");
-        let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
-        let _ = poll(
-            &mut fds,
-            Some(&Timespec::try_from(Duration::from_millis(50)).unwrap()),
-        );
-        assert!(out.read_ready(), "the agent is still running");
-        replied = rx.try_iter().any(|e| is_reply(&e, "t1"));
+    fn is_reply(ev: &AgentEvent, task: &str) -> bool {
+        ev.task.as_deref() == Some(task) && matches!(ev.kind, AgentEventKind::Reply { .. })
     }
-    assert!(replied, "the owner's reads delivered the reply");
-    drop(out);
-    agent.turn(echo_turn("t2")).unwrap();
-    wait_for(&rx, |e| is_reply(e, "t2"));
-}
 
-#[test]
-fn shutdown_reads_a_stdout_nobody_claimed() {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let agent = AgentProcess::new_polled(echo_spec(), tx).unwrap();
-    agent.turn(echo_turn("t1")).unwrap();
-    wait_for(&rx, |e| {
-        matches!(
-            e.kind,
-            agentd::runtime::agent::AgentEventKind::Started { .. }
+    /// The events seen until `done`, failing after 20 s.
+    fn wait_for(rx: &Receiver<AgentEvent>, done: impl Fn(&AgentEvent) -> bool) -> Vec<AgentEvent> {
+        let end = Instant::now() + Duration::from_secs(20);
+        let mut seen = Vec::new();
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            let ev = rx
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("not within 20 s; saw {seen:#?}"));
+            let stop = done(&ev);
+            seen.push(ev);
+            if stop {
+                return seen;
+            }
+        }
+    }
+
+    /// The echo agent in polled mode, started by a first turn `t1` whose stdout nobody
+    /// has claimed yet.
+    fn started_echo() -> (AgentProcess, Receiver<AgentEvent>) {
+        let echo = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/agents/echo_agent.py");
+        let (tx, rx) = channel();
+        let agent = AgentProcess::new_polled(
+            AgentSpec::new("echo", vec!["python3".into(), echo.into()]),
+            tx,
         )
-    });
-    // The reply sits in the pipe, unread; the shutdown hands the pipe to a thread, so the
-    // turn is answered rather than failed at the exit.
-    agent.shutdown(Duration::from_secs(10));
-    let seen: Vec<AgentEvent> = rx.try_iter().collect();
-    assert!(seen.iter().any(|e| is_reply(e, "t1")), "{seen:#?}");
-    assert!(
-        seen.iter().any(|e| matches!(&e.kind,
-            agentd::runtime::agent::AgentEventKind::Exited { description, .. }
-                if description.contains("exited with status 0"))),
-        "it exited on its own: {seen:#?}"
-    );
+        .unwrap();
+        agent.turn(turn("t1")).unwrap();
+        wait_for(&rx, |e| matches!(e.kind, AgentEventKind::Started { .. }));
+        (agent, rx)
+    }
+
+    #[test]
+    fn a_dropped_stdout_is_read_by_a_thread_from_then_on() {
+        let (agent, rx) = started_echo();
+        let mut out = agent.take_stdout().expect("the started process's stdout");
+        assert!(agent.take_stdout().is_none(), "claimed once");
+        // Nothing reads it but us: the reply comes when we read.
+        let tick = Timespec::try_from(Duration::from_millis(50)).unwrap();
+        let end = Instant::now() + Duration::from_secs(20);
+        let mut replied = false;
+        while !replied && Instant::now() < end {
+            let mut fds = [PollFd::from_borrowed_fd(
+                out.fd().expect("open"),
+                PollFlags::IN,
+            )];
+            let _ = poll(&mut fds, Some(&tick));
+            assert!(out.read_ready(), "the agent is still running");
+            replied = rx.try_iter().any(|e| is_reply(&e, "t1"));
+        }
+        assert!(replied, "the owner's reads delivered the reply");
+        drop(out);
+        agent.turn(turn("t2")).unwrap();
+        wait_for(&rx, |e| is_reply(e, "t2"));
+    }
+
+    #[test]
+    fn shutdown_reads_a_stdout_nobody_claimed() {
+        let (agent, rx) = started_echo();
+        // The reply sits in the pipe, unread; the shutdown hands the pipe to a thread, so
+        // the turn is answered rather than failed at the exit.
+        agent.shutdown(Duration::from_secs(10));
+        let seen: Vec<AgentEvent> = rx.try_iter().collect();
+        assert!(seen.iter().any(|e| is_reply(e, "t1")), "{seen:#?}");
+        assert!(
+            seen.iter().any(|e| matches!(&e.kind,
+                AgentEventKind::Exited { description, .. } if description.contains("exited with status 0"))),
+            "it exited on its own: {seen:#?}"
+        );
+    }
 }
