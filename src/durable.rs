@@ -23,11 +23,13 @@ use std::task::{Wake, Waker};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use agentd_core::errors::RecordError;
+use agentd_core::tasks::TaskRecord;
 use agentd_core::{Instance, Now};
 use serde::Deserialize;
-
-use crate::store::{self, Notice, Op, Record, Recovered, Store, Ticket};
 use serde_json::value::RawValue;
+
+use crate::store::{self, Notice, Op, Record, Recovering, Store, Ticket};
 
 /// Why a task still in flight at a restart ended.
 pub const RESTART_REASON: &str = "agentd restarted while this task was in flight";
@@ -89,20 +91,6 @@ pub fn default_dir() -> Result<PathBuf, String> {
     }
 }
 
-/// Creates the data directory (owner-only: it holds session token digests) and opens the
-/// store in it.
-pub fn open(dir: &Path) -> Result<(Store, Recovered<Box<RawValue>>), String> {
-    use std::os::unix::fs::DirBuilderExt as _;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| format!("store.dir {}: {e}", dir.display()))?;
-    // The bodies stay JSON text until [`restore`] parses each: a tree per record for 100k
-    // tasks held at once was twice the running daemon's memory.
-    Store::open_as(dir, store::Options::default()).map_err(|e| format!("store: {e}"))
-}
-
 /// What a restore found.
 #[derive(Debug, Default)]
 pub struct Restored {
@@ -113,56 +101,90 @@ pub struct Restored {
     /// Records that could not be read back (logged, skipped).
     pub skipped: usize,
     pub feed_base: u64,
+    /// A damaged journal tail the store cut off at open (log it).
+    pub truncated: Option<store::Truncation>,
 }
 
-/// Puts the recovered records into a fresh instance (with write-ahead on), ends what was in
-/// flight, and numbers the feed past anything a subscriber saw before. Returns the records
-/// the host must append before serving (the feed's new base).
-pub fn restore(
-    inst: &mut Instance,
-    recovered: Recovered<Box<RawValue>>,
-    now: Now,
-) -> (Restored, Vec<Record>) {
-    let mut r = Restored {
-        records: recovered.records.len(),
-        ..Restored::default()
-    };
-    let fresh = recovered.records.is_empty();
-    let tasks = recovered
-        .records
-        .iter()
-        .filter(|r| r.kind == agentd_core::tasks::TASK_KIND)
-        .count();
-    inst.reserve_tasks(tasks);
-    let mut old_base = 0;
-    for rec in recovered.records {
-        let Op::Put(text) = rec.op else { continue };
-        if rec.kind == FEED_KIND {
-            old_base = serde_json::from_str::<u64>(text.get()).unwrap_or(0);
-            continue;
+/// A record's body as the store's replay threads read it: a task straight into its record
+/// (the bulk of a large store, and most of a restart's time, spread over the cores), the
+/// feed's base as its number, anything else left as JSON text for the instance.
+enum Body {
+    Task(Result<Box<TaskRecord>, RecordError>),
+    Feed(u64),
+    Other(Box<RawValue>),
+}
+
+fn parse_body(kind: &str, _key: &str, text: &RawValue) -> Body {
+    match kind {
+        agentd_core::tasks::TASK_KIND => {
+            Body::Task(TaskRecord::from_json(text.get()).map(Box::new))
         }
-        // Parsed one at a time (a task straight into its record), its text freed as it goes.
-        let task = rec.kind == agentd_core::tasks::TASK_KIND;
-        match inst.restore_record_json(&rec.kind, &rec.key, text.get(), now) {
-            Ok(()) => r.tasks += usize::from(task),
-            Err(e) => {
-                r.skipped += 1;
-                tracing::warn!(kind = %rec.kind, key = %rec.key, "store record not restored: {e}");
-            }
-        }
+        FEED_KIND => Body::Feed(serde_json::from_str(text.get()).unwrap_or(0)),
+        _ => Body::Other(text.to_owned()),
     }
+}
+
+/// Creates the data directory (owner-only: it holds session token digests), opens the
+/// store in it and restores what it holds into a fresh instance (with write-ahead on) as
+/// it streams off the disk; then ends what was in flight, and numbers the feed past
+/// anything a subscriber saw before. Returns the store, what was restored, and the
+/// records the host must append before serving (the feed's new base).
+pub fn open(
+    dir: &Path,
+    inst: &mut Instance,
+    now: Now,
+) -> Result<(Store, Restored, Vec<Record>), String> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("store.dir {}: {e}", dir.display()))?;
+    inst.set_write_ahead(true);
+    let mut r = Restored::default();
+    let mut old_base = None;
+    let (store, opened) =
+        Store::open_with(dir, store::Options::default(), &parse_body, &mut |rec| {
+            let (kind, key, body) = match rec {
+                // Sized once rather than rehashed at every doubling as they fill.
+                Recovering::Expect(n) => {
+                    return inst.reserve_tasks(usize::try_from(n).unwrap_or(0));
+                }
+                Recovering::Put { kind, key, body } => (kind, key, body),
+            };
+            r.records += 1;
+            let done = match body {
+                Body::Feed(base) => {
+                    old_base = Some(base);
+                    return;
+                }
+                Body::Task(task) => task.and_then(|t| inst.restore_task(&key, *t)).map(|()| 1),
+                Body::Other(text) => inst
+                    .restore_record_json(&kind, &key, text.get(), now)
+                    .map(|()| 0),
+            };
+            match done {
+                Ok(tasks) => r.tasks += tasks,
+                Err(e) => {
+                    r.skipped += 1;
+                    tracing::warn!(%kind, %key, "store record not restored: {e}");
+                }
+            }
+        })
+        .map_err(|e| format!("store: {e}"))?;
+    r.truncated = opened.truncated;
     r.ended = inst.end_in_flight(RESTART_REASON, now);
     // Feed cursors from before a restart must read as stale. A previous run numbered its
     // events from its own base upwards; start past both its base plus 2^32 events and the
     // clock in microseconds (a run would need a million events a second to catch up).
-    r.feed_base = if fresh {
+    r.feed_base = if r.records == 0 {
         0
     } else {
-        (now.epoch_ms.saturating_mul(1000)).max(old_base.saturating_add(1 << 32))
+        (now.epoch_ms.saturating_mul(1000)).max(old_base.unwrap_or(0).saturating_add(1 << 32))
     };
     inst.set_feed_base(r.feed_base);
     let base = Record::put(FEED_KIND, FEED_KEY, serde_json::json!(r.feed_base));
-    (r, vec![base])
+    Ok((store, r, vec![base]))
 }
 
 enum Msg {
@@ -518,6 +540,9 @@ mod tests {
         );
         inst.set_write_ahead(true);
         let inst = Arc::new(Mutex::new(inst));
+        let open = |dir: &Path| {
+            Store::open(dir, store::Options::default()).map_err(|e| format!("store: {e}"))
+        };
         let (store, _) = open(&dir).unwrap();
         store.fail_next_sync();
         // A task waits to be written when the pump starts: its write is the one that fails.

@@ -301,15 +301,12 @@ fn run(args: Args, loaded: Result<config::Config, String>) -> Result<(), Failure
         durable::StoreKind::Memory => None,
         durable::StoreKind::File(dir) => {
             let opening = std::time::Instant::now();
-            let (store, recovered) = durable::open(dir).map_err(Failure::Runtime)?;
+            let (store, restored, first) =
+                durable::open(dir, &mut instance, clock.now()).map_err(Failure::Runtime)?;
             let open_ms = opening.elapsed().as_millis() as u64;
-            if let Some(cut) = &recovered.truncated {
+            if let Some(cut) = &restored.truncated {
                 tracing::warn!(truncation = %cut, "store: a damaged journal tail was cut off");
             }
-            instance.set_write_ahead(true);
-            let restoring = std::time::Instant::now();
-            let (restored, first) = durable::restore(&mut instance, recovered, clock.now());
-            let restore_ms = restoring.elapsed().as_millis() as u64;
             first_records = first;
             tracing::info!(
                 dir = %dir.display(),
@@ -317,7 +314,6 @@ fn run(args: Args, loaded: Result<config::Config, String>) -> Result<(), Failure
                 ended_in_flight = restored.ended,
                 skipped = restored.skipped,
                 open_ms,
-                restore_ms,
                 "store opened"
             );
             Some(store)

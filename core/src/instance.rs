@@ -917,7 +917,10 @@ impl Instance {
         self.restore_task(key, crate::tasks::TaskRecord::from_json(text)?)
     }
 
-    fn restore_task(
+    /// Puts back a task record already read with [`crate::tasks::TaskRecord::from_json`]
+    /// (which needs no instance, so a host may read many at once on other threads); `key`
+    /// is the store's key for it, which must be its id.
+    pub fn restore_task(
         &mut self,
         key: &str,
         rec: crate::tasks::TaskRecord,

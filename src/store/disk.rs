@@ -3,12 +3,15 @@
 //! starts), on the compactor thread (which only touches closed segments and the snapshot),
 //! or on the writer thread (a new segment at rotation).
 
-use std::collections::HashMap;
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc};
+use std::thread;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -187,10 +190,12 @@ pub(crate) fn check_dir(dir: &Path, id: DirId) -> Result<(), Error> {
     }
 }
 
-/// The live state while replaying: the last write per (kind, key), with the order of that
-/// write so recovery hands records back in the order they were last written.
+/// The live state while replaying segments: the last write per (kind, key), with the order
+/// of that write so recovery hands records back in the order they were last written, and
+/// every key a segment removed (a snapshot's record of that key is stale too).
 pub(crate) struct State<B = serde_json::Value> {
     map: HashMap<(String, String), (u64, B)>,
+    removed: HashSet<(String, String)>,
     next: u64,
 }
 
@@ -198,17 +203,13 @@ impl<B> Default for State<B> {
     fn default() -> Self {
         State {
             map: HashMap::new(),
+            removed: HashSet::new(),
             next: 0,
         }
     }
 }
 
 impl<B> State<B> {
-    /// Room for `records` more keys.
-    fn reserve(&mut self, records: u64) {
-        self.map.reserve(usize::try_from(records).unwrap_or(0));
-    }
-
     pub(crate) fn apply(&mut self, rec: Record<B>) {
         let key = (rec.kind, rec.key);
         match rec.op {
@@ -218,8 +219,19 @@ impl<B> State<B> {
             }
             Op::Remove => {
                 self.map.remove(&key);
+                self.removed.insert(key);
             }
         }
+    }
+
+    /// The keys any replayed write touched, by kind: a snapshot's record of one of them is
+    /// superseded.
+    fn touched(&self) -> Touched {
+        let mut t: Touched = HashMap::new();
+        for (kind, key) in self.map.keys().chain(&self.removed) {
+            t.entry(kind.clone()).or_default().insert(key.clone());
+        }
+        t
     }
 
     pub(crate) fn into_records(self) -> Vec<Record<B>> {
@@ -235,6 +247,9 @@ impl<B> State<B> {
     }
 }
 
+/// Keys by kind, looked up with borrowed strings.
+type Touched = HashMap<String, HashSet<String>>;
+
 #[derive(Serialize, Deserialize)]
 struct SnapshotHeader {
     format: String,
@@ -244,9 +259,8 @@ struct SnapshotHeader {
     records: u64,
 }
 
-/// What replay found on disk.
-pub(crate) struct Replay<B = serde_json::Value> {
-    pub state: State<B>,
+/// What replay found on disk, besides the records it handed over.
+pub(crate) struct Replay {
     /// Segments below this are covered by the snapshot (0: no snapshot).
     pub snapshot_gen: u64,
     pub snapshot_bytes: u64,
@@ -276,7 +290,32 @@ pub(crate) enum Mode {
     Compact { upto: u64 },
 }
 
-pub(crate) fn replay<B: DeserializeOwned>(dir: &Path, mode: Mode) -> Result<Replay<B>, Error> {
+/// What replay hands its sink, in order: first how many records at most will follow (to
+/// size maps once), then each live record, in the order of its last write.
+pub enum Recovering<T> {
+    Expect(u64),
+    Put { kind: String, key: String, body: T },
+}
+
+/// Replays the directory and hands every live record to `sink`, its body made by `parse`
+/// from the record's JSON text.
+///
+/// The segments are read first, into a map (a journal holds at most about a snapshot's
+/// worth since the last compaction); then the snapshot streams through, frame by frame,
+/// never held whole: a record of a key that a segment wrote or removed is stale and
+/// skipped, unparsed; then the segments' own records follow. That is the same order as
+/// applying every write in turn, without the tree of the whole state.
+///
+/// With `workers` above 0, frames are decoded and parsed on that many threads while a
+/// reader thread reads ahead and this thread feeds the sink, in frame order: a restart's
+/// parsing (most of its time) spreads over the machine's cores. With 0, all on this thread.
+pub(crate) fn replay<T: Send>(
+    dir: &Path,
+    mode: Mode,
+    workers: usize,
+    parse: &(dyn Fn(&str, &str, &RawValue) -> T + Sync),
+    sink: &mut dyn FnMut(Recovering<T>),
+) -> Result<Replay, Error> {
     let mut tidied = false;
     if mode == Mode::Open {
         // A leftover temp snapshot is an interrupted compaction that never committed.
@@ -288,8 +327,9 @@ pub(crate) fn replay<B: DeserializeOwned>(dir: &Path, mode: Mode) -> Result<Repl
         }
     }
 
-    let mut state = State::default();
-    let (snapshot_gen, snapshot_bytes) = read_snapshot(dir, &mut state)?;
+    let snapshot = Snapshot::open(dir)?;
+    let snapshot_gen = snapshot.as_ref().map_or(0, |s| s.header.gen);
+    let snapshot_bytes = snapshot.as_ref().map_or(0, |s| s.len);
 
     let mut gens = Vec::new();
     for entry in fs::read_dir(dir).map_err(io_err("list", dir))? {
@@ -326,6 +366,7 @@ pub(crate) fn replay<B: DeserializeOwned>(dir: &Path, mode: Mode) -> Result<Repl
         }
     }
 
+    let mut state = State::<Box<RawValue>>::default();
     let mut segments = Vec::new();
     let mut frames = 0;
     let mut truncated = None;
@@ -360,11 +401,39 @@ pub(crate) fn replay<B: DeserializeOwned>(dir: &Path, mode: Mode) -> Result<Repl
             batches: read.batches,
         });
     }
+
+    let touched = state.touched();
+    let in_snapshot = snapshot.as_ref().map_or(0, |s| s.header.records);
+    sink(Recovering::Expect(in_snapshot + state.map.len() as u64));
+    let source = Source {
+        snapshot,
+        journal: state.into_records().into_iter(),
+    };
+    let stream = Stream {
+        touched: &touched,
+        parse,
+    };
+    let found = if workers == 0 {
+        stream.inline(source, sink)?
+    } else {
+        stream.pooled(source, workers, sink)?
+    };
+    if found.0 != in_snapshot {
+        let (path, len) = found.1.unwrap_or_default();
+        return Err(Error::Corrupt {
+            file: path,
+            offset: len,
+            damage: Damage::BadPayload(format!(
+                "snapshot holds {} records, header says {in_snapshot}",
+                found.0
+            )),
+            why: SNAPSHOT_SYNCED.into(),
+        });
+    }
     if tidied {
         sync_dir(dir)?;
     }
     Ok(Replay {
-        state,
         snapshot_gen,
         snapshot_bytes,
         segments,
@@ -377,6 +446,277 @@ pub(crate) fn decode_records<B: DeserializeOwned>(
     payload: &[u8],
 ) -> Result<Vec<Record<B>>, Damage> {
     serde_json::from_slice(payload).map_err(|e| Damage::BadPayload(e.to_string()))
+}
+
+/// Why damage in a snapshot is never a torn write.
+const SNAPSHOT_SYNCED: &str = "a snapshot is renamed into place only after its fsync";
+
+/// A record as a snapshot frame holds it, borrowed from the frame: nothing is copied
+/// before the key is known to be live.
+#[derive(Deserialize)]
+struct RecordRef<'a> {
+    #[serde(borrow)]
+    kind: Cow<'a, str>,
+    #[serde(borrow)]
+    key: Cow<'a, str>,
+    #[serde(borrow)]
+    op: OpRef<'a>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum OpRef<'a> {
+    Put(#[serde(borrow)] &'a RawValue),
+    Remove,
+}
+
+/// The open snapshot, its header read.
+struct Snapshot {
+    path: PathBuf,
+    len: u64,
+    header: SnapshotHeader,
+    frames: FrameReader<BufReader<File>>,
+}
+
+impl Snapshot {
+    /// Opens `snapshot` and reads its header (`None`: there is none). A snapshot is only ever
+    /// renamed into place after its fsync, so any damage is refused.
+    fn open(dir: &Path) -> Result<Option<Snapshot>, Error> {
+        let path = dir.join(SNAPSHOT);
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err("open", &path)(e)),
+        };
+        let len = file.metadata().map_err(io_err("stat", &path))?.len();
+        let mut frames = FrameReader::new(BufReader::with_capacity(1 << 16, file), len);
+        let bad_header = || Damage::BadPayload("not an agentd store snapshot v1 header".into());
+        let header = match frames.next().map_err(io_err("read", &path))? {
+            Next::Bad { offset, damage } => return Err(snapshot_corrupt(&path, offset, damage)),
+            Next::End => {
+                let damage = Damage::BadPayload("empty snapshot".into());
+                return Err(snapshot_corrupt(&path, 0, damage));
+            }
+            Next::Frame { payload, .. } => serde_json::from_slice(&payload)
+                .ok()
+                .filter(|h: &SnapshotHeader| {
+                    h.format == SNAPSHOT_FORMAT && h.version == SNAPSHOT_VERSION
+                })
+                .ok_or_else(|| snapshot_corrupt(&path, 0, bad_header()))?,
+        };
+        Ok(Some(Snapshot {
+            path,
+            len,
+            header,
+            frames,
+        }))
+    }
+}
+
+fn snapshot_corrupt(path: &Path, offset: u64, damage: Damage) -> Error {
+    Error::Corrupt {
+        file: path.to_path_buf(),
+        offset,
+        damage,
+        why: SNAPSHOT_SYNCED.into(),
+    }
+}
+
+/// One piece of replay work: a snapshot frame, a run of the segments' live records, or
+/// the error that ended reading (handed on in order, so the records before it still
+/// count as read).
+enum Work {
+    Frame {
+        path: Arc<Path>,
+        offset: u64,
+        payload: Vec<u8>,
+    },
+    Puts(Vec<Record<Box<RawValue>>>),
+    Failed(Error),
+}
+
+/// A piece of work done: the snapshot records it held (live or not), and the live ones
+/// parsed.
+struct Done<T> {
+    in_snapshot: u64,
+    puts: Vec<(String, String, T)>,
+}
+
+/// The segments' live records go to the workers in runs of this many.
+const PUTS_RUN: usize = 256;
+
+/// The work in replay order: the snapshot's frames, then the segments' records.
+struct Source {
+    snapshot: Option<Snapshot>,
+    journal: std::vec::IntoIter<Record<Box<RawValue>>>,
+}
+
+impl Source {
+    /// The next piece, and the snapshot's path and length once its end was reached.
+    fn next(&mut self) -> Option<Work> {
+        if let Some(s) = &mut self.snapshot {
+            let path: Arc<Path> = s.path.as_path().into();
+            match s.frames.next() {
+                Ok(Next::Frame { offset, payload }) => {
+                    return Some(Work::Frame {
+                        path,
+                        offset,
+                        payload,
+                    })
+                }
+                Ok(Next::End) => self.snapshot = None,
+                Ok(Next::Bad { offset, damage }) => {
+                    self.snapshot = None;
+                    self.journal = Vec::new().into_iter();
+                    return Some(Work::Failed(snapshot_corrupt(&path, offset, damage)));
+                }
+                Err(e) => {
+                    self.snapshot = None;
+                    self.journal = Vec::new().into_iter();
+                    return Some(Work::Failed(io_err("read", &path)(e)));
+                }
+            }
+        }
+        let run: Vec<_> = self.journal.by_ref().take(PUTS_RUN).collect();
+        (!run.is_empty()).then_some(Work::Puts(run))
+    }
+}
+
+struct Stream<'a, T> {
+    touched: &'a Touched,
+    parse: &'a (dyn Fn(&str, &str, &RawValue) -> T + Sync),
+}
+
+/// The snapshot records seen, and the snapshot's path and length for an error about them.
+type Found = (u64, Option<(PathBuf, u64)>);
+
+impl<T: Send> Stream<'_, T> {
+    fn work(&self, w: Work) -> Result<Done<T>, Error> {
+        match w {
+            Work::Failed(e) => Err(e),
+            Work::Puts(run) => Ok(Done {
+                in_snapshot: 0,
+                puts: run
+                    .into_iter()
+                    .filter_map(|r| match r.op {
+                        Op::Put(body) => {
+                            let parsed = (self.parse)(&r.kind, &r.key, &body);
+                            Some((r.kind, r.key, parsed))
+                        }
+                        Op::Remove => None,
+                    })
+                    .collect(),
+            }),
+            Work::Frame {
+                path,
+                offset,
+                payload,
+            } => {
+                let records: Vec<RecordRef<'_>> =
+                    serde_json::from_slice(&payload).map_err(|e| {
+                        snapshot_corrupt(&path, offset, Damage::BadPayload(e.to_string()))
+                    })?;
+                let mut done = Done {
+                    in_snapshot: records.len() as u64,
+                    puts: Vec::with_capacity(records.len()),
+                };
+                for r in records {
+                    let OpRef::Put(body) = r.op else {
+                        let damage = Damage::BadPayload("a removal in a snapshot".into());
+                        return Err(snapshot_corrupt(&path, offset, damage));
+                    };
+                    let stale = self
+                        .touched
+                        .get(&*r.kind)
+                        .is_some_and(|k| k.contains(&*r.key));
+                    if !stale {
+                        let parsed = (self.parse)(&r.kind, &r.key, body);
+                        done.puts
+                            .push((r.kind.into_owned(), r.key.into_owned(), parsed));
+                    }
+                }
+                Ok(done)
+            }
+        }
+    }
+
+    fn deliver(done: Done<T>, found: &mut u64, sink: &mut dyn FnMut(Recovering<T>)) {
+        *found += done.in_snapshot;
+        for (kind, key, body) in done.puts {
+            sink(Recovering::Put { kind, key, body });
+        }
+    }
+
+    fn inline(
+        &self,
+        mut source: Source,
+        sink: &mut dyn FnMut(Recovering<T>),
+    ) -> Result<Found, Error> {
+        let place = source.snapshot.as_ref().map(|s| (s.path.clone(), s.len));
+        let mut found = 0;
+        while let Some(w) = source.next() {
+            Self::deliver(self.work(w)?, &mut found, sink);
+        }
+        Ok((found, place))
+    }
+
+    /// A reader thread deals the pieces out to the workers in turn; this thread takes the
+    /// results back in the same turn, so the sink sees them in replay order. Channels of
+    /// two pieces per worker bound what is read ahead.
+    fn pooled(
+        &self,
+        mut source: Source,
+        workers: usize,
+        sink: &mut dyn FnMut(Recovering<T>),
+    ) -> Result<Found, Error> {
+        let place = source.snapshot.as_ref().map(|s| (s.path.clone(), s.len));
+        let spawn_err = |e| Error::Io {
+            what: "spawn a replay thread".into(),
+            source: e,
+        };
+        thread::scope(|scope| {
+            let mut to_workers = Vec::with_capacity(workers);
+            let mut from_workers = Vec::with_capacity(workers);
+            for i in 0..workers {
+                let (work_tx, work_rx) = mpsc::sync_channel::<Work>(2);
+                let (done_tx, done_rx) = mpsc::sync_channel(2);
+                thread::Builder::new()
+                    .name(format!("agentd-replay-{i}"))
+                    .spawn_scoped(scope, move || {
+                        for w in work_rx {
+                            if done_tx.send(self.work(w)).is_err() {
+                                break;
+                            }
+                        }
+                    })
+                    .map_err(spawn_err)?;
+                to_workers.push(work_tx);
+                from_workers.push(done_rx);
+            }
+            thread::Builder::new()
+                .name("agentd-replay-read".into())
+                .spawn_scoped(scope, move || {
+                    let mut turn = 0;
+                    while let Some(w) = source.next() {
+                        if to_workers[turn % workers].send(w).is_err() {
+                            break;
+                        }
+                        turn += 1;
+                    }
+                })
+                .map_err(spawn_err)?;
+            let mut found = 0;
+            // Piece k went to worker k mod n; the first worker with nothing more to give
+            // back marks the end, as every later piece would have come after its own.
+            for turn in 0.. {
+                match from_workers[turn % workers].recv() {
+                    Ok(done) => Self::deliver(done?, &mut found, sink),
+                    Err(_) => break,
+                }
+            }
+            Ok((found, place))
+        })
+    }
 }
 
 /// Creates segment `gen` with its header (or writes the header into it if it exists
@@ -403,65 +743,6 @@ pub(crate) fn start_segment(dir: &Path, gen: u64) -> Result<(File, PathBuf, u64)
         .map_err(io_err("write segment header", &path))?;
     sync_dir(dir)?;
     Ok((file, path, header.len() as u64))
-}
-
-/// Loads the snapshot into `state`; returns its generation (0 if there is none) and size.
-/// A snapshot is only ever renamed into place after its fsync, so any damage is refused.
-fn read_snapshot<B: DeserializeOwned>(
-    dir: &Path,
-    state: &mut State<B>,
-) -> Result<(u64, u64), Error> {
-    let path = dir.join(SNAPSHOT);
-    let file = match File::open(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, 0)),
-        Err(e) => return Err(io_err("open", &path)(e)),
-    };
-    let len = file.metadata().map_err(io_err("stat", &path))?.len();
-    let mut r = FrameReader::new(BufReader::with_capacity(1 << 16, file), len);
-    let corrupt = |offset, damage| Error::Corrupt {
-        file: path.clone(),
-        offset,
-        damage,
-        why: "a snapshot is renamed into place only after its fsync".into(),
-    };
-    let mut next = || match r.next().map_err(io_err("read", &path))? {
-        Next::Bad { offset, damage } => Err(corrupt(offset, damage)),
-        Next::End => Ok(None),
-        Next::Frame { offset, payload } => Ok(Some((offset, payload))),
-    };
-    let Some((_, head)) = next()? else {
-        return Err(corrupt(0, Damage::BadPayload("empty snapshot".into())));
-    };
-    let header: SnapshotHeader = serde_json::from_slice(&head)
-        .ok()
-        .filter(|h: &SnapshotHeader| h.format == SNAPSHOT_FORMAT && h.version == SNAPSHOT_VERSION)
-        .ok_or_else(|| {
-            corrupt(
-                0,
-                Damage::BadPayload("not an agentd store snapshot v1 header".into()),
-            )
-        })?;
-    // Sized once for what the header says it holds (no record takes under 32 bytes of
-    // the file, which bounds a header that lies): growing the map as it fills rehashed
-    // every key on each doubling, a tenth of a restart's time at 100k tasks.
-    state.reserve(header.records.min(len / 32));
-    let mut count = 0u64;
-    while let Some((offset, payload)) = next()? {
-        let records = decode_records(&payload).map_err(|d| corrupt(offset, d))?;
-        count += records.len() as u64;
-        records.into_iter().for_each(|r| state.apply(r));
-    }
-    if count != header.records {
-        return Err(corrupt(
-            len,
-            Damage::BadPayload(format!(
-                "snapshot holds {count} records, header says {}",
-                header.records
-            )),
-        ));
-    }
-    Ok((header.gen, len))
 }
 
 /// Writes `records` as a snapshot of generation `gen` into `snapshot.tmp` and fsyncs it;
@@ -583,9 +864,22 @@ pub(crate) struct Compacted {
 pub(crate) fn compact(dir: &Path, upto: u64, stop: Option<Step>) -> Result<Compacted, Error> {
     // Bodies are only copied, so they stay raw JSON text: a parsed tree of every record
     // would cost several times the store's size at each compaction.
-    let replay = replay::<Box<RawValue>>(dir, Mode::Compact { upto })?;
+    let mut records = Vec::new();
+    let replay = replay(
+        dir,
+        Mode::Compact { upto },
+        0,
+        &|_, _, body| body.to_owned(),
+        &mut |r| match r {
+            Recovering::Expect(n) => records.reserve(usize::try_from(n).unwrap_or(0)),
+            Recovering::Put { kind, key, body } => records.push(Record {
+                kind,
+                key,
+                op: Op::Put(body),
+            }),
+        },
+    )?;
     let covered = replay.segments;
-    let records = replay.state.into_records();
 
     let size = write_snapshot_tmp(dir, upto, &records)?;
     if stop == Some(Step::TmpWritten) {

@@ -82,9 +82,14 @@
 //!
 //! # Recovery
 //!
-//! [`Store::open`] takes the lock, deletes `snapshot.tmp`, loads `snapshot`, removes
-//! segments below its generation, and replays the rest in order. The segments must run on
-//! from the snapshot's generation without a gap, or open refuses (`Error::Layout`).
+//! [`Store::open`] takes the lock, deletes `snapshot.tmp`, reads the header of `snapshot`,
+//! removes segments below its generation, and replays the rest in order into a map of what
+//! they wrote and removed. The segments must run on from the snapshot's generation without
+//! a gap, or open refuses (`Error::Layout`). Then the snapshot streams past, frame by frame:
+//! a record of a key the segments touched is stale and skipped; the rest, then the
+//! segments' own live records, go to the caller, in the order of their last writes.
+//! [`Store::open_with`] hands them over one at a time as they are parsed (on several
+//! threads): a restart never holds the whole state twice, as a tree and as the caller's.
 //!
 //! Damage is a frame that does not read well: short header, zero length, absurd length,
 //! length past end of file, bad crc, bad payload, or (format 2) a frame out of place (a
@@ -157,7 +162,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+pub use disk::Recovering;
 pub use frame::{crc32, Damage, MAX_FRAME};
+use serde_json::value::RawValue;
 
 /// A position in the append order of one open store: 1, 2, 3, ... Ticket 0 is durable from
 /// the start. Tickets restart at 1 after a reopen (an answer cannot be held across a
@@ -216,6 +223,9 @@ pub struct Options {
     /// Appends block while this much is queued and not yet written: back-pressure instead of
     /// a queue without end when the disk is slower than the callers.
     pub max_pending_bytes: usize,
+    /// Threads that decode and parse records at open: `None` picks from the machine's
+    /// cores (none on one core, else up to 4); `Some(0)` does it all on the opening thread.
+    pub replay_threads: Option<usize>,
 }
 
 impl Default for Options {
@@ -224,9 +234,23 @@ impl Default for Options {
             compact_after_bytes: 64 << 20,
             max_append_bytes: 16 << 20,
             max_pending_bytes: 64 << 20,
+            replay_threads: None,
         }
     }
 }
+
+/// What [`Store::open_with`] found, besides the records it handed over.
+#[derive(Debug)]
+pub struct Opened {
+    /// Journal frames replayed (one per append call) on top of the snapshot.
+    pub frames: u64,
+    /// A damaged tail cut off the newest segment, if any. Log it.
+    pub truncated: Option<Truncation>,
+}
+
+/// Open's threads that read and parse the snapshot, at most (more cores than this only
+/// wait on the one thread that restores what they parse).
+const MAX_REPLAY_THREADS: usize = 4;
 
 /// What open found: the live state and whether a damaged tail was cut off.
 #[derive(Debug)]
@@ -479,23 +503,58 @@ impl Store {
     /// Opens (or creates) the store in `dir`, recovering its state. Fails with
     /// [`Error::Locked`] if another store has it open.
     pub fn open(dir: impl AsRef<Path>, opts: Options) -> Result<(Store, Recovered), Error> {
-        Self::open_as(dir, opts)
+        let mut records = Vec::new();
+        let mut unreadable = None;
+        let (store, opened) = Self::open_with(
+            dir,
+            opts,
+            &|_, _, body| serde_json::from_str(body.get()),
+            &mut |r| match r {
+                Recovering::Expect(n) => records.reserve(usize::try_from(n).unwrap_or(0)),
+                Recovering::Put { kind, key, body } => match body {
+                    Ok(body) => records.push(Record::put(kind, key, body)),
+                    Err(e) => unreadable = Some(format!("{kind} {key}: {e}")),
+                },
+            },
+        )?;
+        // Every body was read well as JSON text already; a tree of it fails only past
+        // serde_json's nesting limit, which the text's own reading shares.
+        if let Some(why) = unreadable {
+            return Err(Error::Layout(format!("a record does not read back: {why}")));
+        }
+        let recovered = Recovered {
+            records,
+            frames: opened.frames,
+            truncated: opened.truncated,
+        };
+        Ok((store, recovered))
     }
 
-    /// [`Store::open`], with the recovered bodies read as `B`: `Box<RawValue>` keeps each
-    /// body as its JSON text (one allocation, no tree), for a caller that parses each
-    /// straight into its own type, one at a time.
-    pub fn open_as<B: serde::de::DeserializeOwned>(
+    /// [`Store::open`] for a caller that takes the state as it streams off the disk rather
+    /// than as one list: `parse` makes each live record's body from its JSON text (on
+    /// several threads at once, so it must be `Sync`), and `sink` gets
+    /// [`Recovering::Expect`] first, then every live record in the order of its last write,
+    /// on this thread, before the store starts. The snapshot is never held whole.
+    pub fn open_with<T: Send>(
         dir: impl AsRef<Path>,
         opts: Options,
-    ) -> Result<(Store, Recovered<B>), Error> {
+        parse: &(dyn Fn(&str, &str, &RawValue) -> T + Sync),
+        sink: &mut dyn FnMut(Recovering<T>),
+    ) -> Result<(Store, Opened), Error> {
         let dir = dir.as_ref().to_path_buf();
         assert!(
             opts.max_append_bytes <= MAX_FRAME as usize,
             "max_append_bytes above MAX_FRAME"
         );
         let lock = disk::lock(&dir)?;
-        let replay = disk::replay::<B>(&dir, disk::Mode::Open)?;
+        let workers = opts.replay_threads.unwrap_or_else(|| {
+            // One core: the reader and workers would only take turns with this thread.
+            match thread::available_parallelism().map_or(1, |n| n.get()) {
+                1 => 0,
+                n => n.min(MAX_REPLAY_THREADS),
+            }
+        });
+        let replay = disk::replay(&dir, disk::Mode::Open, workers, parse, sink)?;
 
         let all_bytes: u64 = replay.segments.iter().map(|s| s.len).sum();
         let started = (|| {
@@ -601,8 +660,7 @@ impl Store {
                 source: e,
             })?;
 
-        let recovered = Recovered {
-            records: replay.state.into_records(),
+        let opened = Opened {
             frames: replay.frames,
             truncated: replay.truncated,
         };
@@ -613,7 +671,7 @@ impl Store {
             jobs: Some(tx),
             _lock: lock,
         };
-        Ok((store, recovered))
+        Ok((store, opened))
     }
 
     /// Queues `records` as one atomic frame and returns its ticket. Encoding happens here,

@@ -255,6 +255,113 @@ fn removals_and_overwrites_survive_compaction_and_restart() {
     assert!(!d.path().join("snapshot.tmp").exists());
 }
 
+/// A snapshot of many frames (several per replay thread) under a journal that overwrites
+/// and removes some of its keys: every thread count, none included, hands back the model's
+/// state in the model's order, and no record the journal superseded is parsed at all.
+#[test]
+fn the_snapshot_streams_through_any_number_of_replay_threads() {
+    let d = TempDir::new("replay-threads");
+    let body = "x".repeat(2000);
+    // About 6 MiB: six snapshot frames of 1 MiB and a bit.
+    let first: Vec<Vec<Record>> = (0..30)
+        .map(|b| {
+            (0..100)
+                .map(|i| put(&format!("t{b}-{i}"), json!({ "b": b, "i": i, "pad": body })))
+                .collect()
+        })
+        .collect();
+    write_batches(d.path(), &first);
+    let (store, _) = open(d.path());
+    store.compact().unwrap();
+    let later = vec![
+        vec![put("t0-0", json!("new")), Record::remove("task", "t29-99")],
+        vec![Record::remove("task", "t7-7"), put("t7-7", json!("back"))],
+        vec![Record::remove("task", "t3-1"), put("fresh", json!(1))],
+    ];
+    for b in &later {
+        let t = store.append(b).unwrap();
+        store.wait_durable(t, T).unwrap();
+    }
+    store.close().unwrap();
+    let all: Vec<Vec<Record>> = first.iter().chain(&later).cloned().collect();
+    let want = model(&all, all.len());
+    assert_eq!(want.len(), 3000 - 2 + 1);
+    for threads in [Some(0), Some(1), Some(2), Some(3), None] {
+        let parsed = AtomicUsize::new(0);
+        let mut got = Vec::new();
+        let mut expected = None;
+        let (store, opened) = Store::open_with(
+            d.path(),
+            Options {
+                replay_threads: threads,
+                ..opts()
+            },
+            &|_, _, body| {
+                parsed.fetch_add(1, Ordering::Relaxed);
+                serde_json::from_str::<serde_json::Value>(body.get()).unwrap()
+            },
+            &mut |r| match r {
+                Recovering::Expect(n) => expected = Some(n),
+                Recovering::Put { kind, key, body } => got.push(Record::put(kind, key, body)),
+            },
+        )
+        .unwrap();
+        drop(store);
+        // Not assert_eq: a difference would print megabytes.
+        assert!(got == want, "{threads:?} threads: {} records", got.len());
+        assert_eq!(opened.frames, 3, "{threads:?}");
+        // The journal's 3 live keys plus the snapshot's 3,000, some of them stale.
+        assert_eq!(expected, Some(3000 + 3), "{threads:?}");
+        assert_eq!(
+            parsed.into_inner(),
+            want.len(),
+            "{threads:?}: only live records are parsed"
+        );
+    }
+}
+
+/// A snapshot damaged in a later frame is refused whatever the thread count, even though
+/// the frames before it were already handed over.
+#[test]
+fn a_snapshot_damaged_midway_is_refused_by_every_replay() {
+    let d = TempDir::new("replay-damage");
+    let body = "y".repeat(3000);
+    let first: Vec<Vec<Record>> = (0..10)
+        .map(|b| {
+            (0..100)
+                .map(|i| put(&format!("k{b}-{i}"), json!({ "pad": body })))
+                .collect()
+        })
+        .collect();
+    write_batches(d.path(), &first);
+    let (store, _) = open(d.path());
+    store.compact().unwrap();
+    store.close().unwrap();
+    let snap = d.path().join("snapshot");
+    let mut bytes = fs::read(&snap).unwrap();
+    let at = bytes.len() - 100;
+    bytes[at] ^= 0x20;
+    fs::write(&snap, &bytes).unwrap();
+    for threads in [Some(0), Some(2)] {
+        let err = Store::open(
+            d.path(),
+            Options {
+                replay_threads: threads,
+                ..opts()
+            },
+        )
+        .map(|_| ())
+        .unwrap_err();
+        // Named at the damaged frame (before the flipped byte), not only found short at
+        // the end by the record count.
+        assert!(
+            matches!(&err, Error::Corrupt { file, offset, .. }
+                if file.ends_with("snapshot") && *offset < at as u64),
+            "{threads:?}: {err}"
+        );
+    }
+}
+
 /// Cutting the newest segment at any byte inside its last batch (header or frame) recovers
 /// exactly the batches before it, truncates the file where that batch started, and says so.
 #[test]
