@@ -47,6 +47,9 @@ pub const LIST_PAGE_BYTES: usize = 4 << 20;
 pub(crate) enum Reply {
     /// A finished result, already serialized.
     Result(Vec<u8>),
+    /// A ListTasks page: its tasks' views taken under the instance, serialized (and the
+    /// page cut at its byte bound) by the connection outside it.
+    Page(Box<ListPage>),
     /// A result holding one task (a snapshot sharing the store's content), written by the
     /// connection whole or, when large, as the peer reads it.
     Task(Box<TaskJson>),
@@ -766,11 +769,17 @@ fn list_tasks(
     // A page is bounded in bytes as well as in tasks: a small request must not build an
     // answer of any size. Past the page's bytes the page ends early (at least one task, so
     // the listing always moves on) and `nextPageToken` says where to go on.
-    let mut views: Vec<Box<serde_json::value::RawValue>> = Vec::new();
-    let mut bytes = 0usize;
-    let mut last = None;
+    let mut views = Vec::new();
+    let mut guessed = 0usize;
     while views.len() < page_size as usize {
         let Some(t) = page.peek() else { break };
+        // Views share the store's content, save packed messages made whole again: their
+        // size is bounded by a guess from the kept sizes, at twice the page's bytes, and
+        // the page is cut exactly as it is serialized.
+        let guess = t.view_weight(history, include_artifacts);
+        if !views.is_empty() && guessed + guess > 2 * page_bytes {
+            break;
+        }
         let shown = t.view(Some(history), include_artifacts, annotate);
         if views.is_empty()
             && t.answer_weight() > page_bytes
@@ -796,44 +805,79 @@ fn list_tasks(
                 shown, prefix, suffix, weight,
             ))));
         }
-        // Each task is serialized once, into the page as it is: its size is known before
-        // it is kept, and nothing is built twice.
-        let view = serde_json::value::to_raw_value(&shown)
-            .map_err(|e| RpcError::new(ErrorKind::Internal, format!("internal error: {e}")))?;
-        let size = view.get().len();
-        if !views.is_empty() && bytes + size > page_bytes {
-            break;
-        }
-        bytes += size;
-        last = page.next();
-        views.push(view);
+        guessed += guess;
+        views.push((shown, t.position()));
+        page.next();
     }
-    let shrunk = views.len() < page_size as usize && page.peek().is_some();
-    let next_page_token = match (last, page.peek()) {
-        (Some(last), Some(_)) => encode_page_token(last),
-        _ => String::new(),
-    };
-    /// `ListTasksResponse`, its tasks already serialized.
-    #[derive(Serialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Page {
-        next_page_token: String,
-        page_size: i32,
-        tasks: Vec<Box<serde_json::value::RawValue>>,
-        total_size: i32,
-    }
-    let response = Page {
-        next_page_token,
-        // The page size used: fewer than asked when the byte bound ended the page.
-        page_size: if shrunk {
-            i32::try_from(views.len()).unwrap_or(page_size)
-        } else {
-            page_size
-        },
-        tasks: views,
+    Ok(Reply::Page(Box::new(ListPage {
+        views,
+        more: page.peek().is_some(),
+        page_size,
         total_size: i32::try_from(total).unwrap_or(i32::MAX),
-    };
-    Ok(serialize(&response))
+        page_bytes,
+    })))
+}
+
+/// A ListTasks page as decided under the instance: the views of the tasks it may hold (in
+/// listing order, with their listing positions), whether any task follows them, and the
+/// bound on its bytes.
+#[derive(Debug)]
+pub(crate) struct ListPage {
+    views: Vec<(crate::a2a::types::Task, (u64, u64))>,
+    more: bool,
+    page_size: i32,
+    total_size: i32,
+    page_bytes: usize,
+}
+
+impl ListPage {
+    /// The `ListTasksResponse`: each task serialized once, into the page as it is, while
+    /// the page's bytes allow (at least one task, so the listing always moves on); past
+    /// them the page ends early and `nextPageToken` says where to go on.
+    pub(crate) fn render(self) -> Result<Vec<u8>, RpcError> {
+        /// `ListTasksResponse`, its tasks already serialized.
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Page {
+            next_page_token: String,
+            page_size: i32,
+            tasks: Vec<Box<serde_json::value::RawValue>>,
+            total_size: i32,
+        }
+        let held = self.views.len();
+        let mut tasks = Vec::with_capacity(held);
+        let mut bytes = 0usize;
+        let mut last = None;
+        for (task, position) in self.views {
+            let view = serde_json::value::to_raw_value(&task)
+                .map_err(|e| RpcError::new(ErrorKind::Internal, format!("internal error: {e}")))?;
+            let size = view.get().len();
+            if !tasks.is_empty() && bytes + size > self.page_bytes {
+                break;
+            }
+            bytes += size;
+            last = Some(position);
+            tasks.push(view);
+        }
+        let more = self.more || tasks.len() < held;
+        let shrunk = tasks.len() < self.page_size as usize && more;
+        let page = Page {
+            next_page_token: match (last, more) {
+                (Some(last), true) => crate::tasks::encode_position(last),
+                _ => String::new(),
+            },
+            // The page size used: fewer than asked when the byte bound ended the page.
+            page_size: if shrunk {
+                i32::try_from(tasks.len()).unwrap_or(self.page_size)
+            } else {
+                self.page_size
+            },
+            tasks,
+            total_size: self.total_size,
+        };
+        serde_json::to_vec(&page)
+            .map_err(|e| RpcError::new(ErrorKind::Internal, format!("internal error: {e}")))
+    }
 }
 
 fn cancel_task(

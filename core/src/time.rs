@@ -47,13 +47,27 @@ pub(crate) fn rfc3339_ms(epoch_ms: u64) -> String {
     let secs = (epoch_ms / 1000) as i64;
     let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
     let sod = secs.rem_euclid(86_400);
-    format!(
-        "{y:04}-{mo:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        sod / 3600,
-        (sod / 60) % 60,
-        sod % 60,
-        epoch_ms % 1000
-    )
+    let (h, mi, se, ms) = (sod / 3600, (sod / 60) % 60, sod % 60, epoch_ms % 1000);
+    if !(0..=9999).contains(&y) {
+        return format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{se:02}.{ms:03}Z");
+    }
+    // Digit by digit into a fixed buffer: every task's status on every listed page has a
+    // timestamp, and `format!` was a tenth of a ListTasks answer's CPU.
+    let mut out = *b"0000-00-00T00:00:00.000Z";
+    let mut put = |at: usize, width: usize, mut v: u64| {
+        for i in (at..at + width).rev() {
+            out[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+    };
+    put(0, 4, y as u64);
+    put(5, 2, u64::from(mo));
+    put(8, 2, u64::from(d));
+    put(11, 2, h as u64);
+    put(14, 2, mi as u64);
+    put(17, 2, se as u64);
+    put(20, 3, ms);
+    out.iter().map(|&b| char::from(b)).collect()
 }
 
 /// Parses an RFC 3339 timestamp (`Z` or a numeric offset, 0–9 fractional digits) into epoch
@@ -153,6 +167,33 @@ mod tests {
         assert_eq!(rfc3339_ms(1_767_225_600_123), "2026-01-01T00:00:00.123Z");
         assert_eq!(rfc3339_ms(951_782_400_000), "2000-02-29T00:00:00.000Z");
         assert_eq!(http_date(784_111_777_000), "Sun, 06 Nov 1994 08:49:37 GMT");
+    }
+
+    /// The digit-by-digit form writes what `format!` writes, over a spread of instants
+    /// (every field's carries, leap days, the last millisecond of 9999 and past it).
+    #[test]
+    fn formats_as_format_would() {
+        let by_format = |epoch_ms: u64| {
+            let secs = (epoch_ms / 1000) as i64;
+            let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
+            let sod = secs.rem_euclid(86_400);
+            format!(
+                "{y:04}-{mo:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+                sod / 3600,
+                (sod / 60) % 60,
+                sod % 60,
+                epoch_ms % 1000
+            )
+        };
+        // An odd stride over about 8,000 years: every month, hour and millisecond digit.
+        for i in 0..100_000u64 {
+            let ms = i * 2_600_000_017_777;
+            assert_eq!(rfc3339_ms(ms), by_format(ms), "{ms}");
+        }
+        for ms in [253_402_300_799_999, 253_402_300_800_000, u64::MAX] {
+            assert_eq!(rfc3339_ms(ms), by_format(ms), "{ms}");
+        }
+        assert_eq!(rfc3339_ms(253_402_300_799_999), "9999-12-31T23:59:59.999Z");
     }
 
     #[test]

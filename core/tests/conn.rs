@@ -1431,6 +1431,56 @@ fn list_tasks_pages_are_bounded_in_bytes() {
     assert_eq!(seen, ids, "every task once, newest first");
 }
 
+/// Tasks smaller than a page but several to a page's bytes: the page is cut where its
+/// bytes run out (its views were taken under the instance, and are serialized and cut
+/// outside it), says so in pageSize, and the next page goes on from the last task shown.
+#[test]
+fn list_pages_of_mid_sized_tasks_are_cut_at_their_bytes() {
+    for size in [100 << 10, 30 << 10] {
+        let mut h = Harness::new();
+        let mut c = h.conn();
+        let text = "y".repeat(size);
+        let mut ids = Vec::new();
+        for _ in 0..24 {
+            ids.push(new_task(&mut h, &mut c, &text));
+        }
+        let (mut seen, mut token, mut cut) = (Vec::new(), String::new(), 0);
+        loop {
+            let r = one(&c.feed(
+                &mut h,
+                &call(
+                    "ListTasks",
+                    9,
+                    json!({"pageSize": 50, "historyLength": 1, "pageToken": token}),
+                ),
+            ));
+            assert!(
+                r.body.len() <= 256 * 1024 + 1024,
+                "{size}: a page of {} bytes",
+                r.body.len()
+            );
+            let page = r.json()["result"].clone();
+            let tasks = page["tasks"].as_array().unwrap();
+            assert!(tasks.len() > 1, "{size}: several tasks fit a page");
+            seen.extend(tasks.iter().map(|t| t["id"].as_str().unwrap().to_owned()));
+            token = page["nextPageToken"].as_str().unwrap().to_owned();
+            if token.is_empty() {
+                assert_eq!(page["pageSize"], 50, "{size}: the last page");
+                break;
+            }
+            cut += 1;
+            assert_eq!(
+                page["pageSize"],
+                tasks.len(),
+                "{size}: a page cut short says so"
+            );
+        }
+        assert!(cut >= 2, "{size}: {cut} pages cut short");
+        ids.reverse();
+        assert_eq!(seen, ids, "{size}: every task once, newest first");
+    }
+}
+
 /// A message to a task that is working (not asking for input) would start a second turn
 /// beside the first, or take a workflow's task from its run: it is refused with -32004, and
 /// the task and its turn go on untouched.

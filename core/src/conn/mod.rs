@@ -248,6 +248,13 @@ enum Frame {
     Framed(Vec<u8>),
 }
 
+/// A JSON-RPC result as decided: already JSON, or a list page still to serialize.
+#[derive(Debug)]
+enum ResultBody {
+    Json(Vec<u8>),
+    Page(Box<crate::rpc::ListPage>),
+}
+
 /// An answer decided under the instance and not yet framed. It owns (or shares) everything
 /// it needs, so framing it takes no instance.
 #[derive(Debug)]
@@ -256,7 +263,7 @@ enum Deferred {
     /// config, a message).
     Result {
         id: RequestId,
-        result: Vec<u8>,
+        result: ResultBody,
         keep_alive: bool,
         minor: u8,
         echo: Option<String>,

@@ -448,7 +448,19 @@ impl Connection {
                 let echo = activated.echo();
                 self.defer(inst, changed, id, minor, |id| Deferred::Result {
                     id,
-                    result,
+                    result: ResultBody::Json(result),
+                    keep_alive,
+                    minor,
+                    echo,
+                    acknowledges: changed.is_some(),
+                });
+                false
+            }
+            Reply::Page(page) => {
+                let echo = activated.echo();
+                self.defer(inst, changed, id, minor, |id| Deferred::Result {
+                    id,
+                    result: ResultBody::Page(page),
                     keep_alive,
                     minor,
                     echo,

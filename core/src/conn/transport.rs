@@ -373,6 +373,17 @@ impl Connection {
                 echo,
                 acknowledges,
             } => {
+                let result = match result {
+                    ResultBody::Json(json) => json,
+                    // A list page is serialized here, outside the instance.
+                    ResultBody::Page(page) => match page.render() {
+                        Ok(json) => json,
+                        Err(err) => {
+                            self.write_error_reply(&err, &id, keep_alive, minor, now);
+                            return true;
+                        }
+                    },
+                };
                 // A read's large answer waits for room in the pool; an answer that
                 // acknowledges a change is always given (its request carried the bytes).
                 if !acknowledges && !self.admit_large(result.len()) {

@@ -413,6 +413,37 @@ impl TaskRecord {
         self.history_bytes + self.artifact_bytes + self.accepted_bytes
     }
 
+    /// Where the task stands in the listing order: its status time and sequence.
+    pub(crate) fn position(&self) -> (u64, u64) {
+        (self.status_ms, self.status_seq)
+    }
+
+    /// A cheap guess, from sizes already kept, at the bytes of this task's view with its
+    /// newest `history` messages (and its artifacts when asked): what bounds how much of a
+    /// list page is built under the instance before the page is cut exactly, outside it.
+    pub(crate) fn view_weight(&self, history: usize, include_artifacts: bool) -> usize {
+        /// Ids, state, timestamp, the status message's envelope, annotations.
+        const FIXED: usize = 512;
+        let keep = history.min(self.history.len());
+        let shown: usize = self
+            .history
+            .iter()
+            .skip(self.history.len() - keep)
+            .map(|(_, size)| size)
+            .sum();
+        let status = match &self.status_message {
+            None => 0,
+            Some(StatusMessage::Whole(m)) => serialized_len(&**m),
+            Some(StatusMessage::PackedParts(text)) => text.len(),
+        };
+        let artifacts = if include_artifacts {
+            self.artifact_bytes
+        } else {
+            0
+        };
+        FIXED + shown + status + artifacts
+    }
+
     /// The messages this task accepted, oldest first.
     pub(crate) fn accepted(&self) -> impl Iterator<Item = &Accepted> {
         self.accepted.iter().map(|(a, _)| a)
@@ -1355,7 +1386,12 @@ impl TaskStore {
 /// A ListTasks page token: the listing position of the last task of the previous page.
 /// Opaque to clients; a token this server could not have issued is refused.
 pub fn encode_page_token(task: &TaskRecord) -> String {
-    crate::ids::hex(format!("{}.{}", task.status_ms, task.status_seq).as_bytes())
+    encode_position(task.position())
+}
+
+/// The page token after the task at listing position `(status_ms, status_seq)`.
+pub(crate) fn encode_position((status_ms, status_seq): (u64, u64)) -> String {
+    crate::ids::hex(format!("{status_ms}.{status_seq}").as_bytes())
 }
 
 pub(crate) fn decode_page_token(token: &str) -> Option<(u64, u64)> {
