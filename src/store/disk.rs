@@ -342,14 +342,9 @@ pub(crate) fn replay<T: Send>(
 
     // Segments below the snapshot's generation are already in it: a compaction committed
     // its snapshot and died (or failed) before deleting them.
+    // They are removed, and a torn tail cut, only once the snapshot has read well to its
+    // end: a snapshot found damaged leaves every file as it was, for an operator.
     let (stale, mut live): (Vec<u64>, Vec<u64>) = gens.into_iter().partition(|g| *g < snapshot_gen);
-    if mode == Mode::Open {
-        for gen in stale {
-            let p = dir.join(journal_name(gen));
-            fs::remove_file(&p).map_err(io_err("remove stale segment", &p))?;
-            tidied = true;
-        }
-    }
     if let Mode::Compact { upto } = mode {
         live.retain(|g| *g < upto);
     }
@@ -379,13 +374,6 @@ pub(crate) fn replay<T: Send>(
         let read = journal::read(&path, gen, tail, &mut state)?;
         frames += read.frames;
         if let Some((damage_offset, damage)) = read.damage {
-            let f = OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .map_err(io_err("open", &path))?;
-            f.set_len(read.kept)
-                .and_then(|()| f.sync_data())
-                .map_err(io_err("truncate", &path))?;
             truncated = Some(Truncation {
                 file: path,
                 at_offset: read.kept,
@@ -404,7 +392,12 @@ pub(crate) fn replay<T: Send>(
 
     let touched = state.touched();
     let in_snapshot = snapshot.as_ref().map_or(0, |s| s.header.records);
-    sink(Recovering::Expect(in_snapshot + state.map.len() as u64));
+    // A header that lies about its count must not size anything: no record takes under 32
+    // bytes of the file.
+    let expect = in_snapshot
+        .min(snapshot_bytes / 32)
+        .saturating_add(state.map.len() as u64);
+    sink(Recovering::Expect(expect));
     let source = Source {
         snapshot,
         journal: state.into_records().into_iter(),
@@ -429,6 +422,22 @@ pub(crate) fn replay<T: Send>(
             )),
             why: SNAPSHOT_SYNCED.into(),
         });
+    }
+    if mode == Mode::Open {
+        for gen in stale {
+            let p = dir.join(journal_name(gen));
+            fs::remove_file(&p).map_err(io_err("remove stale segment", &p))?;
+            tidied = true;
+        }
+        if let Some(cut) = &truncated {
+            let f = OpenOptions::new()
+                .write(true)
+                .open(&cut.file)
+                .map_err(io_err("open", &cut.file))?;
+            f.set_len(cut.at_offset)
+                .and_then(|()| f.sync_data())
+                .map_err(io_err("truncate", &cut.file))?;
+        }
     }
     if tidied {
         sync_dir(dir)?;

@@ -321,7 +321,9 @@ fn the_snapshot_streams_through_any_number_of_replay_threads() {
 }
 
 /// A snapshot damaged in a later frame is refused whatever the thread count, even though
-/// the frames before it were already handed over.
+/// the frames before it were already handed over; and nothing in the directory is touched
+/// first: a stale segment below the snapshot stays, and so does the newest segment's torn
+/// tail, for an operator to look at.
 #[test]
 fn a_snapshot_damaged_midway_is_refused_by_every_replay() {
     let d = TempDir::new("replay-damage");
@@ -342,6 +344,12 @@ fn a_snapshot_damaged_midway_is_refused_by_every_replay() {
     let at = bytes.len() - 100;
     bytes[at] ^= 0x20;
     fs::write(&snap, &bytes).unwrap();
+    let stale = d.path().join("journal.00000000000000000000");
+    fs::write(&stale, b"covered by the snapshot").unwrap();
+    let newest = only_segment_above(d.path(), 0);
+    let mut torn = fs::read(&newest).unwrap();
+    torn.extend_from_slice(b"\x10\0\0\0torn write");
+    fs::write(&newest, &torn).unwrap();
     for threads in [Some(0), Some(2)] {
         let err = Store::open(
             d.path(),
@@ -357,6 +365,58 @@ fn a_snapshot_damaged_midway_is_refused_by_every_replay() {
         assert!(
             matches!(&err, Error::Corrupt { file, offset, .. }
                 if file.ends_with("snapshot") && *offset < at as u64),
+            "{threads:?}: {err}"
+        );
+        assert!(stale.exists(), "{threads:?}: the stale segment was removed");
+        assert_eq!(
+            fs::read(&newest).unwrap(),
+            torn,
+            "{threads:?}: the torn tail was cut"
+        );
+    }
+}
+
+/// The newest segment above generation `gen`.
+fn only_segment_above(dir: &Path, gen: u64) -> PathBuf {
+    let mut segs: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_str().unwrap();
+            name.strip_prefix("journal.")
+                .and_then(|g| g.parse::<u64>().ok())
+                .is_some_and(|g| g > gen)
+        })
+        .collect();
+    segs.sort();
+    segs.pop().expect("a segment")
+}
+
+/// A snapshot header that says it holds more records than its bytes could is refused as
+/// damage, after reading: it sizes nothing (a count near 2^64 once asked for that much).
+#[test]
+fn a_snapshot_header_that_lies_about_its_count_sizes_nothing() {
+    let d = TempDir::new("lying-header");
+    let mut file = Vec::new();
+    let header = json!({"format": "agentd-store-snapshot", "version": 1, "gen": 1,
+                        "records": u64::MAX});
+    super::frame::push_frame(&mut file, header.to_string().as_bytes());
+    let records = json!([{"kind": "task", "key": "a", "op": {"put": 1}}]);
+    super::frame::push_frame(&mut file, records.to_string().as_bytes());
+    fs::write(d.path().join("snapshot"), &file).unwrap();
+    for threads in [Some(0), Some(2)] {
+        let err = Store::open(
+            d.path(),
+            Options {
+                replay_threads: threads,
+                ..opts()
+            },
+        )
+        .map(|_| ())
+        .unwrap_err();
+        assert!(
+            matches!(&err, Error::Corrupt { damage: Damage::BadPayload(why), .. }
+                if why.contains("header says")),
             "{threads:?}: {err}"
         );
     }
