@@ -308,11 +308,13 @@ fn task_reply(t: &TaskRecord, history: Option<usize>, annotate: bool, wrapped: b
 fn serialize<T: Serialize>(value: &T) -> Reply {
     match serde_json::to_vec(value) {
         Ok(bytes) => Reply::Result(bytes),
-        Err(e) => Reply::Error(RpcError::new(
-            ErrorKind::Internal,
-            format!("internal error: {e}"),
-        )),
+        Err(e) => Reply::Error(unserializable(e)),
     }
+}
+
+/// A result that would not serialize: a bug, answered as an internal error.
+fn unserializable(e: serde_json::Error) -> RpcError {
+    RpcError::new(ErrorKind::Internal, format!("internal error: {e}"))
 }
 
 /// A new task refused for room: the bound reached, typed (`LIMIT_REACHED`, naming it), so a
@@ -849,8 +851,7 @@ impl ListPage {
         let mut bytes = 0usize;
         let mut last = None;
         for (task, position) in self.views {
-            let view = serde_json::value::to_raw_value(&task)
-                .map_err(|e| RpcError::new(ErrorKind::Internal, format!("internal error: {e}")))?;
+            let view = serde_json::value::to_raw_value(&task).map_err(unserializable)?;
             let size = view.get().len();
             if !tasks.is_empty() && bytes + size > self.page_bytes {
                 break;
@@ -875,8 +876,7 @@ impl ListPage {
             tasks,
             total_size: self.total_size,
         };
-        serde_json::to_vec(&page)
-            .map_err(|e| RpcError::new(ErrorKind::Internal, format!("internal error: {e}")))
+        serde_json::to_vec(&page).map_err(unserializable)
     }
 }
 

@@ -10,7 +10,7 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Arc};
+use std::sync::mpsc;
 use std::thread;
 
 use serde::de::DeserializeOwned;
@@ -398,12 +398,15 @@ pub(crate) fn replay<T: Send>(
         .min(snapshot_bytes / 32)
         .saturating_add(state.map.len() as u64);
     sink(Recovering::Expect(expect));
+    let snapshot_path = dir.join(SNAPSHOT);
     let source = Source {
-        snapshot,
+        snapshot: snapshot.map(|s| s.frames),
+        snapshot_path: &snapshot_path,
         journal: state.into_records().into_iter(),
     };
     let stream = Stream {
         touched: &touched,
+        snapshot_path: &snapshot_path,
         parse,
     };
     let found = if workers == 0 {
@@ -411,17 +414,10 @@ pub(crate) fn replay<T: Send>(
     } else {
         stream.pooled(source, workers, sink)?
     };
-    if found.0 != in_snapshot {
-        let (path, len) = found.1.unwrap_or_default();
-        return Err(Error::Corrupt {
-            file: path,
-            offset: len,
-            damage: Damage::BadPayload(format!(
-                "snapshot holds {} records, header says {in_snapshot}",
-                found.0
-            )),
-            why: SNAPSHOT_SYNCED.into(),
-        });
+    if found != in_snapshot {
+        let why = format!("snapshot holds {found} records, header says {in_snapshot}");
+        let damage = Damage::BadPayload(why);
+        return Err(snapshot_corrupt(&snapshot_path, snapshot_bytes, damage));
     }
     if mode == Mode::Open {
         for gen in stale {
@@ -481,7 +477,6 @@ enum OpRef<'a> {
 
 /// The open snapshot, its header read.
 struct Snapshot {
-    path: PathBuf,
     len: u64,
     header: SnapshotHeader,
     frames: FrameReader<BufReader<File>>,
@@ -514,7 +509,6 @@ impl Snapshot {
                 .ok_or_else(|| snapshot_corrupt(&path, 0, bad_header()))?,
         };
         Ok(Some(Snapshot {
-            path,
             len,
             header,
             frames,
@@ -535,11 +529,7 @@ fn snapshot_corrupt(path: &Path, offset: u64, damage: Damage) -> Error {
 /// the error that ended reading (handed on in order, so the records before it still
 /// count as read).
 enum Work {
-    Frame {
-        path: Arc<Path>,
-        offset: u64,
-        payload: Vec<u8>,
-    },
+    Frame { offset: u64, payload: Vec<u8> },
     Puts(Vec<Record<Box<RawValue>>>),
     Failed(Error),
 }
@@ -554,36 +544,32 @@ struct Done<T> {
 /// The segments' live records go to the workers in runs of this many.
 const PUTS_RUN: usize = 256;
 
-/// The work in replay order: the snapshot's frames, then the segments' records.
-struct Source {
-    snapshot: Option<Snapshot>,
+/// The work in replay order: the snapshot's frames (after its header), then the segments'
+/// records.
+struct Source<'a> {
+    snapshot: Option<FrameReader<BufReader<File>>>,
+    snapshot_path: &'a Path,
     journal: std::vec::IntoIter<Record<Box<RawValue>>>,
 }
 
-impl Source {
-    /// The next piece, and the snapshot's path and length once its end was reached.
+impl Source<'_> {
+    /// The next piece; after a failure, none.
     fn next(&mut self) -> Option<Work> {
-        if let Some(s) = &mut self.snapshot {
-            let path: Arc<Path> = s.path.as_path().into();
-            match s.frames.next() {
+        if let Some(frames) = &mut self.snapshot {
+            let failed = match frames.next() {
                 Ok(Next::Frame { offset, payload }) => {
-                    return Some(Work::Frame {
-                        path,
-                        offset,
-                        payload,
-                    })
+                    return Some(Work::Frame { offset, payload })
                 }
-                Ok(Next::End) => self.snapshot = None,
+                Ok(Next::End) => None,
                 Ok(Next::Bad { offset, damage }) => {
-                    self.snapshot = None;
-                    self.journal = Vec::new().into_iter();
-                    return Some(Work::Failed(snapshot_corrupt(&path, offset, damage)));
+                    Some(snapshot_corrupt(self.snapshot_path, offset, damage))
                 }
-                Err(e) => {
-                    self.snapshot = None;
-                    self.journal = Vec::new().into_iter();
-                    return Some(Work::Failed(io_err("read", &path)(e)));
-                }
+                Err(e) => Some(io_err("read", self.snapshot_path)(e)),
+            };
+            self.snapshot = None;
+            if let Some(e) = failed {
+                self.journal = Vec::new().into_iter();
+                return Some(Work::Failed(e));
             }
         }
         let run: Vec<_> = self.journal.by_ref().take(PUTS_RUN).collect();
@@ -593,11 +579,9 @@ impl Source {
 
 struct Stream<'a, T> {
     touched: &'a Touched,
+    snapshot_path: &'a Path,
     parse: &'a (dyn Fn(&str, &str, &RawValue) -> T + Sync),
 }
-
-/// The snapshot records seen, and the snapshot's path and length for an error about them.
-type Found = (u64, Option<(PathBuf, u64)>);
 
 impl<T: Send> Stream<'_, T> {
     fn work(&self, w: Work) -> Result<Done<T>, Error> {
@@ -616,23 +600,19 @@ impl<T: Send> Stream<'_, T> {
                     })
                     .collect(),
             }),
-            Work::Frame {
-                path,
-                offset,
-                payload,
-            } => {
+            Work::Frame { offset, payload } => {
+                let corrupt = |why: String| {
+                    snapshot_corrupt(self.snapshot_path, offset, Damage::BadPayload(why))
+                };
                 let records: Vec<RecordRef<'_>> =
-                    serde_json::from_slice(&payload).map_err(|e| {
-                        snapshot_corrupt(&path, offset, Damage::BadPayload(e.to_string()))
-                    })?;
+                    serde_json::from_slice(&payload).map_err(|e| corrupt(e.to_string()))?;
                 let mut done = Done {
                     in_snapshot: records.len() as u64,
                     puts: Vec::with_capacity(records.len()),
                 };
                 for r in records {
                     let OpRef::Put(body) = r.op else {
-                        let damage = Damage::BadPayload("a removal in a snapshot".into());
-                        return Err(snapshot_corrupt(&path, offset, damage));
+                        return Err(corrupt("a removal in a snapshot".into()));
                     };
                     let stale = self
                         .touched
@@ -658,15 +638,14 @@ impl<T: Send> Stream<'_, T> {
 
     fn inline(
         &self,
-        mut source: Source,
+        mut source: Source<'_>,
         sink: &mut dyn FnMut(Recovering<T>),
-    ) -> Result<Found, Error> {
-        let place = source.snapshot.as_ref().map(|s| (s.path.clone(), s.len));
+    ) -> Result<u64, Error> {
         let mut found = 0;
         while let Some(w) = source.next() {
             Self::deliver(self.work(w)?, &mut found, sink);
         }
-        Ok((found, place))
+        Ok(found)
     }
 
     /// A reader thread deals the pieces out to the workers in turn; this thread takes the
@@ -674,11 +653,10 @@ impl<T: Send> Stream<'_, T> {
     /// two pieces per worker bound what is read ahead.
     fn pooled(
         &self,
-        mut source: Source,
+        mut source: Source<'_>,
         workers: usize,
         sink: &mut dyn FnMut(Recovering<T>),
-    ) -> Result<Found, Error> {
-        let place = source.snapshot.as_ref().map(|s| (s.path.clone(), s.len));
+    ) -> Result<u64, Error> {
         let spawn_err = |e| Error::Io {
             what: "spawn a replay thread".into(),
             source: e,
@@ -723,7 +701,7 @@ impl<T: Send> Stream<'_, T> {
                     Err(_) => break,
                 }
             }
-            Ok((found, place))
+            Ok(found)
         })
     }
 }

@@ -351,15 +351,7 @@ fn a_snapshot_damaged_midway_is_refused_by_every_replay() {
     torn.extend_from_slice(b"\x10\0\0\0torn write");
     fs::write(&newest, &torn).unwrap();
     for threads in [Some(0), Some(2)] {
-        let err = Store::open(
-            d.path(),
-            Options {
-                replay_threads: threads,
-                ..opts()
-            },
-        )
-        .map(|_| ())
-        .unwrap_err();
+        let err = open_refused(d.path(), threads);
         // Named at the damaged frame (before the flipped byte), not only found short at
         // the end by the record count.
         assert!(
@@ -374,6 +366,15 @@ fn a_snapshot_damaged_midway_is_refused_by_every_replay() {
             "{threads:?}: the torn tail was cut"
         );
     }
+}
+
+/// Why the store in `dir` does not open with `threads` replay threads.
+fn open_refused(dir: &Path, threads: Option<usize>) -> Error {
+    let opts = Options {
+        replay_threads: threads,
+        ..opts()
+    };
+    Store::open(dir, opts).err().expect("the store was refused")
 }
 
 /// The newest segment above generation `gen`.
@@ -405,15 +406,7 @@ fn a_snapshot_header_that_lies_about_its_count_sizes_nothing() {
     super::frame::push_frame(&mut file, records.to_string().as_bytes());
     fs::write(d.path().join("snapshot"), &file).unwrap();
     for threads in [Some(0), Some(2)] {
-        let err = Store::open(
-            d.path(),
-            Options {
-                replay_threads: threads,
-                ..opts()
-            },
-        )
-        .map(|_| ())
-        .unwrap_err();
+        let err = open_refused(d.path(), threads);
         assert!(
             matches!(&err, Error::Corrupt { damage: Damage::BadPayload(why), .. }
                 if why.contains("header says")),
