@@ -1924,6 +1924,61 @@ mod tests {
         let back = TaskRecord::from_doc(doc).unwrap();
         assert!(matches!(back.status_message, Some(StatusMessage::Whole(_))));
         assert_eq!(back.status().message.unwrap().message_id, "chosen");
+        // Whichever field differs from the made shape, the message stays whole and as
+        // written; spelled another way (an alias, an empty list), it is still packed.
+        for (field, value) in [
+            ("taskId", serde_json::json!("u")),
+            ("contextId", serde_json::json!("d")),
+            ("role", serde_json::json!("ROLE_USER")),
+            ("referenceTaskIds", serde_json::json!(["x"])),
+        ] {
+            let mut doc = t.to_doc();
+            doc["statusMessage"][field] = value.clone();
+            let back = TaskRecord::from_doc(doc).unwrap();
+            assert!(matches!(back.status_message, Some(StatusMessage::Whole(_))));
+            let shown = serde_json::to_value(back.status().message.unwrap()).unwrap();
+            assert_eq!(shown[field], value, "{field}");
+        }
+        for (field, value) in [
+            ("extensions", serde_json::json!([])),
+            ("context_id", serde_json::json!("c")),
+        ] {
+            let mut doc = t.to_doc();
+            doc["statusMessage"][field] = value;
+            if field == "context_id" {
+                doc["statusMessage"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("contextId");
+            }
+            let back = TaskRecord::from_doc(doc).unwrap();
+            assert!(
+                matches!(back.status_message, Some(StatusMessage::PackedParts(_))),
+                "{field}"
+            );
+            assert_eq!(back.status(), whole, "{field}");
+        }
+        // Strings with escapes (not borrowed from the text) read the same.
+        let mut doc = t.to_doc();
+        let odd = "c\"\\\u{e9}";
+        for field in ["contextId", "contextKey"] {
+            doc[field] = serde_json::json!(odd);
+        }
+        doc["statusMessage"]["contextId"] = serde_json::json!(odd);
+        let back = TaskRecord::from_json(&serde_json::to_string(&doc).unwrap()).unwrap();
+        assert_eq!((&*back.context_id, &*back.context_key), (odd, odd));
+        assert!(matches!(
+            back.status_message,
+            Some(StatusMessage::PackedParts(_))
+        ));
+        assert_eq!(back.status().message.unwrap().context_id, odd);
+        // Parts that would not read back refuse the record, in the made shape or not.
+        for id in ["t.status.2", "chosen"] {
+            let mut doc = t.to_doc();
+            doc["statusMessage"]["messageId"] = serde_json::json!(id);
+            doc["statusMessage"]["parts"] = serde_json::json!([{"nothing": 1}]);
+            assert!(TaskRecord::from_doc(doc).is_err(), "{id}");
+        }
     }
 
     #[test]

@@ -10,30 +10,37 @@ use std::sync::Arc;
 
 use super::{Accepted, HeldMessage, TaskRecord};
 use super::{Link, LinkKind};
-use crate::a2a::types::{Artifact, Message, TaskState};
+use crate::a2a::types::{Artifact, Message, Part, Role, TaskState};
 use crate::auth::PrincipalDoc;
 use serde_json::value::RawValue;
+use std::borrow::Cow;
 
 /// The record kind of tasks in the durable store.
 pub const TASK_KIND: &str = "task";
 
 /// `H`: how the history's messages are carried: written from values or packed text
 /// ([`HistoryDoc`]), read as raw JSON text (so a finished task's messages are kept as the
-/// text they were stored as).
+/// text they were stored as). `S`: the strings, borrowed both ways (from the record when
+/// written, from the JSON text when read, where it has no escapes). `M`: the status
+/// message, written from its value, read as raw text ([`TaskRecord::from_json`] decides how
+/// to keep it).
 #[derive(Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct TaskDoc<H> {
+#[serde(
+    rename_all = "camelCase",
+    bound(deserialize = "H: Deserialize<'de>, S: Deserialize<'de>, M: Deserialize<'de>")
+)]
+struct TaskDoc<H, S, M> {
     v: u32,
-    id: String,
-    context_id: String,
+    id: S,
+    context_id: S,
     /// The internal key of the task's conversation (§7.6); absent in records written before
     /// the namespace existed, whose context ids were used as keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    context_key: Option<String>,
+    context_key: Option<S>,
     owner: PrincipalDoc,
     state: TaskState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    status_message: Option<Arc<Message>>,
+    status_message: Option<M>,
     status_ms: u64,
     status_seq: u64,
     created_ms: u64,
@@ -41,8 +48,8 @@ struct TaskDoc<H> {
     artifacts: Vec<Arc<Artifact>>,
     status_count: u64,
     status_history: Vec<(TaskState, u64)>,
-    link_kind: String,
-    link_id: String,
+    link_kind: S,
+    link_id: S,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     command: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -55,14 +62,60 @@ struct TaskDoc<H> {
     accepted: Vec<Accepted>,
 }
 
+/// A string of a record being read: borrowed from the JSON text unless it has escapes.
+/// (serde's own `Cow<str>` always copies.)
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// A task record as read: borrowed from its JSON text.
+type TaskRead<'a> = TaskDoc<&'a RawValue, Text<'a>, &'a RawValue>;
+
+/// A status message in exactly the shape [`TaskRecord::made_status_message`] gives it, as
+/// the record writes it, its parts kept as text: what a finished task packs without
+/// reading the message into values and writing its parts out again.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct MadeStatusRead<'a> {
+    #[serde(borrow)]
+    context_id: Text<'a>,
+    #[serde(borrow)]
+    message_id: Text<'a>,
+    #[serde(borrow)]
+    parts: &'a RawValue,
+    role: Role,
+    #[serde(borrow)]
+    task_id: Text<'a>,
+}
+
 impl TaskRecord {
     /// The record's durable form.
     pub fn to_doc(&self) -> Value {
         let doc = TaskDoc {
             v: 1,
-            id: self.id.to_string(),
-            context_id: self.context_id.to_string(),
-            context_key: Some(self.context_key.to_string()),
+            id: &*self.id,
+            context_id: &*self.context_id,
+            context_key: Some(&*self.context_key),
             owner: PrincipalDoc::from(&self.owner),
             state: self.state,
             status_message: self.status_message(),
@@ -73,8 +126,8 @@ impl TaskRecord {
             artifacts: self.artifacts.clone(),
             status_count: self.status_count,
             status_history: self.status_history.clone(),
-            link_kind: self.link().0.as_str().to_owned(),
-            link_id: self.link().1.to_owned(),
+            link_kind: self.link().0.as_str(),
+            link_id: self.link().1,
             command: self.command().map(str::to_owned),
             ask_schema: self.gate().and_then(|g| g.schema.clone()),
             ask_channel: self.gate().and_then(|g| g.channel.clone()),
@@ -92,16 +145,13 @@ impl TaskRecord {
 
     /// A record from its durable form's JSON text, read straight into the record's shape:
     /// at start a store of 100,000 tasks is read this way, with no JSON tree built per
-    /// record first.
+    /// record first, its strings borrowed from the text until the record takes them.
     pub fn from_json(text: &str) -> Result<TaskRecord, RecordError> {
-        Self::from_task_doc(serde_json::from_str(text).map_err(|e| e.to_string())?)
-    }
-
-    fn from_task_doc(d: TaskDoc<Box<RawValue>>) -> Result<TaskRecord, RecordError> {
+        let d: TaskRead<'_> = serde_json::from_str(text).map_err(|e| e.to_string())?;
         if d.v != 1 {
             return Err(format!("task record version {} is not known", d.v).into());
         }
-        let kind = match d.link_kind.as_str() {
+        let kind = match &*d.link_kind.0 {
             "run" => LinkKind::Run,
             "subagent" => LinkKind::Subagent,
             "turn" => LinkKind::Turn,
@@ -115,7 +165,7 @@ impl TaskRecord {
                 let m: Message = serde_json::from_str(raw.get()).map_err(|e| e.to_string())?;
                 Ok(if packed && raw.get().len() <= super::PACKED_MESSAGE_MAX {
                     // Checked above, so it reads back when shown.
-                    let text: Box<str> = raw.into();
+                    let text: Box<str> = raw.get().into();
                     let len = text.len();
                     (HeldMessage::Packed(text), len)
                 } else {
@@ -133,9 +183,9 @@ impl TaskRecord {
             })
             .collect();
         // An operator's context: its key is its name, one allocation for both.
-        let context_id: Arc<str> = d.context_id.into();
+        let context_id: Arc<str> = Arc::from(&*d.context_id.0);
         let context_key = match d.context_key {
-            Some(k) if *k != *context_id => k.into(),
+            Some(k) if *k.0 != *context_id => Arc::from(&*k.0),
             _ => context_id.clone(),
         };
         let mut rec = TaskRecord {
@@ -148,7 +198,7 @@ impl TaskRecord {
                 .sum(),
             history_bytes: history.iter().map(|(_, s)| s).sum(),
             history,
-            id: d.id.into(),
+            id: Arc::from(&*d.id.0),
             context_key,
             context_id,
             owner: Arc::new(d.owner.into_principal()?),
@@ -166,7 +216,7 @@ impl TaskRecord {
         rec.set_origin(
             Link {
                 kind,
-                id: d.link_id,
+                id: d.link_id.0.into_owned(),
             },
             d.command,
         );
@@ -175,11 +225,39 @@ impl TaskRecord {
             channel: d.ask_channel,
             operator_only: false,
         }));
-        rec.status_message = d.status_message.map(super::StatusMessage::Whole);
+        rec.status_message = match d.status_message {
+            None => None,
+            Some(raw) => Some(rec.read_status_message(raw, packed)?),
+        };
         if packed {
             rec.pack();
         }
         Ok(rec)
+    }
+
+    /// A stored status message as the record keeps it: a finished task's, in the shape the
+    /// store makes, as its parts' text once they are checked to read back (what
+    /// [`TaskRecord::pack`] would make of it, without the message's values and a second
+    /// writing of its parts); any other whole.
+    fn read_status_message(
+        &self,
+        raw: &RawValue,
+        packed: bool,
+    ) -> Result<super::StatusMessage, RecordError> {
+        if packed && raw.get().len() <= super::PACKED_MESSAGE_MAX {
+            if let Ok(m) = serde_json::from_str::<MadeStatusRead<'_>>(raw.get()) {
+                let made = m.role == Role::Agent
+                    && *m.task_id.0 == *self.id
+                    && *m.context_id.0 == *self.context_id
+                    && m.message_id.0 == super::status_message_id(&self.id, self.status_count);
+                if made {
+                    serde_json::from_str::<Vec<Part>>(m.parts.get()).map_err(|e| e.to_string())?;
+                    return Ok(super::StatusMessage::PackedParts(m.parts.get().into()));
+                }
+            }
+        }
+        let m: Message = serde_json::from_str(raw.get()).map_err(|e| e.to_string())?;
+        Ok(super::StatusMessage::Whole(Arc::new(m)))
     }
 }
 
