@@ -7,8 +7,11 @@ task, written ahead to the store), measures RSS, stops it (SIGTERM), starts it a
 same store and measures the time from spawn to the first ListTasks answer and the RSS after
 it. Then, on the restarted daemon, the head of line: GetTask of a known task, p50 and p99,
 alone, beside 4 connections calling ListTasks (pageSize 50) and beside 4 calling the
-`status` command, all without pause; and the cost of one call: ListTasks (pageSize 50) and
-`status`, p50/p99 and the server's CPU per call. With --peer python-sdk the same N tasks go
+`status` command, all without pause, and beside the same loads sent to a twin (a second
+daemon started on a copy of the store: the machine is as busy, but the measured daemon holds
+nothing for them, so that figure is the machine's share); medians of 3 interleaved rounds.
+Last, the cost of one call: ListTasks (pageSize 50) and `status`, p50/p99 and the server's
+CPU per call. With --peer python-sdk the same N tasks go
 to the official A2A Python SDK's server (bench/python-sdk, in-memory task store, so no
 restart) and its figures print beside agentd's in the same run. Prints three tables.
 python3 standard library only (the peer runs in the venv bench/python-sdk/setup.sh makes).
@@ -27,6 +30,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -242,30 +246,46 @@ def call_cost(d, name, calls):
     return lat[len(lat) // 2] * 1e3, lat[min(len(lat) - 1, len(lat) * 99 // 100)] * 1e3, cpu
 
 
-def head_of_line(d, calls=2000, loads=("ListTasks", "status")):
-    """GetTask p50/p99 (ms) alone, beside 4 ListTasks callers, beside 4 status callers."""
+def head_of_line(d, calls=2000, loads=("ListTasks", "status"), twin=None, rounds=3):
+    """GetTask p50/p99 (ms) on `d` alone and beside 4 callers of each of `loads` (keys
+    "alone" and the load's name); with `twin` (a second daemon on a copy of the store) also
+    beside the same 4 callers sending their load to the twin instead (keys "<load>@twin"):
+    the machine is as busy, but `d` holds nothing for them, so that figure is the machine's
+    share. Each the median over `rounds` rounds, the conditions interleaved within a round."""
     c = d.conn()
     task_id = rpc(c, "ListTasks", {"pageSize": 1})["tasks"][0]["id"]
     c.close()
-    rows = {"alone": get_task_latencies(d, task_id, calls)}
+    conditions = [("alone", None, None)]
     for name in loads:
-        # Separate processes (a thread would share the measuring thread's GIL), niced, so
-        # the figure is the daemon's head of line, not the load's CPU.
-        procs = [
-            multiprocessing.Process(target=load_loop, args=(d.host, d.port, name))
-            for _ in range(4)
-        ]
-        for pr in procs:
-            pr.start()
-        time.sleep(0.3)
-        try:
-            rows[name] = get_task_latencies(d, task_id, calls)
-        finally:
+        if twin is not None:
+            conditions.append((f"{name}@twin", twin, name))
+        conditions.append((name, d, name))
+    runs = {key: [] for key, _, _ in conditions}
+    for _ in range(rounds):
+        for key, target, name in conditions:
+            if target is None:
+                runs[key].append(get_task_latencies(d, task_id, calls))
+                continue
+            # Separate processes (a thread would share the measuring thread's GIL), niced, so
+            # the figure is the daemon's head of line, not the load's CPU.
+            procs = [
+                multiprocessing.Process(target=load_loop, args=(target.host, target.port, name))
+                for _ in range(4)
+            ]
             for pr in procs:
-                pr.terminate()
-            for pr in procs:
-                pr.join()
-    return rows
+                pr.start()
+            time.sleep(0.3)
+            try:
+                runs[key].append(get_task_latencies(d, task_id, calls))
+            finally:
+                for pr in procs:
+                    pr.terminate()
+                for pr in procs:
+                    pr.join()
+    return {
+        key: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs))
+        for key, rs in runs.items()
+    }
 
 
 def run(binary, driver, n, threads, keep):
@@ -295,6 +315,12 @@ def run(binary, driver, n, threads, keep):
         finally:
             d.stop()
         row["disk"] = dir_bytes(store)
+        # The head of line's twin: the same tasks in a second daemon, for the control load.
+        twin_config = os.path.join(tmp, "twin.toml")
+        twin_store = os.path.join(tmp, "twin-store")
+        shutil.copytree(store, twin_store)
+        with open(config) as f, open(twin_config, "w") as g:
+            g.write(f.read().replace(f'dir = "{store}"', f'dir = "{twin_store}"'))
         d = Daemon(binary, driver, config, log)
         try:
             row["restart_s"] = first_list_answer(d)
@@ -305,7 +331,11 @@ def run(binary, driver, n, threads, keep):
             got = rpc(c, "ListTasks", {"pageSize": 1})
             c.close()
             row["listed"] = got.get("totalSize", "?")
-            row["hol"] = head_of_line(d)
+            twin = Daemon(binary, driver, twin_config, log)
+            try:
+                row["hol"] = head_of_line(d, twin=twin)
+            finally:
+                twin.stop()
             row["cost"] = {k: call_cost(d, k, 200) for k in ("ListTasks", "status")}
         finally:
             d.stop()
@@ -387,18 +417,24 @@ def main():
             f"{r['after_first_kib'] / 1024:>8.1f} {r['after_kib'] / 1024:>8.1f} "
             f"{r['after_kib'] / r['before_kib']:>12.2f}"
         )
-    print("GetTask of a known task, ms (p50 / p99), and p99 over p99 alone")
-    print(f"{'tasks':>7} {'alone':>15} {'+4 ListTasks':>15} {'+4 status':>15} {'ratios':>12}")
-    for r in rows:
-        h = r["hol"]
-        cells = " ".join(f"{h[k][0]:>7.2f}/{h[k][1]:<7.2f}" for k in ("alone", "ListTasks", "status"))
-        ratio = f"{h['ListTasks'][1] / h['alone'][1]:.1f}x {h['status'][1] / h['alone'][1]:.1f}x"
-        print(f"{r['n']:>7} {cells} {ratio:>12}")
-    for r in peers:
-        h = r["hol"]
-        cells = " ".join(f"{h[k][0]:>7.2f}/{h[k][1]:<7.2f}" for k in ("alone", "ListTasks"))
-        ratio = f"{h['ListTasks'][1] / h['alone'][1]:.1f}x"
-        print(f"{r['n']:>7} {cells} {'n/a':>15} {ratio:>12}  ({a.peer})")
+    print(
+        "GetTask of a known task, ms (p50 / p99), medians of 3 interleaved rounds; beside 4"
+        " callers of ListTasks or status, sent to the twin (a second daemon with the same"
+        " tasks: the machine's share) or to this daemon"
+    )
+    kinds = ("alone", "ListTasks@twin", "ListTasks", "status@twin", "status")
+    print(f"{'tasks':>7} " + " ".join(f"{k:>15}" for k in kinds) + f" {'p99/alone':>10} {'p99/twin':>10}")
+    for server, rs in (("", rows), (f"  ({a.peer})", peers)):
+        for r in rs:
+            h = r["hol"]
+            cells = " ".join(
+                f"{h[k][0]:>7.2f}/{h[k][1]:<7.2f}" if k in h else f"{'n/a':>15}" for k in kinds
+            )
+            alone = " ".join(f"{h[k][1] / h['alone'][1]:.1f}x" for k in ("ListTasks", "status") if k in h)
+            twin = " ".join(
+                f"{h[k][1] / h[k + '@twin'][1]:.1f}x" for k in ("ListTasks", "status") if k + "@twin" in h
+            )
+            print(f"{r['n']:>7} {cells} {alone:>10} {twin or 'n/a':>10}{server}")
     print("One call on one connection, 200 calls: p50 / p99 ms, server CPU ms per call")
     print(f"{'tasks':>7} {'server':>10} {'ListTasks p50/p99':>18} {'CPU':>6} {'status p50/p99':>16} {'CPU':>6}")
     for server, rs in (("agentd", rows), (a.peer, peers)):
