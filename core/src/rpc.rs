@@ -775,18 +775,19 @@ fn list_tasks(
     let mut guessed = 0usize;
     while views.len() < page_size as usize {
         let Some(t) = page.peek() else { break };
-        // Views share the store's content, save packed messages made whole again: their
-        // size is bounded by a guess from the kept sizes, at twice the page's bytes, and
-        // the page is cut exactly as it is serialized.
+        // Views share the store's content, save packed history messages made whole again
+        // (a packed status message stays text until the page is written): their size is
+        // bounded by a guess from the kept sizes, at twice the page's bytes, and the page
+        // is cut exactly as it is serialized.
         let guess = t.view_weight(history, include_artifacts);
         if !views.is_empty() && guessed + guess > 2 * page_bytes {
             break;
         }
-        let shown = t.view(Some(history), include_artifacts, annotate);
-        if views.is_empty()
-            && t.answer_weight() > page_bytes
-            && crate::tasks::serialized_len(&shown) > page_bytes
-        {
+        let mut whole = None;
+        if views.is_empty() && t.answer_weight() > page_bytes {
+            whole = Some(t.view(Some(history), include_artifacts, annotate));
+        }
+        if let Some(shown) = whole.take_if(|w| crate::tasks::serialized_len(&*w) > page_bytes) {
             // One task larger than a page is the page alone, written as the peer reads it
             // (so the answer is never built whole).
             let weight = t.answer_weight();
@@ -808,6 +809,10 @@ fn list_tasks(
             ))));
         }
         guessed += guess;
+        let shown = match whole {
+            Some(task) => task.into(),
+            None => t.listed_view(Some(history), include_artifacts, annotate),
+        };
         views.push((shown, t.position()));
         page.next();
     }
@@ -825,7 +830,7 @@ fn list_tasks(
 /// bound on its bytes.
 #[derive(Debug)]
 pub(crate) struct ListPage {
-    views: Vec<(crate::a2a::types::Task, (u64, u64))>,
+    views: Vec<(crate::tasks::Listed, (u64, u64))>,
     more: bool,
     page_size: i32,
     total_size: i32,
@@ -851,7 +856,7 @@ impl ListPage {
         let mut bytes = 0usize;
         let mut last = None;
         for (task, position) in self.views {
-            let view = serde_json::value::to_raw_value(&task).map_err(unserializable)?;
+            let view = task.to_json().map_err(unserializable)?;
             let size = view.get().len();
             if !tasks.is_empty() && bytes + size > self.page_bytes {
                 break;

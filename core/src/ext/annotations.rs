@@ -109,4 +109,18 @@ impl TaskRecord {
         }
         task
     }
+
+    /// [`TaskRecord::view`] as a list page holds it ([`crate::tasks::Listed`]).
+    pub(crate) fn listed_view(
+        &self,
+        history_length: Option<usize>,
+        include_artifacts: bool,
+        annotate: bool,
+    ) -> crate::tasks::Listed {
+        let mut listed = self.to_listed(history_length, include_artifacts);
+        if annotate {
+            self::annotate(listed.task_mut(), self);
+        }
+        listed
+    }
 }

@@ -8,9 +8,11 @@ use crate::auth::Principal;
 use crate::time::rfc3339_ms;
 
 pub mod index;
+mod listed;
 pub mod persist;
 pub mod replay;
 pub use index::{TaskCounts, ALL_STATES};
+pub(crate) use listed::Listed;
 pub use persist::TASK_KIND;
 
 /// Bounds on what one task keeps.
@@ -282,6 +284,32 @@ pub fn message_digest(message: &Message) -> MessageDigest {
 impl TaskRecord {
     /// The task as the wire shows it. `history_length`: `None` all, `Some(n)` the newest n.
     pub fn to_task(&self, history_length: Option<usize>, include_artifacts: bool) -> Task {
+        self.task_with(history_length, include_artifacts, self.status_message())
+    }
+
+    /// The task as a list page shows it: a packed status message stays its parts' text,
+    /// written from it as the page is serialized ([`Listed`]).
+    pub(crate) fn to_listed(
+        &self,
+        history_length: Option<usize>,
+        include_artifacts: bool,
+    ) -> Listed {
+        match &self.status_message {
+            Some(StatusMessage::PackedParts(parts)) => Listed::made(
+                self.task_with(history_length, include_artifacts, None),
+                parts.clone(),
+                self.status_count,
+            ),
+            _ => self.to_task(history_length, include_artifacts).into(),
+        }
+    }
+
+    fn task_with(
+        &self,
+        history_length: Option<usize>,
+        include_artifacts: bool,
+        status_message: Option<Arc<Message>>,
+    ) -> Task {
         let keep = history_length.unwrap_or(usize::MAX).min(self.history.len());
         Task {
             artifacts: if include_artifacts {
@@ -298,7 +326,11 @@ impl TaskRecord {
                 .collect(),
             id: self.id.to_string(),
             metadata: None,
-            status: self.status(),
+            status: TaskStatus {
+                message: status_message,
+                state: self.state,
+                timestamp: rfc3339_ms(self.status_ms),
+            },
         }
     }
 
@@ -1979,6 +2011,51 @@ mod tests {
             doc["statusMessage"]["parts"] = serde_json::json!([{"nothing": 1}]);
             assert!(TaskRecord::from_doc(doc).is_err(), "{id}");
         }
+    }
+
+    #[test]
+    fn a_listed_task_writes_what_the_whole_task_writes() {
+        let mut s = store_with_one_task();
+        s.put_artifact("t", artifact("a", "out"), false).unwrap();
+        s.set_status("t", TaskState::Working, Some(vec![Part::text("a")]), 2)
+            .unwrap();
+        let parts = vec![
+            Part::text("b \"quoted\" \u{e9}\n"),
+            Part::data(serde_json::json!({"k": [1, 2.5, null]})),
+        ];
+        s.set_status("t", TaskState::Completed, Some(parts), 3)
+            .unwrap();
+        let live = s.get("t").unwrap().to_listed(None, true).to_json().unwrap();
+        s.pack_finished();
+        let t = s.get("t").unwrap();
+        assert!(matches!(
+            t.status_message,
+            Some(StatusMessage::PackedParts(_))
+        ));
+        for history in [None, Some(0), Some(1)] {
+            for artifacts in [false, true] {
+                for annotate in [false, true] {
+                    let whole = t.view(history, artifacts, annotate);
+                    let listed = t.listed_view(history, artifacts, annotate);
+                    let text = serde_json::to_string(&whole).unwrap();
+                    assert_eq!(listed.to_json().unwrap().get(), text);
+                }
+            }
+        }
+        assert_eq!(
+            live.get(),
+            serde_json::to_string(&t.to_task(None, true)).unwrap()
+        );
+        // A status message the store did not make stays whole, written as it is.
+        let mut doc = t.to_doc();
+        doc["statusMessage"]["messageId"] = serde_json::json!("chosen");
+        let back = TaskRecord::from_doc(doc).unwrap();
+        let listed = back.to_listed(None, true).to_json().unwrap();
+        assert_eq!(
+            listed.get(),
+            serde_json::to_string(&back.to_task(None, true)).unwrap()
+        );
+        assert!(listed.get().contains("\"chosen\""));
     }
 
     #[test]
