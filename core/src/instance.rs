@@ -940,12 +940,7 @@ impl Instance {
         self.tasks.enforce_bound();
         let tasks = &self.tasks;
         self.push_configs.retain_tasks(|id| tasks.get(id).is_some());
-        let stuck: Vec<String> = self
-            .tasks
-            .newest_first(None)
-            .filter(|t| !t.state.is_terminal())
-            .map(|t| t.id.to_string())
-            .collect();
+        let stuck = self.tasks.in_flight();
         for id in &stuck {
             let _ = self.set_status(id, TaskState::Failed, Some(vec![Part::text(reason)]), now);
         }

@@ -1292,6 +1292,27 @@ fn put_artifact(t: &mut TaskRecord, artifact: Artifact, plan: ArtifactPlan) {
 }
 
 impl TaskStore {
+    /// The ids of the tasks not in a terminal state, newest first: read from the index's
+    /// state buckets, so a restart among many finished tasks does not visit them all.
+    pub(crate) fn in_flight(&self) -> Vec<Arc<str>> {
+        let operator = Principal::operator();
+        let mut held: Vec<&TaskRecord> = ALL_STATES
+            .into_iter()
+            .filter(|s| !s.is_terminal())
+            .flat_map(|state| {
+                let filter = ListFilter {
+                    principal: &operator,
+                    context_id: "",
+                    state: Some(state),
+                    since_ms: None,
+                };
+                self.list(&filter, None).collect::<Vec<_>>()
+            })
+            .collect();
+        held.sort_unstable_by_key(|t| std::cmp::Reverse(t.position()));
+        held.into_iter().map(|t| t.id.clone()).collect()
+    }
+
     /// Tasks newest first, starting strictly after `after` (a page token's position).
     pub fn newest_first(
         &self,
@@ -2011,6 +2032,38 @@ mod tests {
             doc["statusMessage"]["parts"] = serde_json::json!([{"nothing": 1}]);
             assert!(TaskRecord::from_doc(doc).is_err(), "{id}");
         }
+    }
+
+    #[test]
+    fn the_tasks_in_flight_are_found_newest_first_among_finished_ones() {
+        let mut s = TaskStore::new(TaskLimits::DEFAULT);
+        let alice = Principal::new("user:alice", crate::auth::Role::User, vec![]);
+        let states = [
+            ("a", TaskState::Working),
+            ("b", TaskState::Completed),
+            ("c", TaskState::InputRequired),
+            ("d", TaskState::Submitted),
+            ("e", TaskState::Rejected),
+            ("f", TaskState::AuthRequired),
+            ("g", TaskState::Working),
+        ];
+        for (at, (id, state)) in (1..).zip(states) {
+            let owner = if at % 2 == 0 {
+                alice.clone()
+            } else {
+                Principal::operator()
+            };
+            s.create(id.into(), ContextIds::plain(id), owner, msg(id), at)
+                .unwrap();
+            if state != TaskState::Submitted {
+                s.set_status(id, state, None, at).unwrap();
+            }
+        }
+        // "a" changes last, so it is the newest.
+        s.set_status("a", TaskState::InputRequired, None, 20)
+            .unwrap();
+        let ids: Vec<String> = s.in_flight().iter().map(|id| id.to_string()).collect();
+        assert_eq!(ids, ["a", "g", "f", "d", "c"]);
     }
 
     #[test]
