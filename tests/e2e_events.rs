@@ -1243,6 +1243,62 @@ fn largest_cursor_is_a_resync(driver: &str) {
 
 both_drivers!(largest_cursor_is_a_resync() => largest_cursor_is_a_resync_smol, largest_cursor_is_a_resync_std);
 
+// ---------------------------------------------------------------------------------------
+// 10. A conversation turn with an agent: its conversation is an event at the turn and at
+// the reply, beside the task's own events.
+
+fn a_turn_is_a_conversation_event(driver: &str) {
+    let echo = format!(
+        "{}/examples/agents/echo_agent.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let setup = Setup {
+        sections: format!(
+            "[a2a.events]\nenabled = true\nring = 64\nstream_deadline_ms = {DEADLINE_MS}\n\
+             [agent]\ncommand = [\"python3\", {echo:?}]\n"
+        ),
+        ..Setup::default()
+    };
+    let mut d = FeedDaemon(common::Daemon::start_setup(driver, &setup));
+    let mut c = d.connect(Via::Tcp);
+    let doc = c.rpc("SendMessage", common::text_message("conv-1", "hello"));
+    let task = &doc["result"]["task"];
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_COMPLETED",
+        "[{driver}] {doc}"
+    );
+    let context = task["contextId"].as_str().expect("a context id");
+    let mut f = d.connect(Via::Tcp);
+    f.subscribe(Some(&from_seq(0)), EVENTS_URI);
+    let newest = f.hello()["seq"].as_u64().expect("hello's seq");
+    let conversations: Vec<Value> = f
+        .events(1, newest)
+        .into_iter()
+        .filter(|e| e["kind"] == "conversation")
+        .collect();
+    let seen: Vec<(&Value, &Value, &Value)> = conversations
+        .iter()
+        .map(|e| {
+            (
+                &e["data"]["contextId"],
+                &e["data"]["version"],
+                &e["data"]["turns"],
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (&json!(context), &json!(1), &json!(1)),
+            (&json!(context), &json!(2), &json!(1))
+        ],
+        "[{driver}] the turn, then the reply: {conversations:?}"
+    );
+    d.assert_alive();
+}
+
+both_drivers!(a_turn_is_a_conversation_event() => a_turn_is_a_conversation_event_smol, a_turn_is_a_conversation_event_std);
+
 /// bench/events_reader.rs, the events benchmark's subscriber client, compiled as run.sh
 /// compiles it and run against a real feed: it counts what the feed sent (every seq, in
 /// order, none missing, none cut off or lagging). A benchmark whose client miscounts would

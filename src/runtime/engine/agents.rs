@@ -49,15 +49,7 @@ impl Runtime {
         let id = conversation_key(c);
         self.conversation_lru.remove(&(was, key.clone()));
         self.conversation_lru.insert((now.epoch_ms, key));
-        inst.publish_object(ObjectKind::Conversation, &id, Some(&owner.id), doc.clone());
-        let _ = inst.push_event(
-            FeedEvent::Other {
-                kind: "conversation",
-                data: doc,
-                owner: Some(owner.id.clone()),
-            },
-            now,
-        );
+        publish_conversation(inst, &id, &owner.id, doc, now);
     }
 
     /// Drops the least recently active conversations while `max_tasks` of them are kept.
@@ -386,7 +378,17 @@ impl Runtime {
         let doc = conversation_doc(c);
         let owner = c.owner.id.clone();
         let id = conversation_key(c);
-        inst.publish_object(ObjectKind::Conversation, &id, Some(&owner), doc.clone());
-        push(inst, "conversation", doc, Some(owner), now);
+        publish_conversation(inst, &id, &owner, doc, now);
     }
+}
+
+/// Publishes a conversation's doc for `status` and, when the events feed is on, as a
+/// `conversation` event: twice per turn, so the doc is copied only for a feed that exists.
+fn publish_conversation(inst: &mut Inst<'_>, id: &str, owner: &str, doc: Value, now: Now) {
+    if inst.feed().is_none() {
+        inst.publish_object(ObjectKind::Conversation, id, Some(owner), doc);
+        return;
+    }
+    inst.publish_object(ObjectKind::Conversation, id, Some(owner), doc.clone());
+    push(inst, "conversation", doc, Some(owner.to_owned()), now);
 }
