@@ -2099,6 +2099,25 @@ mod tests {
             live.get(),
             serde_json::to_string(&t.to_task(None, true)).unwrap()
         );
+        // Parts stored in another spelling (an alias, an empty field, spaces) are listed as
+        // they are shown anywhere else.
+        let mut doc = t.to_doc();
+        doc["statusMessage"]["parts"] =
+            serde_json::json!([{"text": "hi", "media_type": "text/plain", "filename": ""}]);
+        let text = serde_json::to_string(&doc)
+            .unwrap()
+            .replace("\"parts\":[{", "\"parts\" : [ {");
+        let back = TaskRecord::from_json(&text).unwrap();
+        assert!(matches!(
+            back.status_message,
+            Some(StatusMessage::PackedParts(_))
+        ));
+        let whole = serde_json::to_string(&back.to_task(None, true)).unwrap();
+        assert!(
+            whole.contains(r#"[{"mediaType":"text/plain","text":"hi"}]"#),
+            "{whole}"
+        );
+        assert_eq!(back.to_listed(None, true).to_json().unwrap().get(), whole);
         // A status message the store did not make stays whole, written as it is.
         let mut doc = t.to_doc();
         doc["statusMessage"]["messageId"] = serde_json::json!("chosen");

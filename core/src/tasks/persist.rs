@@ -236,9 +236,8 @@ impl TaskRecord {
     }
 
     /// A stored status message as the record keeps it: a finished task's, in the shape the
-    /// store makes, as its parts' text once they are checked to read back (what
-    /// [`TaskRecord::pack`] would make of it, without the message's values and a second
-    /// writing of its parts); any other whole.
+    /// store makes, as its parts' text (what [`TaskRecord::pack`] would make of it, without
+    /// the message's own values); any other whole.
     fn read_status_message(
         &self,
         raw: &RawValue,
@@ -251,8 +250,15 @@ impl TaskRecord {
                     && *m.context_id.0 == *self.context_id
                     && m.message_id.0 == super::status_message_id(&self.id, self.status_count);
                 if made {
-                    serde_json::from_str::<Vec<Part>>(m.parts.get()).map_err(|e| e.to_string())?;
-                    return Ok(super::StatusMessage::PackedParts(m.parts.get().into()));
+                    let parts: Vec<Part> =
+                        serde_json::from_str(m.parts.get()).map_err(|e| e.to_string())?;
+                    // Written out again rather than kept as stored: a part reads more
+                    // spellings than it writes (aliases, empty fields, whitespace), and a
+                    // list page writes this text as it is.
+                    let text = serde_json::to_string(&parts).map_err(|e| e.to_string())?;
+                    if text.len() <= super::PACKED_MESSAGE_MAX {
+                        return Ok(super::StatusMessage::PackedParts(text.into()));
+                    }
                 }
             }
         }
