@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::{Accepted, HeldMessage, TaskRecord};
 use super::{Link, LinkKind};
-use crate::a2a::types::{Artifact, Message, Part, Role, TaskState};
+use crate::a2a::types::{Artifact, Message, TaskState};
 use crate::auth::PrincipalDoc;
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -21,15 +21,13 @@ pub const TASK_KIND: &str = "task";
 /// `H`: how the history's messages are carried: written from values or packed text
 /// ([`HistoryDoc`]), read as raw JSON text (so a finished task's messages are kept as the
 /// text they were stored as). `S`: the strings, borrowed both ways (from the record when
-/// written, from the JSON text when read, where it has no escapes). `M`: the status
-/// message, written from its value, read as raw text ([`TaskRecord::from_json`] decides how
-/// to keep it).
+/// written, from the JSON text when read, where it has no escapes).
 #[derive(Serialize, Deserialize)]
 #[serde(
     rename_all = "camelCase",
-    bound(deserialize = "H: Deserialize<'de>, S: Deserialize<'de>, M: Deserialize<'de>")
+    bound(deserialize = "H: Deserialize<'de>, S: Deserialize<'de>")
 )]
-struct TaskDoc<H, S, M> {
+struct TaskDoc<H, S> {
     v: u32,
     id: S,
     context_id: S,
@@ -40,7 +38,7 @@ struct TaskDoc<H, S, M> {
     owner: PrincipalDoc,
     state: TaskState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    status_message: Option<M>,
+    status_message: Option<Arc<Message>>,
     status_ms: u64,
     status_seq: u64,
     created_ms: u64,
@@ -89,24 +87,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
 }
 
 /// A task record as read: borrowed from its JSON text.
-type TaskRead<'a> = TaskDoc<&'a RawValue, Text<'a>, &'a RawValue>;
-
-/// A status message in exactly the shape [`TaskRecord::made_status_message`] gives it, as
-/// the record writes it, its parts kept as text: what a finished task packs without
-/// reading the message into values and writing its parts out again.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct MadeStatusRead<'a> {
-    #[serde(borrow)]
-    context_id: Text<'a>,
-    #[serde(borrow)]
-    message_id: Text<'a>,
-    #[serde(borrow)]
-    parts: &'a RawValue,
-    role: Role,
-    #[serde(borrow)]
-    task_id: Text<'a>,
-}
+type TaskRead<'a> = TaskDoc<&'a RawValue, Text<'a>>;
 
 impl TaskRecord {
     /// The record's durable form.
@@ -225,45 +206,11 @@ impl TaskRecord {
             channel: d.ask_channel,
             operator_only: false,
         }));
-        rec.status_message = match d.status_message {
-            None => None,
-            Some(raw) => Some(rec.read_status_message(raw, packed)?),
-        };
+        rec.status_message = d.status_message.map(super::StatusMessage::Whole);
         if packed {
             rec.pack();
         }
         Ok(rec)
-    }
-
-    /// A stored status message as the record keeps it: a finished task's, in the shape the
-    /// store makes, as its parts' text (what [`TaskRecord::pack`] would make of it, without
-    /// the message's own values); any other whole.
-    fn read_status_message(
-        &self,
-        raw: &RawValue,
-        packed: bool,
-    ) -> Result<super::StatusMessage, RecordError> {
-        if packed && raw.get().len() <= super::PACKED_MESSAGE_MAX {
-            if let Ok(m) = serde_json::from_str::<MadeStatusRead<'_>>(raw.get()) {
-                let made = m.role == Role::Agent
-                    && *m.task_id.0 == *self.id
-                    && *m.context_id.0 == *self.context_id
-                    && m.message_id.0 == super::status_message_id(&self.id, self.status_count);
-                if made {
-                    let parts: Vec<Part> =
-                        serde_json::from_str(m.parts.get()).map_err(|e| e.to_string())?;
-                    // Written out again rather than kept as stored: a part reads more
-                    // spellings than it writes (aliases, empty fields, whitespace), and a
-                    // list page writes this text as it is.
-                    let text = serde_json::to_string(&parts).map_err(|e| e.to_string())?;
-                    if text.len() <= super::PACKED_MESSAGE_MAX {
-                        return Ok(super::StatusMessage::PackedParts(text.into()));
-                    }
-                }
-            }
-        }
-        let m: Message = serde_json::from_str(raw.get()).map_err(|e| e.to_string())?;
-        Ok(super::StatusMessage::Whole(Arc::new(m)))
     }
 }
 

@@ -376,9 +376,8 @@ impl Runtime {
         self.conversation_lru.remove(&(was, key.clone()));
         self.conversation_lru.insert((now.epoch_ms, key.clone()));
         let doc = conversation_doc(c);
-        let owner = c.owner.id.clone();
         let id = conversation_key(c);
-        publish_conversation(inst, &id, &owner, doc, now);
+        publish_conversation(inst, &id, &c.owner.id, doc, now);
     }
 }
 
