@@ -326,11 +326,7 @@ impl TaskRecord {
                 .collect(),
             id: self.id.to_string(),
             metadata: None,
-            status: TaskStatus {
-                message: status_message,
-                state: self.state,
-                timestamp: rfc3339_ms(self.status_ms),
-            },
+            status: self.status_with(status_message),
         }
     }
 
@@ -366,8 +362,12 @@ impl TaskRecord {
     /// The task's current status as the wire shows it: state, status message and RFC 3339
     /// timestamp.
     pub(crate) fn status(&self) -> TaskStatus {
+        self.status_with(self.status_message())
+    }
+
+    fn status_with(&self, message: Option<Arc<Message>>) -> TaskStatus {
         TaskStatus {
-            message: self.status_message(),
+            message,
             state: self.state,
             timestamp: rfc3339_ms(self.status_ms),
         }
