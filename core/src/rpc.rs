@@ -822,6 +822,7 @@ fn list_tasks(
         page_size,
         total_size: i32::try_from(total).unwrap_or(i32::MAX),
         page_bytes,
+        guessed,
     })))
 }
 
@@ -835,53 +836,57 @@ pub(crate) struct ListPage {
     page_size: i32,
     total_size: i32,
     page_bytes: usize,
+    /// The views' bytes as guessed from their kept sizes: what the page's buffer starts at.
+    guessed: usize,
 }
 
 impl ListPage {
     /// The `ListTasksResponse`: each task serialized once, into the page as it is, while
     /// the page's bytes allow (at least one task, so the listing always moves on); past
-    /// them the page ends early and `nextPageToken` says where to go on.
+    /// them the page ends early and `nextPageToken` says where to go on. The tasks are
+    /// written into one buffer sized from the guess made under the instance, and the page
+    /// around them, as serde_json writes a `ListTasksResponse`, once they are.
     pub(crate) fn render(self) -> Result<Vec<u8>, RpcError> {
-        /// `ListTasksResponse`, its tasks already serialized.
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Page {
-            next_page_token: String,
-            page_size: i32,
-            tasks: Vec<Box<serde_json::value::RawValue>>,
-            total_size: i32,
-        }
         let held = self.views.len();
-        let mut tasks = Vec::with_capacity(held);
+        let mut tasks = Vec::with_capacity(self.guessed.min(self.page_bytes) + 256);
+        let mut shown = 0usize;
         let mut bytes = 0usize;
         let mut last = None;
         for (task, position) in self.views {
-            let view = task.to_json().map_err(unserializable)?;
-            let size = view.get().len();
-            if !tasks.is_empty() && bytes + size > self.page_bytes {
+            let start = tasks.len();
+            if shown > 0 {
+                tasks.push(b',');
+            }
+            let at = tasks.len();
+            task.write_json(&mut tasks).map_err(unserializable)?;
+            let size = tasks.len() - at;
+            if shown > 0 && bytes + size > self.page_bytes {
+                tasks.truncate(start);
                 break;
             }
             bytes += size;
             last = Some(position);
-            tasks.push(view);
+            shown += 1;
         }
-        let more = self.more || tasks.len() < held;
-        let shrunk = tasks.len() < self.page_size as usize && more;
-        let page = Page {
-            next_page_token: match (last, more) {
-                (Some(last), true) => crate::tasks::encode_position(last),
-                _ => String::new(),
-            },
-            // The page size used: fewer than asked when the byte bound ended the page.
-            page_size: if shrunk {
-                i32::try_from(tasks.len()).unwrap_or(self.page_size)
-            } else {
-                self.page_size
-            },
-            tasks,
-            total_size: self.total_size,
+        let more = self.more || shown < held;
+        let shrunk = shown < self.page_size as usize && more;
+        let token = match (last, more) {
+            (Some(last), true) => crate::tasks::encode_position(last),
+            _ => String::new(),
         };
-        serde_json::to_vec(&page).map_err(unserializable)
+        // The page size used: fewer than asked when the byte bound ended the page.
+        let page_size = if shrunk {
+            i32::try_from(shown).unwrap_or(self.page_size)
+        } else {
+            self.page_size
+        };
+        let mut page = Vec::with_capacity(tasks.len() + token.len() + 80);
+        page.extend_from_slice(b"{\"nextPageToken\":");
+        serde_json::to_writer(&mut page, &token).map_err(unserializable)?;
+        page.extend_from_slice(format!(",\"pageSize\":{page_size},\"tasks\":[").as_bytes());
+        page.extend_from_slice(&tasks);
+        page.extend_from_slice(format!("],\"totalSize\":{}}}", self.total_size).as_bytes());
+        Ok(page)
     }
 }
 
@@ -1654,4 +1659,96 @@ fn push_delete(
     // Idempotent: deleting what is gone answers the same.
     inst.push_configs.delete(&req.task_id, &req.id);
     Ok(serialize(&serde_json::json!({})))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde::Serialize;
+
+    use super::ListPage;
+    use crate::a2a::types::{Artifact, Part, Task, TaskState, TaskStatus};
+
+    /// A page as serde_json writes a `ListTasksResponse` of whole tasks.
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Page<'a> {
+        next_page_token: String,
+        page_size: i32,
+        tasks: &'a [Task],
+        total_size: i32,
+    }
+
+    fn task(i: u64, pad: usize) -> Task {
+        Task {
+            artifacts: vec![Arc::new(Artifact {
+                artifact_id: format!("a{i}"),
+                description: String::new(),
+                extensions: Vec::new(),
+                metadata: None,
+                name: String::new(),
+                parts: vec![Part::text("x".repeat(pad))],
+            })],
+            context_id: format!("ctx \"{i}\""),
+            history: Vec::new(),
+            id: format!("task-{i}"),
+            metadata: None,
+            status: TaskStatus {
+                message: None,
+                state: TaskState::Completed,
+                timestamp: "2026-12-06T00:00:00.000Z".into(),
+            },
+        }
+    }
+
+    /// `render` writes what serde_json writes for the response of the tasks it shows, byte
+    /// for byte: all of them, or as many as the page's bytes allow (then `pageSize` says how
+    /// many and `nextPageToken` goes on after the last one shown); the last page's token is
+    /// empty.
+    #[test]
+    fn a_rendered_page_is_the_serialized_list_tasks_response() {
+        let tasks: Vec<Task> = (0..4).map(|i| task(i, 100 + 50 * i as usize)).collect();
+        let one = serde_json::to_vec(&tasks[0]).unwrap().len();
+        let two = one + serde_json::to_vec(&tasks[1]).unwrap().len();
+        for (page_bytes, more, shown) in [
+            (1 << 20, false, 4),
+            (1 << 20, true, 4),
+            (one, false, 1),
+            (one - 1, false, 1),
+            // The tasks' own bytes count, not the commas between them.
+            (two, false, 2),
+            (two - 1, true, 1),
+        ] {
+            let page = ListPage {
+                views: tasks
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| (t.clone().into(), (10 - i as u64, 1)))
+                    .collect(),
+                more,
+                page_size: 7,
+                total_size: 12,
+                page_bytes,
+                guessed: 16,
+            };
+            let cut = shown < tasks.len();
+            let want = Page {
+                next_page_token: if more || cut {
+                    crate::tasks::encode_position((10 - shown as u64 + 1, 1))
+                } else {
+                    String::new()
+                },
+                // Fewer than the 7 asked for, with more to come: says how many.
+                page_size: if more || cut { shown as i32 } else { 7 },
+                tasks: &tasks[..shown],
+                total_size: 12,
+            };
+            assert_eq!(
+                String::from_utf8(page.render().unwrap()).unwrap(),
+                serde_json::to_string(&want).unwrap(),
+                "page bytes {page_bytes}, more {more}"
+            );
+        }
+    }
 }

@@ -46,9 +46,18 @@ impl Listed {
     }
 
     /// The task's JSON, as `serde_json::to_string` of the whole [`Task`] would write it.
+    #[cfg(test)]
     pub(crate) fn to_json(&self) -> serde_json::Result<Box<RawValue>> {
+        let mut out = Vec::new();
+        self.write_json(&mut out)?;
+        RawValue::from_string(String::from_utf8(out).expect("serde_json writes UTF-8"))
+    }
+
+    /// Appends the task's JSON to `out`, as `serde_json::to_writer` of the whole [`Task`]
+    /// would write it. A page's tasks go into one buffer this way, not each into its own.
+    pub(crate) fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
         let Some((parts, n)) = &self.made_status else {
-            return serde_json::value::to_raw_value(&self.task);
+            return serde_json::to_writer(out, &self.task);
         };
         let t = &self.task;
         // Written by `pack` from parts, or checked when its record was read: it parses.
@@ -71,7 +80,7 @@ impl Listed {
                 timestamp: &t.status.timestamp,
             },
         };
-        serde_json::value::to_raw_value(&shown)
+        serde_json::to_writer(out, &shown)
     }
 }
 
