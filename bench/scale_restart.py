@@ -178,22 +178,24 @@ def first_list_answer(d, timeout=120):
 COMMAND = "https://agentd.dev/a2a/ext/command"
 
 
-def status_call(conn):
-    body = json.dumps(
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "SendMessage",
-            "params": {
-                "message": {
-                    "role": "ROLE_USER",
-                    "messageId": "status",
-                    "extensions": [COMMAND],
-                    "parts": [{"data": {"agentd": {"op": "status"}}}],
-                }
-            },
+# The `status` command, as one JSON-RPC request.
+STATUS_REQUEST = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "SendMessage",
+    "params": {
+        "message": {
+            "role": "ROLE_USER",
+            "messageId": "status",
+            "extensions": [COMMAND],
+            "parts": [{"data": {"agentd": {"op": "status"}}}],
         }
-    )
+    },
+}
+
+
+def status_call(conn):
+    body = json.dumps(STATUS_REQUEST)
     conn.request("POST", "/", body=body, headers={**HEADERS, "A2A-Extensions": COMMAND})
     resp = conn.getresponse()
     data = resp.read()
@@ -219,19 +221,7 @@ def load_request(name):
     """The load's request, encoded once: ListTasks (pageSize 50) or the `status` command."""
     headers = dict(HEADERS)
     if name == "status":
-        body = {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "SendMessage",
-            "params": {
-                "message": {
-                    "role": "ROLE_USER",
-                    "messageId": "status",
-                    "extensions": [COMMAND],
-                    "parts": [{"data": {"agentd": {"op": "status"}}}],
-                }
-            },
-        }
+        body = STATUS_REQUEST
         headers["A2A-Extensions"] = COMMAND
     else:
         body = {"jsonrpc": "2.0", "id": 1, "method": "ListTasks", "params": {"pageSize": 50}}
