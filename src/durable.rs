@@ -252,6 +252,16 @@ pub fn spawn(
     store: Store,
     host_records: Vec<Record>,
 ) -> std::io::Result<Pump> {
+    spawn_gathering(inst, store, host_records, GATHER)
+}
+
+/// [`spawn`], letting changes nobody waits for gather for up to `gather`.
+fn spawn_gathering(
+    inst: Arc<Mutex<Instance>>,
+    store: Store,
+    host_records: Vec<Record>,
+    gather: Duration,
+) -> std::io::Result<Pump> {
     let (tx, rx) = mpsc::channel();
     let cb = Mutex::new(tx.clone());
     // Runs on the store's writer thread: only a send, never the instance lock.
@@ -286,6 +296,7 @@ pub fn spawn(
                 host_records,
                 inflight: VecDeque::new(),
                 degraded: None,
+                gather,
             };
             if let Some(why) = degraded {
                 pump.fail(why);
@@ -318,6 +329,19 @@ fn append_split(store: &Store, records: &[Record]) -> Result<Ticket, crate::stor
     }
 }
 
+/// How long changes no answer waits for may gather before they are written: far below
+/// anything a person or a peer could notice, well above an agent's quick answer.
+const GATHER: Duration = Duration::from_millis(5);
+
+/// The next message within `wait`; `None` when none came.
+fn recv(rx: &Receiver<Msg>, wait: Duration) -> Option<Msg> {
+    match rx.recv_timeout(wait) {
+        Ok(m) => Some(m),
+        Err(RecvTimeoutError::Timeout) => None,
+        Err(RecvTimeoutError::Disconnected) => Some(Msg::Stop),
+    }
+}
+
 fn lock(inst: &Mutex<Instance>) -> std::sync::MutexGuard<'_, Instance> {
     inst.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -339,12 +363,16 @@ struct Pumping<'a> {
     /// Appended and not yet durable: (ticket, the record sequence it makes durable).
     inflight: VecDeque<(Ticket, u64)>,
     degraded: Option<Degraded>,
+    /// How long changes nobody waits for may gather ([`GATHER`]).
+    gather: Duration,
 }
 
 impl Pumping<'_> {
     fn run(mut self, rx: &Receiver<Msg>, wake: &Arc<ChannelWake>) {
         let waker = &Waker::from(wake.clone());
         lock(self.inst).register_records_waker(waker);
+        // A message that ended a gathering pause, handled as the next one.
+        let mut next: Option<Msg> = None;
         loop {
             // A periodic look as well as the waker: a change made through a path that does
             // not announce itself is still written within this interval.
@@ -352,11 +380,13 @@ impl Pumping<'_> {
                 Some(d) => d.next_attempt.saturating_duration_since(Instant::now()),
                 None => Duration::from_millis(200),
             };
-            let msg = match rx.recv_timeout(wait) {
-                Ok(m) => Some(m),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => Some(Msg::Stop),
+            let (msg, gathered) = match next.take() {
+                Some(m) => (Some(m), true),
+                None => (recv(rx, wait), false),
             };
+            if matches!(msg, Some(Msg::Records)) && !gathered && self.degraded.is_none() {
+                next = self.gather(rx, wake);
+            }
             if matches!(msg, Some(Msg::Stop)) {
                 // A store still failed gets one last try: what the instance holds (changes
                 // made while it failed included) survives the stop if the disk has room now.
@@ -398,6 +428,27 @@ impl Pumping<'_> {
                 }
                 Some(Msg::Failed(why)) => self.fail(why),
                 Some(Msg::Records | Msg::Stop) | None => {}
+            }
+        }
+    }
+
+    /// Changes wait: unless an answer waits for them, lets more gather for up to
+    /// `self.gather` before the drain, so a turn's start, its steps and its end (an agent's
+    /// answer, a command's result, soon after) go to disk as one record and one write, not
+    /// one each. Ends early when an answer waits for a change ([`Instance::records_awaited`]:
+    /// a new waiter wakes the pump) and on any other message (a durable notice, a stop),
+    /// which it returns for the loop to handle next.
+    fn gather(&self, rx: &Receiver<Msg>, wake: &ChannelWake) -> Option<Msg> {
+        let until = Instant::now() + self.gather;
+        loop {
+            // Cleared before the look: a change or a waiter after it sends a message.
+            wake.pending.store(false, Ordering::Release);
+            if lock(self.inst).records_awaited() {
+                return None;
+            }
+            match recv(rx, until.saturating_duration_since(Instant::now())) {
+                Some(Msg::Records) => continue,
+                other => return other,
             }
         }
     }
@@ -520,14 +571,8 @@ mod tests {
         }
     }
 
-    /// A write that fails makes the instance refuse changes instead of stopping anything; a
-    /// stop while the store is still failed tries one last heal, so what the instance held
-    /// (the task whose write failed included) is there at the next open.
-    #[test]
-    fn a_failed_write_degrades_and_a_stop_heals_what_it_can() {
-        let dir = std::env::temp_dir().join(format!("agentd-pump-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let now = Now::new(0, 1_767_225_600_000);
+    /// An instance with write-ahead on, at `now`.
+    fn write_ahead_instance(now: Now) -> Arc<Mutex<Instance>> {
         let listener = ListenerInfo {
             kind: ListenerKind::Tcp,
             url: "http://127.0.0.1:8420/".into(),
@@ -539,11 +584,101 @@ mod tests {
             now,
         );
         inst.set_write_ahead(true);
-        let inst = Arc::new(Mutex::new(inst));
-        let open = |dir: &Path| {
-            Store::open(dir, store::Options::default()).map_err(|e| format!("store: {e}"))
+        Arc::new(Mutex::new(inst))
+    }
+
+    /// What a closed store holds. A child another test of this process is starting may
+    /// hold a copy of the store's lock descriptor between its fork and its exec (the fd is
+    /// CLOEXEC): on a loaded machine that can take milliseconds, so the reopen retries.
+    fn reopen(dir: &Path) -> store::Recovered {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match Store::open(dir, store::Options::default()) {
+                Err(e)
+                    if e.to_string().contains("in use") && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                other => break other.unwrap().1,
+            }
+        }
+    }
+
+    /// Waits (up to 10 s) until every change the instance made is durable.
+    fn until_durable(inst: &Mutex<Instance>, what: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let i = lock(inst);
+            if i.durable_seq() == i.record_seq() {
+                return;
+            }
+            drop(i);
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: never durable"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// A change nobody waits for gathers (here for a minute, so the test does not depend
+    /// on the machine's speed); an answer that waits for a change ends the gathering at
+    /// once, and what gathered goes to disk in the same write.
+    #[test]
+    fn changes_nobody_waits_for_gather_until_an_answer_waits() {
+        let dir = std::env::temp_dir().join(format!("agentd-gather-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let now = Now::new(0, 1_767_225_600_000);
+        let inst = write_ahead_instance(now);
+        let (store, _) = Store::open(&dir, store::Options::default()).unwrap();
+        let pump =
+            spawn_gathering(inst.clone(), store, Vec::new(), Duration::from_secs(60)).unwrap();
+        // An answer (returnImmediately) waits for its new task: written at once.
+        let first = send(&inst, now, "first");
+        until_durable(&inst, "the task an answer waits for");
+        // The host settles it: nobody waits for that change, so it gathers.
+        lock(&inst)
+            .handle_completion(
+                agentd_core::Completion::Status {
+                    task_id: first.clone(),
+                    state: agentd_core::a2a::types::TaskState::Completed,
+                    message: None,
+                },
+                now,
+            )
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        {
+            let i = lock(&inst);
+            assert!(
+                i.durable_seq() < i.record_seq(),
+                "a change nobody waits for gathered rather than being written at once"
+            );
+        }
+        // A second task's answer waits: both changes are written now, long before a minute.
+        let second = send(&inst, now, "second");
+        until_durable(&inst, "the gathered change and the awaited one");
+        pump.finish();
+        let recovered = reopen(&dir);
+        let body = |key: &str| match &recovered.records.iter().find(|r| r.key == key).unwrap().op {
+            Op::Put(b) => b.to_string(),
+            _ => panic!("a put"),
         };
-        let (store, _) = open(&dir).unwrap();
+        assert!(body(&first).contains("TASK_STATE_COMPLETED"));
+        assert!(body(&second).contains("TASK_STATE_SUBMITTED"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A write that fails makes the instance refuse changes instead of stopping anything; a
+    /// stop while the store is still failed tries one last heal, so what the instance held
+    /// (the task whose write failed included) is there at the next open.
+    #[test]
+    fn a_failed_write_degrades_and_a_stop_heals_what_it_can() {
+        let dir = std::env::temp_dir().join(format!("agentd-pump-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let now = Now::new(0, 1_767_225_600_000);
+        let inst = write_ahead_instance(now);
+        let (store, _) = Store::open(&dir, store::Options::default()).unwrap();
         store.fail_next_sync();
         // A task waits to be written when the pump starts: its write is the one that fails.
         let task = send(&inst, now, "first");
@@ -570,18 +705,7 @@ mod tests {
             )
             .unwrap();
         pump.finish();
-        // The store is closed, but a child another test of this process is starting may
-        // hold a copy of its lock's descriptor between its fork and its exec (the fd is
-        // CLOEXEC): on a loaded machine that can take milliseconds, so the reopen retries.
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        let (_, recovered) = loop {
-            match open(&dir) {
-                Err(e) if e.contains("in use") && std::time::Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                other => break other.unwrap(),
-            }
-        };
+        let recovered = reopen(&dir);
         let record = recovered
             .records
             .iter()

@@ -774,6 +774,21 @@ impl Instance {
     pub(crate) fn wait_durable(&mut self, seq: u64, conn: ConnKey) {
         self.announce_records();
         self.wal.waiters.push((seq, conn));
+        // The host may be letting changes nobody waited for gather before it drains them
+        // ([`Instance::records_awaited`]): someone waits for them now.
+        if self.wal.on && seq > self.wal.drained {
+            if let Some(w) = &self.wal.waker {
+                w.wake_by_ref();
+            }
+        }
+    }
+
+    /// Whether an answer waits for a change not drained yet. A host drains at once when one
+    /// does; when none does, it may let the changes gather for a moment before draining
+    /// them, so a task's start and its end soon after are written as one record. Whoever
+    /// starts waiting for an undrained change wakes the records waker again.
+    pub fn records_awaited(&self) -> bool {
+        self.wal.waiters.iter().any(|(s, _)| *s > self.wal.drained)
     }
 
     /// Drains what changed since the last call: one record per changed key, as it stands

@@ -69,7 +69,8 @@
 //!   `#[non_exhaustive]`: a host logs and skips an effect it does not know.
 //! - With write-ahead on ([`Instance::set_write_ahead`]), drain [`Instance::poll_records`],
 //!   make them durable, then call [`Instance::records_durable`]: an answer that acknowledges
-//!   a change leaves only after that.
+//!   a change leaves only after that. While [`Instance::records_awaited`] is false a host
+//!   may let changes gather for a moment before draining them (fewer, fuller writes).
 //!
 //! # The public surface
 //!

@@ -411,3 +411,58 @@ fn a_held_answer_on_a_closing_connection_is_released() {
     assert!(r.json()["result"]["task"]["id"].is_string());
     assert!(c.conn.is_finished());
 }
+
+#[test]
+fn a_host_learns_when_an_answer_waits_for_changes_it_let_gather() {
+    use std::sync::{atomic::Ordering, Arc};
+    let mut h = wal();
+    let records = Arc::new(WakeCount::default());
+    h.inst
+        .register_records_waker(&std::task::Waker::from(records.clone()));
+    let wakes = || records.0.load(Ordering::SeqCst);
+    let mut c = h.conn();
+    // A blocking send: its task is a change, but its answer waits for the turn, not the disk.
+    assert!(c
+        .feed(
+            &mut h,
+            &call(
+                "SendMessage",
+                1,
+                json!({"message": text_message("hi", "m")})
+            )
+        )
+        .is_empty());
+    let t = h.turn();
+    assert_eq!(wakes(), 1, "the new task is announced");
+    assert!(
+        !h.inst.records_awaited(),
+        "no answer waits for the task yet: a host may let it gather"
+    );
+    complete(&mut h, &t, TaskState::Completed, Some("done"));
+    let announced = wakes();
+    assert!(c.poll(&mut h).is_empty(), "the settled task is not durable");
+    assert!(
+        h.inst.records_awaited(),
+        "the answer waits for the settled task"
+    );
+    assert!(
+        wakes() > announced,
+        "the waiter wakes a host that let the announced change gather"
+    );
+    let batch = h.inst.poll_records().expect("the task's changes");
+    assert_eq!(
+        batch.records.len(),
+        1,
+        "its start and its end are one record"
+    );
+    assert!(
+        !h.inst.records_awaited(),
+        "drained: what is left is the fsync"
+    );
+    h.inst.records_durable(batch.upto);
+    let r = one(&c.poll(&mut h)).json();
+    assert_eq!(
+        r["result"]["task"]["status"]["state"],
+        "TASK_STATE_COMPLETED"
+    );
+}
