@@ -177,14 +177,16 @@ impl Default for TaskIndex {
 
 /// Counts one more entry in a named bucket, giving it an id if it is new.
 fn enter(map: &mut HashMap<Arc<str>, Counted>, name: &Arc<str>, next: &mut u64) -> u64 {
-    if let Some(c) = map.get_mut(&**name) {
-        c.n += 1;
-        return c.id;
-    }
-    let id = *next;
-    *next += 1;
-    map.insert(name.clone(), Counted { id, n: 1 });
-    id
+    // One lookup: the name is hashed once whether or not the bucket exists.
+    let c = map.entry(name.clone()).or_insert_with(|| {
+        *next += 1;
+        Counted {
+            id: *next - 1,
+            n: 0,
+        }
+    });
+    c.n += 1;
+    c.id
 }
 
 /// Counts one entry fewer in a named bucket, forgetting it when empty.
@@ -213,6 +215,18 @@ impl TaskIndex {
                 },
             );
         }
+    }
+
+    /// Makes room for `tasks` tasks about to be restored, each perhaps in a context of its
+    /// own: the operator's context map is sized once, not rehashed at every doubling.
+    /// [`TaskIndex::shrink_to_fit`] gives back what the restored tasks did not use.
+    pub(crate) fn reserve(&mut self, tasks: usize) {
+        self.contexts.reserve(tasks);
+    }
+
+    /// After a restore: the context map holds no more room than its names need.
+    pub(crate) fn shrink_to_fit(&mut self) {
+        self.contexts.shrink_to_fit();
     }
 
     /// Adds a task's entries. Its owner's context name is bound to its key if it was not
@@ -249,6 +263,76 @@ impl TaskIndex {
             let id = enter(&mut self.contexts, c, next);
             self.entries.insert((id, ms, seq), e.state);
             if e.key == e.name {
+                break;
+            }
+        }
+    }
+
+    /// A task read back from the store: [`TaskIndex::shared`], [`TaskIndex::insert`] and
+    /// [`TaskIndex::used`] in one pass, each map looked up once (a restart does this for
+    /// every task it holds). `name` and `key` become the namespace's own allocations where
+    /// it holds them; a name bound to another key is bound to this task's.
+    pub(crate) fn restore(
+        &mut self,
+        owner: &str,
+        name: &mut Arc<str>,
+        key: &mut Arc<str>,
+        state: TaskState,
+        at: At,
+    ) {
+        use std::collections::hash_map::Entry as Slot;
+        let (ms, seq) = at;
+        let s = slot(state);
+        self.entries.insert((s as u64, ms, seq), state);
+        self.states.tasks += 1;
+        self.states.by_state[s] += 1;
+        let o = match self.owners.get_mut(owner) {
+            Some(o) => o,
+            None => {
+                self.add_owner(owner);
+                match self.owners.get_mut(owner) {
+                    Some(o) => o,
+                    None => return,
+                }
+            }
+        };
+        o.counts.tasks += 1;
+        o.counts.by_state[s] += 1;
+        let next = &mut self.next;
+        let c = match o.contexts.entry(name.clone()) {
+            Slot::Occupied(held) => {
+                *name = held.key().clone();
+                let c = held.into_mut();
+                if *c.key == **key {
+                    *key = c.key.clone();
+                } else {
+                    c.key = key.clone();
+                }
+                c
+            }
+            Slot::Vacant(new) => {
+                *next += 1;
+                new.insert(Context {
+                    key: key.clone(),
+                    bucket: Counted {
+                        id: *next - 1,
+                        n: 0,
+                    },
+                    unused_at: None,
+                })
+            }
+        };
+        c.bucket.n += 1;
+        if let Some(at) = c.unused_at.take() {
+            self.unused.remove(&at.get());
+        }
+        for b in [o.base, o.base + 1 + s as u64, c.bucket.id] {
+            self.entries.insert((b, ms, seq), state);
+        }
+        for c in [&*name, &*key] {
+            let id = enter(&mut self.contexts, c, next);
+            self.entries.insert((id, ms, seq), state);
+            if key == name {
                 break;
             }
         }
@@ -829,5 +913,35 @@ mod tests {
             assert_eq!(s.list(&f, Some((100, 0))).count(), 0);
             assert_eq!(s.count(&f), 0);
         }
+    }
+
+    /// A store written by hand may bind one name to two keys: read back, the name is bound
+    /// to the key of the task restored last (a continuation would use it), and a task whose
+    /// key is the bound one shares the namespace's allocation of it.
+    #[test]
+    fn a_restored_name_is_bound_to_the_last_restored_key() {
+        let alice = Principal::new("user:alice", Role::User, vec![]);
+        let doc = |id: &str, key: &str, at: u64| {
+            let mut s = TaskStore::new(TaskLimits::DEFAULT);
+            let ids = ContextIds {
+                name: "n".into(),
+                key: key.into(),
+            };
+            s.create(id.into(), ids, alice.clone(), msg(), at).unwrap();
+            s.tasks[id].to_doc()
+        };
+        let mut s = TaskStore::new(TaskLimits::DEFAULT);
+        for (id, key, at) in [("t1", "k1", 10), ("t2", "k2", 20), ("t3", "k2", 30)] {
+            s.restore(TaskRecord::from_doc(doc(id, key, at)).unwrap());
+            assert_eq!(
+                s.index.context_key("user:alice", "n").map(|k| &**k),
+                Some(key),
+                "after {id}"
+            );
+        }
+        let held = s.index.context_key("user:alice", "n").unwrap();
+        assert!(Arc::ptr_eq(held, &s.tasks["t3"].context_key));
+        assert!(Arc::ptr_eq(held, &s.tasks["t2"].context_key));
+        check(&s, 0);
     }
 }

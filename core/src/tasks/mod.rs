@@ -657,10 +657,13 @@ impl TaskStore {
         }
     }
 
-    /// Room for `n` more tasks in the map of tasks by id (the other maps grow with what
-    /// the tasks share: owners, conversations, senders).
+    /// Room for `n` more tasks in the map of tasks by id and in the operator's map of
+    /// contexts (each may have its own); the owners' maps grow with what the tasks share.
+    /// [`TaskStore::enforce_bound`] gives back what the restore did not use.
     pub(crate) fn reserve(&mut self, n: usize) {
-        self.tasks.reserve(n.min(self.limits.max_tasks));
+        let n = n.min(self.limits.max_tasks);
+        self.tasks.reserve(n);
+        self.index.reserve(n);
     }
 
     /// The task that accepted `by`'s message `message_id`, with that message's digest.
@@ -921,31 +924,28 @@ impl TaskStore {
         self.order
             .insert((rec.status_ms, rec.status_seq), rec.id.clone());
         // The context's name and key are held once, whichever tasks use them.
-        let (name, key) = self
-            .index
-            .shared(&rec.owner.id, &rec.context_id, &rec.context_key);
-        rec.context_id = name.unwrap_or(rec.context_id);
-        rec.context_key = key.unwrap_or(rec.context_key);
-        self.index.insert(rec.entry());
+        self.index.restore(
+            &rec.owner.id,
+            &mut rec.context_id,
+            &mut rec.context_key,
+            rec.state,
+            (rec.status_ms, rec.status_seq),
+        );
         if rec.state.is_terminal() {
             self.terminal.insert((rec.created_ms, rec.id.clone()));
         }
-        self.context_used(&rec);
         for (a, _) in rec.accepted.iter_mut() {
             // The sender's id is held once, whichever task names it.
-            if let Some((by, _)) = self.by_message.get_key_value(&*a.by) {
-                a.by = by.clone();
-            }
-            self.by_message
-                .entry(a.by.clone())
-                .or_default()
-                .insert(a.message_id.clone(), rec.id.clone());
+            let by = self.by_message.entry(a.by.clone());
+            a.by = by.key().clone();
+            by.or_default().insert(a.message_id.clone(), rec.id.clone());
         }
         self.tasks.insert(rec.id.clone(), Box::new(rec));
     }
 
     /// After a restore: evicts the oldest terminal tasks while more are held than
-    /// `max_tasks` allows (the bound may have shrunk since they were written).
+    /// `max_tasks` allows (the bound may have shrunk since they were written), and gives
+    /// back the room [`TaskStore::reserve`] made for tasks that did not come.
     pub fn enforce_bound(&mut self) {
         while self.tasks.len() > self.limits.max_tasks || self.bytes > self.limits.total_bytes {
             let Some((_, id)) = self.terminal.iter().next().cloned() else {
@@ -956,6 +956,8 @@ impl TaskStore {
             self.remove(&id);
             self.touch(&id);
         }
+        self.tasks.shrink_to_fit();
+        self.index.shrink_to_fit();
     }
 
     /// How many tasks the store holds, finished ones included.
