@@ -17,7 +17,7 @@ use crate::a2a::types::{Artifact, Message, Role, Struct, Task, TaskState};
 #[derive(Debug)]
 pub(crate) struct Listed {
     task: Task,
-    made_status: Option<(Box<str>, u64)>,
+    made_status: Option<(Arc<RawValue>, u64)>,
 }
 
 impl From<Task> for Listed {
@@ -32,7 +32,7 @@ impl From<Task> for Listed {
 impl Listed {
     /// `task` without its status message, which is the one the store makes from `parts`
     /// (the JSON text of the parts, as packed) for status count `n`.
-    pub(super) fn made(task: Task, parts: Box<str>, n: u64) -> Self {
+    pub(super) fn made(task: Task, parts: Arc<RawValue>, n: u64) -> Self {
         debug_assert!(task.status.message.is_none());
         Listed {
             task,
@@ -60,8 +60,6 @@ impl Listed {
             return serde_json::to_writer(out, &self.task);
         };
         let t = &self.task;
-        // Written by `pack` from parts, or checked when its record was read: it parses.
-        let parts: &RawValue = serde_json::from_str(parts)?;
         let shown = TaskOut {
             artifacts: &t.artifacts,
             context_id: &t.context_id,

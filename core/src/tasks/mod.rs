@@ -1,5 +1,6 @@
 //! The task model: records, lifecycle rules, history bounds, listing order and page tokens.
 
+use serde_json::value::RawValue;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -207,7 +208,9 @@ impl HeldMessage {
 #[derive(Clone, Debug)]
 enum StatusMessage {
     Whole(Arc<Message>),
-    PackedParts(Box<str>),
+    /// The parts' JSON text, written by [`TaskRecord::pack`]: a page refers to it as it
+    /// is, neither copied under the lock nor parsed again to be shown.
+    PackedParts(Arc<RawValue>),
 }
 
 /// One message a task accepted: who sent it, its `messageId`, and the digest of its content
@@ -402,7 +405,7 @@ impl TaskRecord {
             StatusMessage::Whole(m) => Some(m.clone()),
             // Written by `pack` from parts, so it reads back.
             StatusMessage::PackedParts(text) => Some(Arc::new(
-                self.made_status_message(serde_json::from_str(text).unwrap_or_default()),
+                self.made_status_message(serde_json::from_str(text.get()).unwrap_or_default()),
             )),
         }
     }
@@ -466,7 +469,7 @@ impl TaskRecord {
         let status = match &self.status_message {
             None => 0,
             Some(StatusMessage::Whole(m)) => serialized_len(&**m),
-            Some(StatusMessage::PackedParts(text)) => text.len(),
+            Some(StatusMessage::PackedParts(text)) => text.get().len(),
         };
         let artifacts = if include_artifacts {
             self.artifact_bytes
@@ -505,9 +508,11 @@ impl TaskRecord {
     fn pack(&mut self) {
         if let Some(StatusMessage::Whole(m)) = &self.status_message {
             if self.made_here(m) {
-                let text = serde_json::to_string(&m.parts).unwrap_or_default();
-                if text.len() <= PACKED_MESSAGE_MAX {
-                    self.status_message = Some(StatusMessage::PackedParts(text.into_boxed_str()));
+                // Serialized here, so valid JSON: not parsed again.
+                if let Ok(text) = serde_json::value::to_raw_value(&m.parts) {
+                    if text.get().len() <= PACKED_MESSAGE_MAX {
+                        self.status_message = Some(StatusMessage::PackedParts(Arc::from(text)));
+                    }
                 }
             }
         }
