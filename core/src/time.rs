@@ -67,7 +67,8 @@ pub(crate) fn rfc3339_ms(epoch_ms: u64) -> String {
     put(14, 2, mi as u64);
     put(17, 2, se as u64);
     put(20, 3, ms);
-    out.iter().map(|&b| char::from(b)).collect()
+    // Digits and ASCII punctuation only.
+    String::from(std::str::from_utf8(&out).unwrap_or_default())
 }
 
 /// Parses an RFC 3339 timestamp (`Z` or a numeric offset, 0–9 fractional digits) into epoch

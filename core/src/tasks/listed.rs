@@ -69,7 +69,7 @@ impl Listed {
             status: StatusOut {
                 message: MadeOut {
                     context_id: &t.context_id,
-                    message_id: super::status_message_id(&t.id, *n),
+                    message_id: StatusId(&t.id, *n),
                     parts,
                     role: Role::Agent,
                     task_id: &t.id,
@@ -80,6 +80,19 @@ impl Listed {
         };
         serde_json::to_writer(out, &shown)
     }
+}
+
+/// The JSON length of the status message the store makes from packed `parts` for task
+/// `id` of context `context_id` at status count `n`: what the whole message would write,
+/// counted without making it.
+pub(super) fn made_status_len(id: &str, context_id: &str, parts: &RawValue, n: u64) -> usize {
+    super::serialized_len(&MadeOut {
+        context_id,
+        message_id: StatusId(id, n),
+        parts,
+        role: Role::Agent,
+        task_id: id,
+    })
 }
 
 // The wire shapes of `Task`, `TaskStatus` and `Message` (a2a/types.rs), field for field in
@@ -113,9 +126,19 @@ struct StatusOut<'a> {
 struct MadeOut<'a> {
     #[serde(skip_serializing_if = "str::is_empty")]
     context_id: &'a str,
-    message_id: String,
+    message_id: StatusId<'a>,
     parts: &'a RawValue,
     role: Role,
     #[serde(skip_serializing_if = "str::is_empty")]
     task_id: &'a str,
+}
+
+/// The `messageId` of a task's `n`th status message (`status_message_id`), written straight
+/// into the page rather than made as a string first.
+struct StatusId<'a>(&'a str, u64);
+
+impl Serialize for StatusId<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&format_args!("{}.status.{}", self.0, self.1))
+    }
 }

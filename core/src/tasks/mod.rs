@@ -320,14 +320,15 @@ impl TaskRecord {
             } else {
                 Vec::new()
             },
-            context_id: self.context_id.to_string(),
+            // `String::from`, not `to_string`: an `Arc<str>` would go through `Display`.
+            context_id: String::from(&*self.context_id),
             history: self
                 .history
                 .iter()
                 .skip(self.history.len() - keep)
                 .map(|(m, _)| m.message())
                 .collect(),
-            id: self.id.to_string(),
+            id: String::from(&*self.id),
             metadata: None,
             status: self.status_with(status_message),
         }
@@ -396,7 +397,15 @@ impl TaskRecord {
     /// About the bytes of the task's JSON: its weight and its status message, which the
     /// weight does not count. What decides whether an answer is written in slices.
     pub(crate) fn answer_weight(&self) -> usize {
-        self.weight() + self.status_message().map_or(0, |m| serialized_len(&*m))
+        self.weight()
+            + match &self.status_message {
+                None => 0,
+                Some(StatusMessage::Whole(m)) => serialized_len(&**m),
+                // Counted from the text: a listing weighs every task it shows this way.
+                Some(StatusMessage::PackedParts(parts)) => {
+                    listed::made_status_len(&self.id, &self.context_id, parts, self.status_count)
+                }
+            }
     }
 
     /// The agent message of the current status, made whole.
@@ -414,11 +423,11 @@ impl TaskRecord {
     /// ids, and a `messageId` named after the task's status count.
     fn made_status_message(&self, parts: Vec<Part>) -> Message {
         Message {
-            context_id: self.context_id.to_string(),
+            context_id: String::from(&*self.context_id),
             message_id: status_message_id(&self.id, self.status_count),
             parts,
             role: Role::Agent,
-            task_id: self.id.to_string(),
+            task_id: String::from(&*self.id),
             ..Message::default()
         }
     }
@@ -2106,6 +2115,9 @@ mod tests {
             live.get(),
             serde_json::to_string(&t.to_task(None, true)).unwrap()
         );
+        // A listing weighs the packed message as the whole one would write.
+        let whole_len = |t: &TaskRecord| serialized_len(&*t.status_message().unwrap());
+        assert_eq!(t.answer_weight(), t.weight() + whole_len(t));
         // Parts stored in another spelling (an alias, an empty field, spaces) are listed as
         // they are shown anywhere else.
         let mut doc = t.to_doc();
@@ -2125,6 +2137,7 @@ mod tests {
             "{whole}"
         );
         assert_eq!(back.to_listed(None, true).to_json().unwrap().get(), whole);
+        assert_eq!(back.answer_weight(), back.weight() + whole_len(&back));
         // A status message the store did not make stays whole, written as it is.
         let mut doc = t.to_doc();
         doc["statusMessage"]["messageId"] = serde_json::json!("chosen");
