@@ -371,7 +371,7 @@ impl Pumping<'_> {
     fn run(mut self, rx: &Receiver<Msg>, wake: &Arc<ChannelWake>) {
         let waker = &Waker::from(wake.clone());
         lock(self.inst).register_records_waker(waker);
-        // A message that ended a gathering pause, handled as the next one.
+        // A message that ended a gathering pause (never `Records`), handled as the next one.
         let mut next: Option<Msg> = None;
         loop {
             // A periodic look as well as the waker: a change made through a path that does
@@ -380,11 +380,11 @@ impl Pumping<'_> {
                 Some(d) => d.next_attempt.saturating_duration_since(Instant::now()),
                 None => Duration::from_millis(200),
             };
-            let (msg, gathered) = match next.take() {
-                Some(m) => (Some(m), true),
-                None => (recv(rx, wait), false),
+            let msg = match next.take() {
+                Some(m) => Some(m),
+                None => recv(rx, wait),
             };
-            if matches!(msg, Some(Msg::Records)) && !gathered && self.degraded.is_none() {
+            if matches!(msg, Some(Msg::Records)) && self.degraded.is_none() {
                 next = self.gather(rx, wake);
             }
             if matches!(msg, Some(Msg::Stop)) {
@@ -408,6 +408,11 @@ impl Pumping<'_> {
                     .is_some_and(|d| Instant::now() >= d.next_attempt)
                 {
                     self.heal();
+                }
+                if self.degraded.is_none() {
+                    // Healed. Wakes while it was failed left the flag set, so no message
+                    // came for later changes: the drain clears it and writes them.
+                    self.drain(wake, waker);
                 }
                 continue;
             }
@@ -435,9 +440,10 @@ impl Pumping<'_> {
     /// Changes wait: unless an answer waits for them, lets more gather for up to
     /// `self.gather` before the drain, so a turn's start, its steps and its end (an agent's
     /// answer, a command's result, soon after) go to disk as one record and one write, not
-    /// one each. Ends early when an answer waits for a change ([`Instance::records_awaited`]:
-    /// a new waiter wakes the pump) and on any other message (a durable notice, a stop),
-    /// which it returns for the loop to handle next.
+    /// one each. Ends early when a change is wanted promptly ([`Instance::records_awaited`]:
+    /// an answer waits for it or a webhook reports it, and either wakes the pump) and on any
+    /// other message (a durable or failure notice, a stop), which it returns for the loop to
+    /// handle next.
     fn gather(&self, rx: &Receiver<Msg>, wake: &ChannelWake) -> Option<Msg> {
         let until = Instant::now() + self.gather;
         loop {

@@ -601,6 +601,9 @@ struct WriteAhead {
     waiters: Vec<(u64, ConnKey)>,
     /// Connections with held output: a drain waits for them as for any other answer.
     holding: usize,
+    /// Changes up to this sequence are wanted on disk promptly: an answer waits for them,
+    /// or a webhook was asked to report them ([`Instance::records_awaited`]).
+    urgent: u64,
 }
 
 /// One record the host must make durable: the state of `(kind, key)` as it stands now, or
@@ -774,8 +777,14 @@ impl Instance {
     pub(crate) fn wait_durable(&mut self, seq: u64, conn: ConnKey) {
         self.announce_records();
         self.wal.waiters.push((seq, conn));
-        // The host may be letting changes nobody waited for gather before it drains them
-        // ([`Instance::records_awaited`]): someone waits for them now.
+        self.wanted_soon(seq);
+    }
+
+    /// Changes up to `seq` are wanted on disk promptly. The host may be letting changes
+    /// nobody waited for gather before it drains them ([`Instance::records_awaited`]): it
+    /// is woken to drain them now.
+    fn wanted_soon(&mut self, seq: u64) {
+        self.wal.urgent = self.wal.urgent.max(seq);
         if self.wal.on && seq > self.wal.drained {
             if let Some(w) = &self.wal.waker {
                 w.wake_by_ref();
@@ -783,12 +792,13 @@ impl Instance {
         }
     }
 
-    /// Whether an answer waits for a change not drained yet. A host drains at once when one
-    /// does; when none does, it may let the changes gather for a moment before draining
-    /// them, so a task's start and its end soon after are written as one record. Whoever
-    /// starts waiting for an undrained change wakes the records waker again.
+    /// Whether a change not drained yet is wanted on disk promptly: an answer waits for it,
+    /// or a webhook was asked to report the state it made. A host drains at once when one
+    /// is; otherwise it may let the changes gather for a moment before draining them, so a
+    /// task's start and its end soon after are written as one record. A change becoming
+    /// wanted wakes the records waker again.
     pub fn records_awaited(&self) -> bool {
-        self.wal.waiters.iter().any(|(s, _)| *s > self.wal.drained)
+        self.wal.on && self.wal.urgent > self.wal.drained
     }
 
     /// Drains what changed since the last call: one record per changed key, as it stands
@@ -1605,6 +1615,9 @@ impl Instance {
                 trace: trace.clone(),
             });
         }
+        // The webhook reports what the task is now: that is not left to gather.
+        let seq = self.record_seq();
+        self.wanted_soon(seq);
     }
 
     /// Numbers a task's event, keeps it for reconnecting streams, and queues it for every

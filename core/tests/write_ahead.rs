@@ -466,3 +466,39 @@ fn a_host_learns_when_an_answer_waits_for_changes_it_let_gather() {
         "TASK_STATE_COMPLETED"
     );
 }
+
+#[test]
+fn a_settled_task_a_webhook_will_report_is_not_left_to_gather() {
+    let mut h = Harness::with(|c| {
+        c.push = agentd_core::push::PushPolicy {
+            enabled: true,
+            ..agentd_core::push::PushPolicy::default()
+        }
+    });
+    h.inst.set_write_ahead(true);
+    let mut c = h.conn();
+    let params = json!({"message": text_message("hi", "m"),
+        "configuration": {"returnImmediately": true,
+                          "taskPushNotificationConfig": {"url": "https://hooks.example.com/x"}}});
+    assert!(c.feed(&mut h, &call("SendMessage", 1, params)).is_empty());
+    let t = h.turn();
+    make_durable(&mut h);
+    assert!(
+        !c.poll(&mut h).is_empty(),
+        "the task and its webhook are durable"
+    );
+    assert!(!h.inst.records_awaited());
+    complete(&mut h, &t, TaskState::Completed, Some("done"));
+    assert!(
+        h.take_effects()
+            .iter()
+            .any(|e| matches!(e, agentd_core::Effect::Deliver { .. })),
+        "the webhook is told"
+    );
+    assert!(
+        h.inst.records_awaited(),
+        "no answer waits, but the webhook reports the settled task: it is drained at once"
+    );
+    make_durable(&mut h);
+    assert!(!h.inst.records_awaited());
+}
