@@ -577,6 +577,16 @@ mod tests {
         }
     }
 
+    /// The host finishes `task`'s work: it completes.
+    fn complete(inst: &Mutex<Instance>, now: Now, task: &str) {
+        let done = agentd_core::Completion::Status {
+            task_id: task.to_owned(),
+            state: agentd_core::a2a::types::TaskState::Completed,
+            message: None,
+        };
+        lock(inst).handle_completion(done, now).unwrap();
+    }
+
     /// An instance with write-ahead on, at `now`.
     fn write_ahead_instance(now: Now) -> Arc<Mutex<Instance>> {
         let listener = ListenerInfo {
@@ -643,16 +653,7 @@ mod tests {
         let first = send(&inst, now, "first");
         until_durable(&inst, "the task an answer waits for");
         // The host settles it: nobody waits for that change, so it gathers.
-        lock(&inst)
-            .handle_completion(
-                agentd_core::Completion::Status {
-                    task_id: first.clone(),
-                    state: agentd_core::a2a::types::TaskState::Completed,
-                    message: None,
-                },
-                now,
-            )
-            .unwrap();
+        complete(&inst, now, &first);
         std::thread::sleep(Duration::from_millis(200));
         {
             let i = lock(&inst);
@@ -700,16 +701,7 @@ mod tests {
         let why = lock(&inst).store_unavailable().unwrap().to_owned();
         assert!(why.contains("Input/output error"), "{why}");
         // The host's work goes on while the store cannot write: the task completes.
-        lock(&inst)
-            .handle_completion(
-                agentd_core::Completion::Status {
-                    task_id: task.clone(),
-                    state: agentd_core::a2a::types::TaskState::Completed,
-                    message: None,
-                },
-                now,
-            )
-            .unwrap();
+        complete(&inst, now, &task);
         pump.finish();
         let recovered = reopen(&dir);
         let record = recovered

@@ -232,40 +232,8 @@ impl TaskIndex {
     /// Adds a task's entries. Its owner's context name is bound to its key if it was not
     /// bound; a bound one keeps its key (the namespace's side is [`TaskIndex::used`]).
     pub(crate) fn insert(&mut self, e: Entry<'_>) {
-        let (ms, seq) = e.at;
-        let s = slot(e.state);
-        self.entries.insert((s as u64, ms, seq), e.state);
-        self.states.tasks += 1;
-        self.states.by_state[s] += 1;
-        self.add_owner(e.owner);
-        let next = &mut self.next;
-        if let Some(o) = self.owners.get_mut(e.owner) {
-            o.counts.tasks += 1;
-            o.counts.by_state[s] += 1;
-            let (all, by_state) = (o.base, o.base + 1 + s as u64);
-            let c = o.contexts.entry(e.name.clone()).or_insert_with(|| {
-                *next += 1;
-                Context {
-                    key: e.key.clone(),
-                    bucket: Counted {
-                        id: *next - 1,
-                        n: 0,
-                    },
-                    unused_at: None,
-                }
-            });
-            c.bucket.n += 1;
-            for b in [all, by_state, c.bucket.id] {
-                self.entries.insert((b, ms, seq), e.state);
-            }
-        }
-        for c in [e.name, e.key] {
-            let id = enter(&mut self.contexts, c, next);
-            self.entries.insert((id, ms, seq), e.state);
-            if e.key == e.name {
-                break;
-            }
-        }
+        let (mut name, mut key) = (e.name.clone(), e.key.clone());
+        self.add(e.owner, &mut name, &mut key, e.state, e.at, false);
     }
 
     /// A task read back from the store: [`TaskIndex::shared`], [`TaskIndex::insert`] and
@@ -279,6 +247,20 @@ impl TaskIndex {
         key: &mut Arc<str>,
         state: TaskState,
         at: At,
+    ) {
+        self.add(owner, name, key, state, at, true);
+    }
+
+    /// [`TaskIndex::insert`]; `restored`, also what [`TaskIndex::shared`] and
+    /// [`TaskIndex::used`] do for the task.
+    fn add(
+        &mut self,
+        owner: &str,
+        name: &mut Arc<str>,
+        key: &mut Arc<str>,
+        state: TaskState,
+        at: At,
+        restored: bool,
     ) {
         use std::collections::hash_map::Entry as Slot;
         let (ms, seq) = at;
@@ -300,7 +282,7 @@ impl TaskIndex {
         o.counts.by_state[s] += 1;
         let next = &mut self.next;
         let c = match o.contexts.entry(name.clone()) {
-            Slot::Occupied(held) => {
+            Slot::Occupied(held) if restored => {
                 *name = held.key().clone();
                 let c = held.into_mut();
                 if *c.key == **key {
@@ -310,6 +292,7 @@ impl TaskIndex {
                 }
                 c
             }
+            Slot::Occupied(held) => held.into_mut(),
             Slot::Vacant(new) => {
                 *next += 1;
                 new.insert(Context {
@@ -323,8 +306,10 @@ impl TaskIndex {
             }
         };
         c.bucket.n += 1;
-        if let Some(at) = c.unused_at.take() {
-            self.unused.remove(&at.get());
+        if restored {
+            if let Some(at) = c.unused_at.take() {
+                self.unused.remove(&at.get());
+            }
         }
         for b in [o.base, o.base + 1 + s as u64, c.bucket.id] {
             self.entries.insert((b, ms, seq), state);
