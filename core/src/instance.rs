@@ -858,12 +858,19 @@ impl Instance {
     }
 
     /// Tells the host's records waker that changes wait. Called wherever state changes.
+    /// Once per round: a host told of changes it has not drained yet drains these with them,
+    /// so it is not woken again until it drains, unless an answer comes to wait for them
+    /// ([`Instance::records_awaited`]). A host letting changes gather is woken twice per
+    /// round at most, not once per change (each wake-up a thread hop on the changer's path).
     pub(crate) fn announce_records(&mut self) {
         let seq = self.record_seq();
         if self.wal.on && seq > self.wal.announced {
+            let told = self.wal.announced > self.wal.drained;
             self.wal.announced = seq;
-            if let Some(w) = &self.wal.waker {
-                w.wake_by_ref();
+            if !told {
+                if let Some(w) = &self.wal.waker {
+                    w.wake_by_ref();
+                }
             }
         }
     }

@@ -439,6 +439,11 @@ fn a_host_learns_when_an_answer_waits_for_changes_it_let_gather() {
         "no answer waits for the task yet: a host may let it gather"
     );
     complete(&mut h, &t, TaskState::Completed, Some("done"));
+    assert_eq!(
+        wakes(),
+        1,
+        "a host told of changes it has not drained is not woken for each one after"
+    );
     let announced = wakes();
     assert!(c.poll(&mut h).is_empty(), "the settled task is not durable");
     assert!(
@@ -465,6 +470,12 @@ fn a_host_learns_when_an_answer_waits_for_changes_it_let_gather() {
         r["result"]["task"]["status"]["state"],
         "TASK_STATE_COMPLETED"
     );
+    // Drained: the next round's first change is announced again.
+    let drained = wakes();
+    let msg = json!({"message": text_message("again", "m2")});
+    assert!(c.feed(&mut h, &call("SendMessage", 2, msg)).is_empty());
+    h.turn();
+    assert_eq!(wakes(), drained + 1, "the next round is announced");
 }
 
 #[test]
