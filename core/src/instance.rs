@@ -849,7 +849,9 @@ impl Instance {
         records
     }
 
-    /// Wakes `waker` when changes are waiting to be drained by [`Instance::poll_records`].
+    /// Wakes `waker` when changes are waiting to be drained by [`Instance::poll_records`]:
+    /// once for the first change after a drain, and again when an answer comes to wait for
+    /// changes not drained yet ([`Instance::records_awaited`]).
     pub fn register_records_waker(&mut self, waker: &Waker) {
         self.wal.waker = Some(waker.clone());
         if self.record_seq() > self.wal.drained {
