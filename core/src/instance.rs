@@ -850,8 +850,9 @@ impl Instance {
     }
 
     /// Wakes `waker` when changes are waiting to be drained by [`Instance::poll_records`]:
-    /// once for the first change after a drain, and again when an answer comes to wait for
-    /// changes not drained yet ([`Instance::records_awaited`]).
+    /// now if some are, then once for the first change after a drain, and again whenever an
+    /// undrained change becomes wanted promptly (an answer or frame waits for it, a webhook
+    /// will report it: [`Instance::records_awaited`]).
     pub fn register_records_waker(&mut self, waker: &Waker) {
         self.wal.waker = Some(waker.clone());
         if self.record_seq() > self.wal.drained {
@@ -861,9 +862,11 @@ impl Instance {
 
     /// Tells the host's records waker that changes wait. Called wherever state changes.
     /// Once per round: a host told of changes it has not drained yet drains these with them,
-    /// so it is not woken again until it drains, unless an answer comes to wait for them
-    /// ([`Instance::records_awaited`]). A host letting changes gather is woken twice per
-    /// round at most, not once per change (each wake-up a thread hop on the changer's path).
+    /// so it is not woken again for them until it drains. Changes that become wanted promptly
+    /// wake it regardless ([`Instance::records_awaited`]: each answer or frame that waits,
+    /// each webhook delivery), so a host letting changes gather is woken for the round's
+    /// first change and for each waiter, not for each change (a wake-up is a thread hop on
+    /// the changer's path).
     pub(crate) fn announce_records(&mut self) {
         let seq = self.record_seq();
         if self.wal.on && seq > self.wal.announced {
