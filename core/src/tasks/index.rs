@@ -140,6 +140,18 @@ pub(crate) struct Plan {
     pub(crate) state: Option<TaskState>,
 }
 
+/// What [`TaskIndex::add`] adds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Adding {
+    /// A task just made (its context's namespace side follows, [`TaskIndex::used`]).
+    New,
+    /// A task read back from the store: [`TaskIndex::shared`], [`TaskIndex::insert`] and
+    /// [`TaskIndex::used`] in one pass, each map looked up once (a restart does this for
+    /// every task it holds). Its `name` and `key` become the namespace's own allocations
+    /// where it holds them; a name bound to another key is bound to this task's.
+    Restored,
+}
+
 /// The task store's ordered indexes and counts, and the contextId namespace.
 #[derive(Debug)]
 pub(crate) struct TaskIndex {
@@ -233,35 +245,21 @@ impl TaskIndex {
     /// bound; a bound one keeps its key (the namespace's side is [`TaskIndex::used`]).
     pub(crate) fn insert(&mut self, e: Entry<'_>) {
         let (mut name, mut key) = (e.name.clone(), e.key.clone());
-        self.add(e.owner, &mut name, &mut key, e.state, e.at, false);
+        self.add(e.owner, &mut name, &mut key, e.state, e.at, Adding::New);
     }
 
-    /// A task read back from the store: [`TaskIndex::shared`], [`TaskIndex::insert`] and
-    /// [`TaskIndex::used`] in one pass, each map looked up once (a restart does this for
-    /// every task it holds). `name` and `key` become the namespace's own allocations where
-    /// it holds them; a name bound to another key is bound to this task's.
-    pub(crate) fn restore(
+    /// Adds a task's entries, as [`TaskIndex::insert`] does for a new one; for a
+    /// [`Adding::Restored`] one, also what [`TaskIndex::shared`] and [`TaskIndex::used`] do.
+    pub(crate) fn add(
         &mut self,
         owner: &str,
         name: &mut Arc<str>,
         key: &mut Arc<str>,
         state: TaskState,
         at: At,
+        adding: Adding,
     ) {
-        self.add(owner, name, key, state, at, true);
-    }
-
-    /// [`TaskIndex::insert`]; `restored`, also what [`TaskIndex::shared`] and
-    /// [`TaskIndex::used`] do for the task.
-    fn add(
-        &mut self,
-        owner: &str,
-        name: &mut Arc<str>,
-        key: &mut Arc<str>,
-        state: TaskState,
-        at: At,
-        restored: bool,
-    ) {
+        let restored = adding == Adding::Restored;
         use std::collections::hash_map::Entry as Slot;
         let (ms, seq) = at;
         let s = slot(state);

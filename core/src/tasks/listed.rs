@@ -10,6 +10,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use super::StatusId;
 use crate::a2a::types::{Artifact, Message, Role, Struct, Task, TaskState};
 
 /// A listed task: its wire form, save a packed status message (its parts' text and the
@@ -131,14 +132,4 @@ struct MadeOut<'a> {
     role: Role,
     #[serde(skip_serializing_if = "str::is_empty")]
     task_id: &'a str,
-}
-
-/// The `messageId` of a task's `n`th status message (`status_message_id`), written straight
-/// into the page rather than made as a string first.
-struct StatusId<'a>(&'a str, u64);
-
-impl Serialize for StatusId<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&format_args!("{}.status.{}", self.0, self.1))
-    }
 }

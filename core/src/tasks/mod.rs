@@ -12,6 +12,7 @@ pub mod index;
 mod listed;
 pub mod persist;
 pub mod replay;
+use index::Adding;
 pub use index::{TaskCounts, ALL_STATES};
 pub(crate) use listed::Listed;
 pub use persist::TASK_KIND;
@@ -558,9 +559,24 @@ fn json_text(value: &impl serde::Serialize, len: usize) -> Box<str> {
     String::from_utf8(buf).unwrap_or_default().into_boxed_str()
 }
 
-/// The `messageId` of a task's `n`th agent status message.
+/// The `messageId` of a task's `n`th agent status message, `<task id>.status.<n>`: as a
+/// string, or written straight into a listing's page ([`listed`]).
+struct StatusId<'a>(&'a str, u64);
+
+impl std::fmt::Display for StatusId<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.status.{}", self.0, self.1)
+    }
+}
+
+impl serde::Serialize for StatusId<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 fn status_message_id(task_id: &str, n: u64) -> String {
-    format!("{task_id}.status.{n}")
+    StatusId(task_id, n).to_string()
 }
 
 /// Why the store refused a change.
@@ -938,12 +954,13 @@ impl TaskStore {
         self.order
             .insert((rec.status_ms, rec.status_seq), rec.id.clone());
         // The context's name and key are held once, whichever tasks use them.
-        self.index.restore(
+        self.index.add(
             &rec.owner.id,
             &mut rec.context_id,
             &mut rec.context_key,
             rec.state,
             (rec.status_ms, rec.status_seq),
+            Adding::Restored,
         );
         if rec.state.is_terminal() {
             self.terminal.insert((rec.created_ms, rec.id.clone()));
