@@ -2,14 +2,19 @@
 //!
 //! glibc's allocator keeps what a thread freed in that thread's arena for reuse, and gives
 //! back only the top of each heap. After 10,000 connections close, the std driver (a thread
-//! per connection) kept ~128 MiB that way, spread over up to 8 arenas a CPU, and a restore
-//! of 100k tasks kept the parse's garbage. Two levers, both glibc's:
+//! per connection) kept ~128 MiB that way, and a restore of 100k tasks kept the parse's
+//! garbage. Two levers, both glibc's:
 //!
-//! - [`limit_arenas`] caps the arenas (`mallopt(M_ARENA_MAX)`) before any thread starts, so
-//!   freed memory is shared by the threads that come after rather than kept per arena;
-//! - [`trim`] (`malloc_trim(0)`) returns every free page of every arena, called once the
-//!   store is restored and by [`spawn_trimmer`] when the open connections have fallen far
-//!   below their recent peak ([`TrimPolicy`]) or the resident set has grown and settled
+//! - [`limit_arenas`] caps the arenas (`mallopt(M_ARENA_MAX)`) before any thread starts:
+//!   to one ([`default_arenas`]), because `malloc_trim` gives back every free page of the
+//!   main arena but never shrinks the top of another: after a wave of 10,000 connections
+//!   the other arenas' tops held 20-45 MiB that no trim returned, until some later request
+//!   happened to free a large block in that very arena (measured: an explicit
+//!   `malloc_trim(0)` changed nothing; with one arena the daemon is back at rest within a
+//!   second of the connections' threads ending, every wave);
+//! - [`trim`] (`malloc_trim(0)`) returns every free page, called once the store is
+//!   restored and by [`spawn_trimmer`] when the open connections have fallen far below
+//!   their recent peak ([`TrimPolicy`]) or the resident set has grown and settled
 //!   ([`GrowthPolicy`]).
 //!
 //! On other C libraries both are no-ops.
@@ -56,16 +61,24 @@ mod glibc {
 }
 
 /// Caps glibc's malloc arenas at `n` (at least 1). Call before any thread starts. True when
-/// the allocator took it.
+/// the allocator took it. An operator's own choice wins: with `MALLOC_ARENA_MAX` or a
+/// `glibc.malloc.arena_max` tunable in the environment, nothing is changed (and false is
+/// returned).
 pub fn limit_arenas(n: usize) -> bool {
+    let tunable = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+    if std::env::var_os("MALLOC_ARENA_MAX").is_some() || tunable.contains("malloc.arena_max") {
+        return false;
+    }
     glibc::limit_arenas(n.clamp(1, 1024) as std::ffi::c_int)
 }
 
-/// The arena cap the daemon uses: two per CPU (glibc's own default is eight per CPU on a
-/// 64-bit machine), at least 2. Enough that the drivers' threads rarely wait on one
-/// another's arena, few enough that a burst's garbage is not kept 16 times over.
+/// The arena cap the daemon uses: one, glibc's main arena, the only one whose free top
+/// `malloc_trim` gives back (see the module docs). The threads share its lock, but each
+/// keeps a cache of small freed blocks of its own (glibc's tcache) that most allocations
+/// are served from: measured on 2 CPUs (`bench/turn_cpu.py`, 4 connections, file store),
+/// the daemon's CPU per turn was 0.97-1.03x that with two arenas a CPU, on both drivers.
 pub fn default_arenas() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get()) * 2
+    1
 }
 
 /// Returns the allocator's free pages to the system. True when some were.
