@@ -65,11 +65,21 @@ mod glibc {
 /// `glibc.malloc.arena_max` tunable in the environment, nothing is changed (and false is
 /// returned).
 pub fn limit_arenas(n: usize) -> bool {
-    let tunable = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
-    if std::env::var_os("MALLOC_ARENA_MAX").is_some() || tunable.contains("malloc.arena_max") {
+    let operator = std::env::var_os("MALLOC_ARENA_MAX").is_some();
+    let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+    if operator_chose_arenas(operator, &tunables) {
         return false;
     }
     glibc::limit_arenas(n.clamp(1, 1024) as std::ffi::c_int)
+}
+
+/// Whether the environment already caps the arenas: `MALLOC_ARENA_MAX` set, or
+/// `glibc.malloc.arena_max` among the colon-separated `GLIBC_TUNABLES`.
+fn operator_chose_arenas(malloc_arena_max_set: bool, glibc_tunables: &str) -> bool {
+    malloc_arena_max_set
+        || glibc_tunables
+            .split(':')
+            .any(|t| t.split('=').next() == Some("glibc.malloc.arena_max"))
 }
 
 /// The arena cap the daemon uses: one, glibc's main arena, the only one whose free top
@@ -292,6 +302,19 @@ pub fn spawn_trimmer(gauge: Arc<ConnGauge>) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_operators_arena_cap_is_kept() {
+        assert!(!operator_chose_arenas(false, ""));
+        assert!(operator_chose_arenas(true, ""));
+        assert!(operator_chose_arenas(false, "glibc.malloc.arena_max=8"));
+        assert!(operator_chose_arenas(
+            false,
+            "glibc.malloc.tcache_count=0:glibc.malloc.arena_max=2"
+        ));
+        assert!(!operator_chose_arenas(false, "glibc.malloc.arena_test=2"));
+        assert!(!operator_chose_arenas(false, "glibc.malloc.tcache_count=0"));
+    }
 
     #[test]
     fn a_burst_shorter_than_the_period_is_trimmed_after() {
