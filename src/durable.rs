@@ -24,6 +24,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use agentd_core::errors::RecordError;
+use agentd_core::instance::RecordBody;
 use agentd_core::tasks::TaskRecord;
 use agentd_core::{Instance, Now};
 use serde::Deserialize;
@@ -133,7 +134,7 @@ pub fn open(
     dir: &Path,
     inst: &mut Instance,
     now: Now,
-) -> Result<(Store, Restored, Vec<Record>), String> {
+) -> Result<(Store, Restored, Vec<Record<RecordBody>>), String> {
     use std::os::unix::fs::DirBuilderExt as _;
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -183,7 +184,8 @@ pub fn open(
         (now.epoch_ms.saturating_mul(1000)).max(old_base.unwrap_or(0).saturating_add(1 << 32))
     };
     inst.set_feed_base(r.feed_base);
-    let base = Record::put(FEED_KIND, FEED_KEY, serde_json::json!(r.feed_base));
+    let base = serde_json::value::to_raw_value(&r.feed_base).expect("a number serialises");
+    let base = Record::put(FEED_KIND, FEED_KEY, base);
     Ok((store, r, vec![base]))
 }
 
@@ -250,7 +252,7 @@ const HEAL_LOG_EVERY: Duration = Duration::from_secs(60);
 pub fn spawn(
     inst: Arc<Mutex<Instance>>,
     store: Store,
-    host_records: Vec<Record>,
+    host_records: Vec<Record<RecordBody>>,
 ) -> std::io::Result<Pump> {
     spawn_gathering(inst, store, host_records, GATHER)
 }
@@ -259,7 +261,7 @@ pub fn spawn(
 fn spawn_gathering(
     inst: Arc<Mutex<Instance>>,
     store: Store,
-    host_records: Vec<Record>,
+    host_records: Vec<Record<RecordBody>>,
     gather: Duration,
 ) -> std::io::Result<Pump> {
     let (tx, rx) = mpsc::channel();
@@ -318,7 +320,10 @@ fn spawn_gathering(
 /// of its key, and nothing in the drain is acknowledged before the last append is durable.
 /// One record alone can always be appended: the task bounds (`limits.task_artifact_bytes`,
 /// the history bound, the agent line bound) keep a task record far below the store's limit.
-fn append_split(store: &Store, records: &[Record]) -> Result<Ticket, crate::store::Error> {
+fn append_split<B: serde::Serialize>(
+    store: &Store,
+    records: &[Record<B>],
+) -> Result<Ticket, crate::store::Error> {
     match store.append(records) {
         Err(crate::store::Error::TooLarge { .. }) if records.len() > 1 => {
             let (first, rest) = records.split_at(records.len() / 2);
@@ -359,7 +364,7 @@ struct Degraded {
 struct Pumping<'a> {
     inst: &'a Mutex<Instance>,
     store: Store,
-    host_records: Vec<Record>,
+    host_records: Vec<Record<RecordBody>>,
     /// Appended and not yet durable: (ticket, the record sequence it makes durable).
     inflight: VecDeque<(Ticket, u64)>,
     degraded: Option<Degraded>,
@@ -541,7 +546,7 @@ impl Pumping<'_> {
     }
 }
 
-fn to_store(records: Vec<agentd_core::instance::Record>) -> Vec<Record> {
+fn to_store(records: Vec<agentd_core::instance::Record>) -> Vec<Record<RecordBody>> {
     records
         .into_iter()
         .map(|r| match r.body {

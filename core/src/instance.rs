@@ -606,16 +606,41 @@ struct WriteAhead {
     urgent: u64,
 }
 
+/// A record's body: JSON text, serialized once from the instance's own state (a
+/// `serde_json::Value` tree built and then written cost a send turn about a tenth of the
+/// daemon's CPU, most of it under the driver's lock). Serializing it writes the text as is;
+/// `serde_json::from_str(body.get())` reads it.
+pub type RecordBody = Box<serde_json::value::RawValue>;
+
 /// One record the host must make durable: the state of `(kind, key)` as it stands now, or
 /// its removal (`None`).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct Record {
     /// The kind of state (`task`, `session`, `push`, ...): the table the host keeps it in.
     pub kind: &'static str,
     /// The key of that state within its kind, such as a task id.
     pub key: String,
     /// The state to keep under the key, or `None` to remove it.
-    pub body: Option<serde_json::Value>,
+    pub body: Option<RecordBody>,
+}
+
+impl Record {
+    /// The body parsed into a JSON value (`None` for a removal): for a host that inspects
+    /// records rather than writing them as they are.
+    pub fn value(&self) -> Option<serde_json::Value> {
+        self.body
+            .as_ref()
+            .and_then(|b| serde_json::from_str(b.get()).ok())
+    }
+}
+
+/// Equal when the kind, the key and the body's text are.
+impl PartialEq for Record {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind
+            && self.key == other.key
+            && self.body.as_ref().map(|b| b.get()) == other.body.as_ref().map(|b| b.get())
+    }
 }
 
 /// What [`Instance::poll_records`] drains: every change up to record sequence `upto`, one

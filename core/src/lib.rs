@@ -68,7 +68,8 @@
 //!   delivery, a cancel); report back with [`Instance::handle_completion`]. Both enums are
 //!   `#[non_exhaustive]`: a host logs and skips an effect it does not know.
 //! - With write-ahead on ([`Instance::set_write_ahead`]), drain [`Instance::poll_records`],
-//!   make them durable, then call [`Instance::records_durable`]: an answer that acknowledges
+//!   make them durable (each body is JSON text to write as it is), then call
+//!   [`Instance::records_durable`]: an answer that acknowledges
 //!   a change leaves only after that. While [`Instance::records_awaited`] is false a host
 //!   may let changes gather for a moment before draining them (fewer, fuller writes).
 //!
@@ -123,6 +124,6 @@ pub use conn::Connection;
 pub use host::{HostCapabilities, Op};
 pub use instance::{
     CallId, CommandAnswer, Completion, CompletionError, ConnLimits, Effect, Instance,
-    InstanceConfig, ListenerInfo, ListenerKind, Record, Records, Reloadable,
+    InstanceConfig, ListenerInfo, ListenerKind, Record, RecordBody, Records, Reloadable,
 };
 pub use time::Now;

@@ -511,14 +511,14 @@ impl PushConfigs {
     }
 
     /// Tasks whose configs changed since the last call: the list as it stands, or `None`.
-    pub(crate) fn take_dirty(&mut self) -> Vec<(String, Option<Value>)> {
+    pub(crate) fn take_dirty(&mut self) -> Vec<(String, Option<crate::instance::RecordBody>)> {
         std::mem::take(&mut self.dirty)
             .into_iter()
             .map(|task| {
                 let body = self
                     .by_task
                     .get(&task)
-                    .and_then(|l| serde_json::to_value(l).ok());
+                    .and_then(|l| serde_json::value::to_raw_value(l).ok());
                 (task, body)
             })
             .collect()

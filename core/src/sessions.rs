@@ -229,23 +229,27 @@ impl Sessions {
     }
 
     /// Sessions and names changed since the last call, as `(kind, key, body or None)`.
-    pub(crate) fn take_dirty(&mut self) -> Vec<(&'static str, String, Option<Value>)> {
+    pub(crate) fn take_dirty(
+        &mut self,
+    ) -> Vec<(&'static str, String, Option<crate::instance::RecordBody>)> {
         let mut out = Vec::new();
         for sid in std::mem::take(&mut self.dirty) {
             let found = self.by_token.iter().find(|(_, s)| s.sid == sid);
-            let body = found.map(|(digest, s)| {
-                json!({
+            let body = found.and_then(|(digest, s)| {
+                let doc = json!({
                     "tokenSha256": hex(digest), "sid": s.sid, "name": s.name,
                     "principal": crate::auth::PrincipalDoc::from(&s.principal),
                     "clientId": s.client_id, "scope": s.scope.as_str(),
                     "createdAt": s.created_at, "expiresAt": s.expires_at,
                     "approvedBy": s.approved_by,
-                })
+                });
+                serde_json::value::to_raw_value(&doc).ok()
             });
             out.push((SESSION_KIND, sid, body));
         }
         for name in std::mem::take(&mut self.dirty_names) {
-            out.push((SESSION_NAME_KIND, name, Some(json!(true))));
+            let approved = serde_json::value::to_raw_value(&true).ok();
+            out.push((SESSION_NAME_KIND, name, approved));
         }
         out
     }

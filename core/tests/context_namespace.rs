@@ -281,11 +281,11 @@ fn the_namespace_survives_a_restart_through_the_task_records() {
     };
     let batch = h.inst.poll_records().expect("the task is a record");
     let rec = &batch.records[0];
-    assert_eq!(rec.body.as_ref().unwrap()["contextKey"], key.as_str());
+    assert_eq!(rec.value().unwrap()["contextKey"], key.as_str());
 
     let mut h2 = Harness::new();
     h2.inst
-        .restore_record(rec.kind, &rec.key, rec.body.clone().unwrap(), h2.now)
+        .restore_record(rec.kind, &rec.key, rec.value().unwrap(), h2.now)
         .unwrap();
     let mut a2 = h2.conn_as(0, user("alice"));
     let (t, [_, k, _, _]) = send(&mut h2, &mut a2, message("back", "m2", Some("root")));

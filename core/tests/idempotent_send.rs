@@ -316,7 +316,7 @@ fn a_retry_is_recognized_after_a_restart() {
         h.inst.records_durable(batch.upto);
     }
     let rec = records.last().expect("the task is a record");
-    let body = rec.body.clone().unwrap();
+    let body = rec.value().unwrap();
     assert_eq!(body["accepted"].as_array().unwrap().len(), 2, "{body}");
 
     // A fresh instance restores it, and ends the work the old process had in flight.

@@ -199,7 +199,7 @@ fn one_record_per_task_per_drain_and_restore_is_exact() {
     let mut h2 = wal();
     let rec = &batch.records[0];
     h2.inst
-        .restore_record(rec.kind, &rec.key, rec.body.clone().unwrap(), h2.now)
+        .restore_record(rec.kind, &rec.key, rec.value().unwrap(), h2.now)
         .unwrap();
     let mut c2 = h2.conn();
     let before = one(&c.feed(&mut h, &call("GetTask", 2, json!({"id": t})))).json();

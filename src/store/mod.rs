@@ -193,8 +193,8 @@ pub enum Op<B = serde_json::Value> {
     Remove,
 }
 
-impl Record {
-    pub fn put(kind: impl Into<String>, key: impl Into<String>, body: serde_json::Value) -> Self {
+impl<B> Record<B> {
+    pub fn put(kind: impl Into<String>, key: impl Into<String>, body: B) -> Self {
         Record {
             kind: kind.into(),
             key: key.into(),
@@ -678,7 +678,7 @@ impl Store {
     /// on the caller's thread; the write and fsync happen on the writer thread. Blocks only
     /// while the queue is full (`max_pending_bytes`). An empty `records` writes nothing and
     /// returns the last ticket handed out.
-    pub fn append(&self, records: &[Record]) -> Result<Ticket, Error> {
+    pub fn append<B: Serialize>(&self, records: &[Record<B>]) -> Result<Ticket, Error> {
         let mut frame = Vec::new();
         if !records.is_empty() {
             let payload = serde_json::to_vec(records).expect("a record serialises");

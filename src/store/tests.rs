@@ -209,7 +209,7 @@ fn round_trip_and_last_write_wins() {
     assert_eq!(store.durable(), 0);
     store.wait_durable(0, Duration::ZERO).unwrap();
     assert_eq!(store.append(&[put("a", json!(3))]).unwrap(), 1);
-    assert_eq!(store.append(&[]).unwrap(), 1);
+    assert_eq!(store.append::<serde_json::Value>(&[]).unwrap(), 1);
     store.wait_durable(1, T).unwrap();
     drop(store);
     let (_, rec) = open(d.path());

@@ -188,11 +188,11 @@ impl HeldMessage {
     }
 
     /// The message as a stored record carries it.
-    fn doc(&self) -> persist::HistoryDoc {
+    fn doc(&self) -> persist::HistoryDoc<'_> {
         match self {
             HeldMessage::Live(m) => persist::HistoryDoc::Live(m.clone()),
             HeldMessage::Packed(text) => {
-                persist::HistoryDoc::Packed(serde_json::from_str(text).unwrap_or_default())
+                persist::HistoryDoc::Packed(serde_json::from_str(text).ok())
             }
         }
     }
@@ -918,11 +918,11 @@ impl TaskStore {
     }
 
     /// The tasks changed since the last call: each as it stands now, or `None` if it is gone.
-    pub(crate) fn take_dirty(&mut self) -> Vec<(String, Option<serde_json::Value>)> {
+    pub(crate) fn take_dirty(&mut self) -> Vec<(String, Option<Box<serde_json::value::RawValue>>)> {
         let records = std::mem::take(&mut self.dirty)
             .into_iter()
             .map(|id| {
-                let body = self.tasks.get(id.as_str()).map(|t| t.to_doc());
+                let body = self.tasks.get(id.as_str()).map(|t| t.to_doc_json());
                 (id, body)
             })
             .collect();

@@ -90,9 +90,20 @@ impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
 type TaskRead<'a> = TaskDoc<&'a RawValue, Text<'a>>;
 
 impl TaskRecord {
-    /// The record's durable form.
+    /// The record's durable form, as the JSON text the host writes: serialized once,
+    /// straight from the record (no `Value` tree between).
+    pub fn to_doc_json(&self) -> Box<RawValue> {
+        serde_json::value::to_raw_value(&self.doc()).expect("a task record serialises")
+    }
+
+    /// The record's durable form as a JSON value (tests and tools; the host gets
+    /// [`TaskRecord::to_doc_json`]).
     pub fn to_doc(&self) -> Value {
-        let doc = TaskDoc {
+        serde_json::to_value(self.doc()).expect("a task record serialises")
+    }
+
+    fn doc(&self) -> TaskDoc<HistoryDoc<'_>, &str> {
+        TaskDoc {
             v: 1,
             id: &*self.id,
             context_id: &*self.context_id,
@@ -113,8 +124,7 @@ impl TaskRecord {
             ask_schema: self.gate().and_then(|g| g.schema.clone()),
             ask_channel: self.gate().and_then(|g| g.channel.clone()),
             accepted: self.accepted().cloned().collect(),
-        };
-        serde_json::to_value(doc).expect("a task record serialises")
+        }
     }
 
     /// A record from its durable form.
@@ -215,10 +225,11 @@ impl TaskRecord {
 }
 
 /// A history message as a record is written: a live message from its value, a packed one
-/// from its text read as JSON.
+/// as its text (checked to be JSON, not parsed into a tree; `None`, written as `null`, if
+/// it were not).
 #[derive(Serialize)]
 #[serde(untagged)]
-pub(super) enum HistoryDoc {
+pub(super) enum HistoryDoc<'a> {
     Live(Arc<Message>),
-    Packed(Value),
+    Packed(Option<&'a RawValue>),
 }
