@@ -85,8 +85,10 @@ fn operator_chose_arenas(malloc_arena_max_set: bool, glibc_tunables: &str) -> bo
 /// The arena cap the daemon uses: one, glibc's main arena, the only one whose free top
 /// `malloc_trim` gives back (see the module docs). The threads share its lock, but each
 /// keeps a cache of small freed blocks of its own (glibc's tcache) that most allocations
-/// are served from: measured on 2 CPUs (`bench/turn_cpu.py`, 4 connections, file store),
-/// the daemon's CPU per turn was 0.97-1.03x that with two arenas a CPU, on both drivers.
+/// are served from: measured on 2 CPUs, the daemon's CPU per turn (`bench/turn_cpu.py`, 4
+/// connections, file store) was 0.97-1.03x that with two arenas a CPU on both drivers, and
+/// per request (`bench/send_cpu.py`, 32 connections) 0.86-1.27x that with four on std (two
+/// runs), 1.07x on smol: within the runs' spread.
 pub fn default_arenas() -> usize {
     1
 }
