@@ -498,8 +498,6 @@ fn main() -> ExitCode {
     {
         return cli::main(name, &words[1..]);
     }
-    // Before any thread starts: see `agentd::memory`.
-    agentd::memory::limit_arenas(agentd::memory::default_arenas());
     let args = match parse_args() {
         Ok(Some(a)) => a,
         Ok(None) => return ExitCode::SUCCESS,
@@ -508,6 +506,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Before any thread starts: see `agentd::memory`.
+    let thread_per_connection = matches!(args.driver, Driver::Std);
+    agentd::memory::limit_arenas(agentd::memory::default_arenas(thread_per_connection));
     let level = match log_level() {
         Ok(level) => level,
         Err(e) => {

@@ -5,13 +5,17 @@
 //! per connection) kept ~128 MiB that way, and a restore of 100k tasks kept the parse's
 //! garbage. Two levers, both glibc's:
 //!
-//! - [`limit_arenas`] caps the arenas (`mallopt(M_ARENA_MAX)`) before any thread starts:
-//!   to one ([`default_arenas`]), because `malloc_trim` gives back every free page of the
-//!   main arena but never shrinks the top of another: after a wave of 10,000 connections
-//!   the other arenas' tops held 20-45 MiB that no trim returned, until some later request
-//!   happened to free a large block in that very arena (measured: an explicit
-//!   `malloc_trim(0)` changed nothing; with one arena the daemon is back at rest within a
-//!   second of the connections' threads ending, every wave);
+//! - [`limit_arenas`] caps the arenas (`mallopt(M_ARENA_MAX)`) before any thread starts
+//!   ([`default_arenas`]). `malloc_trim` gives back every free page of the main arena but
+//!   never shrinks the top of another: glibc shrinks that only when a thread attached to
+//!   the arena frees a large block into it. smol's few threads live as long as the daemon
+//!   and keep doing so; the std driver's connection threads end with their connections,
+//!   and after a wave of 10,000 the other arenas' tops held 20-45 MiB that no trim
+//!   returned, until some later connection's thread happened to free into that very arena
+//!   (measured: an explicit `malloc_trim(0)` changed nothing). So the std driver runs on
+//!   the main arena alone (back at rest within a second of the threads ending, every
+//!   wave), smol on two a CPU (one arena cost smol 15 % on a 100k-task restart and took
+//!   GetTask's p99 beside 4 ListTasks callers from 2.2x alone to 2.3-3.5x);
 //! - [`trim`] (`malloc_trim(0)`) returns every free page, called once the store is
 //!   restored and by [`spawn_trimmer`] when the open connections have fallen far below
 //!   their recent peak ([`TrimPolicy`]) or the resident set has grown and settled
@@ -82,15 +86,19 @@ fn operator_chose_arenas(malloc_arena_max_set: bool, glibc_tunables: &str) -> bo
             .any(|t| t.split('=').next() == Some("glibc.malloc.arena_max"))
 }
 
-/// The arena cap the daemon uses: one, glibc's main arena, the only one whose free top
-/// `malloc_trim` gives back (see the module docs). The threads share its lock, but each
-/// keeps a cache of small freed blocks of its own (glibc's tcache) that most allocations
-/// are served from: measured on 2 CPUs, the daemon's CPU per turn (`bench/turn_cpu.py`, 4
-/// connections, file store) was 0.97-1.03x that with two arenas a CPU on both drivers, and
-/// per request (`bench/send_cpu.py`, 32 connections) 0.86-1.27x that with four on std (two
-/// runs), 1.07x on smol: within the runs' spread.
-pub fn default_arenas() -> usize {
-    1
+/// The arena cap the daemon uses. With a thread per connection (the std driver): one,
+/// glibc's main arena, the only one whose free top `malloc_trim` gives back (see the module
+/// docs). Its threads share its lock, but each keeps a cache of small freed blocks of its
+/// own (glibc's tcache) that most allocations are served from: measured on 2 CPUs, the
+/// daemon's CPU per request (`bench/send_cpu.py`, 32 connections) was 0.86-1.27x that with
+/// four arenas (two runs), per turn (`bench/turn_cpu.py`, 4 connections) 0.97-1.03x.
+/// Otherwise two a CPU (glibc's own default is eight), at least 2: few enough that a
+/// burst's garbage is not kept 16 times over.
+pub fn default_arenas(thread_per_connection: bool) -> usize {
+    match thread_per_connection {
+        true => 1,
+        false => std::thread::available_parallelism().map_or(1, |n| n.get()) * 2,
+    }
 }
 
 /// Returns the allocator's free pages to the system. True when some were.
