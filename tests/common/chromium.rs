@@ -27,10 +27,14 @@ pub const HEADLESS_FLAGS: &[&str] = &[
 ];
 
 /// Keeps a chromium command to itself: `home` as its HOME and config/cache dirs, `work` as
-/// its directory, no flags from the environment, and a process group of its own (for
+/// its directory and TMPDIR, no flags from the environment, and a process group of its own (for
 /// [`stop_leftovers`]).
 pub fn isolate<'c>(cmd: &'c mut Command, home: &Path, work: &Path) -> &'c mut Command {
+    // TMPDIR too: chromium makes its profile's singleton socket dir there
+    // (`org.chromium.Chromium.*`), which a killed run leaves behind; under `work` it goes
+    // with the test's own files.
     cmd.env("HOME", home)
+        .env("TMPDIR", work)
         .env("XDG_CONFIG_HOME", home.join(".config"))
         .env("XDG_CACHE_HOME", home.join(".cache"))
         .env_remove("CHROMIUM_FLAGS")
