@@ -503,8 +503,9 @@ fn ten_thousand_abandoned_connections(driver: &str) {
         // (`agentd::memory`, sampled every second). No request helps it along: when the std
         // driver's threads used several malloc arenas, the others' free tops came back only
         // when a later connection's thread happened to free a large block in them (a card
-        // GET a second once hid that; CI then saw +44 MiB stay for 30 s). On a loaded 2-core machine std's last threads
-        // take seconds to exit and the trimmer's own sleeps stretch, so the window is 30 s.
+        // GET a second once hid that; CI then saw +44 MiB stay for 30 s). On a loaded 2-core
+        // machine std's last threads take seconds to exit and the trimmer's own sleeps
+        // stretch, so the window is 30 s.
         let back = Duration::from_secs(30);
         let back_mib = rss_back_mib(driver);
         let took = wait_until(

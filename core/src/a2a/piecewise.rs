@@ -72,6 +72,10 @@ enum Fragment {
     },
 }
 
+/// A guess at a task's JSON beyond its messages and artifacts: ids, state, timestamp, the
+/// status message's envelope, annotations. Added to a weight to size a task's answer.
+pub const TASK_ENVELOPE: usize = 512;
+
 impl TaskJson {
     /// `prefix`, then `task`, then `suffix`. `weight` is the store's count of the task's
     /// bytes, which decides whether the answer is worth writing piecewise.
@@ -108,11 +112,9 @@ impl TaskJson {
 
     /// The whole document at once (prefix, task, suffix), as `serde_json` writes it.
     pub fn to_vec(&self) -> Vec<u8> {
-        // Sized for the whole document up front (the weight, plus ids, state, timestamps
-        // and the status message's envelope), rather than grown from the prefix's length by
-        // doubling: five reallocations for a one-message task's 700 bytes.
-        const ENVELOPE: usize = 512;
-        let size = self.prefix.len() + self.weight + ENVELOPE + self.suffix.len();
+        // Sized for the whole document up front, rather than grown from the prefix's length
+        // by doubling: five reallocations for a one-message task's 700 bytes.
+        let size = self.prefix.len() + self.weight + TASK_ENVELOPE + self.suffix.len();
         let mut out = Vec::with_capacity(size);
         out.extend_from_slice(&self.prefix);
         json(&mut out, &self.task);

@@ -467,8 +467,6 @@ impl TaskRecord {
     /// newest `history` messages (and its artifacts when asked): what bounds how much of a
     /// list page is built under the instance before the page is cut exactly, outside it.
     pub(crate) fn view_weight(&self, history: usize, include_artifacts: bool) -> usize {
-        /// Ids, state, timestamp, the status message's envelope, annotations.
-        const FIXED: usize = 512;
         let keep = history.min(self.history.len());
         let shown: usize = self
             .history
@@ -486,7 +484,7 @@ impl TaskRecord {
         } else {
             0
         };
-        FIXED + shown + status + artifacts
+        crate::a2a::piecewise::TASK_ENVELOPE + shown + status + artifacts
     }
 
     /// The messages this task accepted, oldest first.
@@ -1942,8 +1940,12 @@ mod tests {
         // Packed, a message weighs its text alone, and the store's total follows.
         assert!(t.weight() < live_weight);
         assert_eq!(s.total_bytes(), t.weight());
-        // A restart reads a finished task's messages as text, checked.
-        let back = TaskRecord::from_json(&t.to_doc().to_string()).unwrap();
+        // The record the host writes is that document, its packed messages copied as text;
+        // a restart reads a finished task's messages back as text, checked.
+        let written = t.to_doc_json();
+        let parsed: serde_json::Value = serde_json::from_str(written.get()).unwrap();
+        assert_eq!(parsed, t.to_doc());
+        let back = TaskRecord::from_json(written.get()).unwrap();
         assert!(back
             .history
             .iter()
