@@ -12,6 +12,12 @@
 //! nodes), and the bucket tables: an owner's (shared by all its tasks) and a context's (one
 //! per conversation).
 //!
+//! The map is changed in batches. An entry added or removed goes to a pending set first
+//! ([`Pending`]), applied to the map when a listing reads it ([`TaskIndex::settle`]) or when
+//! the set is full: an entry added and removed between two batches (a task made and moved
+//! at its first status change, or moved twice) never touches the map, and a batch changes
+//! the map in key order. The counts are kept at once; only the map waits.
+//!
 //! The owner's bucket of a context name is also the contextId namespace's entry for it
 //! (§7.6: the name's internal key, and whether a held task still uses it): one table for
 //! both, which keeps a name while its tasks are held and then while there is room among the
@@ -61,6 +67,61 @@ fn slot(s: TaskState) -> usize {
 /// A task's listing position: (status time, status sequence).
 pub type At = (u64, u64);
 
+/// An entry's key in the map: (bucket, status time, status sequence).
+type Key = (u64, u64, u64);
+
+/// Pending changes past which a change applies them all (so at most this many wait, and
+/// applying them is a bounded step: some hundred microseconds).
+const PENDING_MAX: usize = 1024;
+
+/// Changes to the entry map not applied yet. Each key is added once and removed once (a
+/// key holds the status sequence, new at every move), so an entry added and then removed
+/// while pending cancels out.
+#[derive(Debug, Default)]
+struct Pending {
+    /// Entries added since the last batch, not in the map yet.
+    added: HashMap<Key, TaskState, KeyHash>,
+    /// Entries in the map to remove.
+    removed: Vec<Key>,
+}
+
+impl Pending {
+    fn len(&self) -> usize {
+        self.added.len() + self.removed.len()
+    }
+}
+
+/// Hashes a [`Key`] (three numbers the store makes, none chosen by a caller) with one
+/// multiply per number: the pending set is looked up twice per entry, and SipHash, which
+/// resists keys chosen to collide, is not needed for these.
+#[derive(Clone, Copy, Debug, Default)]
+struct KeyHash;
+
+impl std::hash::BuildHasher for KeyHash {
+    type Hasher = KeyHasher;
+    fn build_hasher(&self) -> KeyHasher {
+        KeyHasher(0)
+    }
+}
+
+#[derive(Debug)]
+struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        // The top bits pick the table's group: the multiply carries every input bit up.
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
 /// How many tasks a caller may see, in all and in each state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TaskCounts {
@@ -91,6 +152,8 @@ struct Counted {
 /// One owner's buckets: its own at `base`, one per state after it; and its context names.
 #[derive(Debug)]
 struct Owner {
+    /// The owner's id, as the `owners` table holds it (shared with its unused names).
+    id: Arc<str>,
     base: u64,
     counts: TaskCounts,
     contexts: HashMap<Arc<str>, Context>,
@@ -143,20 +206,23 @@ pub(crate) struct Plan {
 /// What [`TaskIndex::add`] adds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Adding {
-    /// A task just made (its context's namespace side follows, [`TaskIndex::used`]).
+    /// A task just made.
     New,
-    /// A task read back from the store: [`TaskIndex::shared`], [`TaskIndex::insert`] and
-    /// [`TaskIndex::used`] in one pass, each map looked up once (a restart does this for
-    /// every task it holds). Its `name` and `key` become the namespace's own allocations
-    /// where it holds them; a name bound to another key is bound to this task's.
+    /// A task read back from the store: [`TaskIndex::shared`] and [`TaskIndex::insert`] in
+    /// one pass, each map looked up once (a restart does this for every task it holds). Its
+    /// `name` and `key` become the namespace's own allocations where it holds them.
     Restored,
 }
 
 /// The task store's ordered indexes and counts, and the contextId namespace.
 #[derive(Debug)]
 pub(crate) struct TaskIndex {
-    /// (bucket, status time, status sequence) to the task's state.
-    entries: BTreeMap<(u64, u64, u64), TaskState>,
+    /// (bucket, status time, status sequence) to the task's state, as of the last batch.
+    entries: BTreeMap<Key, TaskState>,
+    /// What changed since the last batch.
+    pending: Pending,
+    /// How many changes wait at most ([`PENDING_MAX`]; tests make batches small).
+    pending_max: usize,
     /// Tasks in each state; the state buckets are ids `0..STATES`.
     states: TaskCounts,
     /// Every owner with a held task or a context name. Rebuilt from the tasks at restore.
@@ -177,6 +243,8 @@ impl Default for TaskIndex {
     fn default() -> Self {
         TaskIndex {
             entries: BTreeMap::new(),
+            pending: Pending::default(),
+            pending_max: PENDING_MAX,
             states: TaskCounts::default(),
             owners: HashMap::new(),
             contexts: HashMap::new(),
@@ -218,9 +286,11 @@ impl TaskIndex {
         if !self.owners.contains_key(owner) {
             let base = self.next;
             self.next += 1 + STATES as u64;
+            let id: Arc<str> = Arc::from(owner);
             self.owners.insert(
-                Arc::from(owner),
+                id.clone(),
                 Owner {
+                    id,
                     base,
                     counts: TaskCounts::default(),
                     contexts: HashMap::new(),
@@ -241,15 +311,16 @@ impl TaskIndex {
         self.contexts.shrink_to_fit();
     }
 
-    /// Adds a task's entries. Its owner's context name is bound to its key if it was not
-    /// bound; a bound one keeps its key (the namespace's side is [`TaskIndex::used`]).
+    /// Adds a task's entries. Its owner's context name is in use from now on, and bound to
+    /// the task's key (two keys for one name happen only in a store written by hand: the
+    /// newest task's wins, as a continuation of it would use it).
     pub(crate) fn insert(&mut self, e: Entry<'_>) {
         let (mut name, mut key) = (e.name.clone(), e.key.clone());
         self.add(e.owner, &mut name, &mut key, e.state, e.at, Adding::New);
     }
 
     /// Adds a task's entries, as [`TaskIndex::insert`] does for a new one; for a
-    /// [`Adding::Restored`] one, also what [`TaskIndex::shared`] and [`TaskIndex::used`] do.
+    /// [`Adding::Restored`] one, also what [`TaskIndex::shared`] does.
     pub(crate) fn add(
         &mut self,
         owner: &str,
@@ -263,7 +334,7 @@ impl TaskIndex {
         use std::collections::hash_map::Entry as Slot;
         let (ms, seq) = at;
         let s = slot(state);
-        self.entries.insert((s as u64, ms, seq), state);
+        self.put((s as u64, ms, seq), state);
         self.states.tasks += 1;
         self.states.by_state[s] += 1;
         let o = match self.owners.get_mut(owner) {
@@ -290,7 +361,13 @@ impl TaskIndex {
                 }
                 c
             }
-            Slot::Occupied(held) => held.into_mut(),
+            Slot::Occupied(held) => {
+                let c = held.into_mut();
+                if c.key != *key {
+                    c.key = key.clone();
+                }
+                c
+            }
             Slot::Vacant(new) => {
                 *next += 1;
                 new.insert(Context {
@@ -304,50 +381,139 @@ impl TaskIndex {
             }
         };
         c.bucket.n += 1;
-        if restored {
-            if let Some(at) = c.unused_at.take() {
-                self.unused.remove(&at.get());
-            }
+        if let Some(at) = c.unused_at.take() {
+            self.unused.remove(&at.get());
         }
-        for b in [o.base, o.base + 1 + s as u64, c.bucket.id] {
-            self.entries.insert((b, ms, seq), state);
+        let buckets = [o.base, o.base + 1 + s as u64, c.bucket.id];
+        let mut contexts = [0; 2];
+        let named = if key == name { 1 } else { 2 };
+        for (id, c) in contexts.iter_mut().zip([&*name, &*key]).take(named) {
+            *id = enter(&mut self.contexts, c, next);
         }
-        for c in [&*name, &*key] {
-            let id = enter(&mut self.contexts, c, next);
-            self.entries.insert((id, ms, seq), state);
-            if key == name {
-                break;
-            }
+        for b in buckets.into_iter().chain(contexts.into_iter().take(named)) {
+            self.put((b, ms, seq), state);
         }
     }
 
     /// Removes a task's entries (as [`TaskIndex::insert`] added them). Its context name
-    /// stays bound (the namespace's side is [`TaskIndex::released`]).
-    pub(crate) fn remove(&mut self, e: Entry<'_>) {
+    /// stays bound; when no held task uses it any more, it is one of the unused names, kept
+    /// while they are `keep` at most (the one unused the longest is forgotten past them).
+    pub(crate) fn remove(&mut self, e: Entry<'_>, keep: usize) {
         let (ms, seq) = e.at;
         let s = slot(e.state);
-        if self.entries.remove(&(s as u64, ms, seq)).is_some() {
-            self.states.tasks = self.states.tasks.saturating_sub(1);
-            self.states.by_state[s] = self.states.by_state[s].saturating_sub(1);
-        }
+        self.take((s as u64, ms, seq));
+        self.states.tasks = self.states.tasks.saturating_sub(1);
+        self.states.by_state[s] = self.states.by_state[s].saturating_sub(1);
+        let mut buckets = [None; 3];
+        let mut unused = None;
         if let Some(o) = self.owners.get_mut(e.owner) {
             o.counts.tasks = o.counts.tasks.saturating_sub(1);
             o.counts.by_state[s] = o.counts.by_state[s].saturating_sub(1);
-            self.entries.remove(&(o.base, ms, seq));
-            self.entries.remove(&(o.base + 1 + s as u64, ms, seq));
+            buckets[0] = Some(o.base);
+            buckets[1] = Some(o.base + 1 + s as u64);
             if let Some(c) = o.contexts.get_mut(&**e.name) {
                 c.bucket.n = c.bucket.n.saturating_sub(1);
-                self.entries.remove(&(c.bucket.id, ms, seq));
+                buckets[2] = Some(c.bucket.id);
+                if c.bucket.n == 0 && c.unused_at.is_none() {
+                    // The task's name is the namespace's allocation (shared at create).
+                    self.unused_seq += 1;
+                    c.unused_at = NonZeroU64::new(self.unused_seq);
+                    unused = Some((o.id.clone(), e.name.clone()));
+                }
             }
+        }
+        if let Some((owner, name)) = unused {
+            self.push_unused(owner, name, keep);
+        }
+        for b in buckets.into_iter().flatten() {
+            self.take((b, ms, seq));
         }
         for c in [e.name, e.key] {
             if let Some(id) = leave(&mut self.contexts, c) {
-                self.entries.remove(&(id, ms, seq));
+                self.take((id, ms, seq));
             }
             if e.key == e.name {
                 break;
             }
         }
+    }
+
+    /// Moves a task's entries from its old state and position to `e`'s (a status change):
+    /// what [`TaskIndex::remove`] and [`TaskIndex::insert`] do, with each table looked up
+    /// once and no bucket emptied and made again.
+    pub(crate) fn moved(&mut self, e: Entry<'_>, was: TaskState, was_at: At) {
+        let (from, to) = (slot(was), slot(e.state));
+        let ((ms, seq), (was_ms, was_seq)) = (e.at, was_at);
+        self.states.by_state[from] = self.states.by_state[from].saturating_sub(1);
+        self.states.by_state[to] += 1;
+        // (old bucket, new bucket): only the state buckets differ.
+        let mut owned = [None; 3];
+        if let Some(o) = self.owners.get_mut(e.owner) {
+            o.counts.by_state[from] = o.counts.by_state[from].saturating_sub(1);
+            o.counts.by_state[to] += 1;
+            let context = o.contexts.get(&**e.name).map(|c| c.bucket.id);
+            owned = [
+                Some((o.base, o.base)),
+                Some((o.base + 1 + from as u64, o.base + 1 + to as u64)),
+                context.map(|id| (id, id)),
+            ];
+        }
+        let mut named = [None; 2];
+        let names = if e.key == e.name { 1 } else { 2 };
+        for (b, c) in named.iter_mut().zip([e.name, e.key]).take(names) {
+            *b = self.contexts.get(&**c).map(|c| (c.id, c.id));
+        }
+        let state = Some((from as u64, to as u64));
+        for (old, new) in std::iter::once(state).chain(owned).chain(named).flatten() {
+            self.take((old, was_ms, was_seq));
+            self.put((new, ms, seq), e.state);
+        }
+    }
+
+    /// Adds an entry (in the next batch).
+    fn put(&mut self, key: Key, state: TaskState) {
+        self.pending.added.insert(key, state);
+        self.settle_if_full();
+    }
+
+    /// Removes an entry (in the next batch; at once if it was added since the last one).
+    fn take(&mut self, key: Key) {
+        if self.pending.added.remove(&key).is_none() {
+            self.pending.removed.push(key);
+            self.settle_if_full();
+        }
+    }
+
+    fn settle_if_full(&mut self) {
+        if self.pending.len() >= self.pending_max {
+            self.settle();
+        }
+    }
+
+    /// Applies the pending changes to the map, in key order (neighbours in a bucket share
+    /// the map's nodes). What reads the map ([`TaskIndex::walk`]) needs this first.
+    pub(crate) fn settle(&mut self) {
+        if self.pending.len() == 0 {
+            return;
+        }
+        let mut removed = std::mem::take(&mut self.pending.removed);
+        removed.sort_unstable();
+        for k in &removed {
+            self.entries.remove(k);
+        }
+        let mut added: Vec<(Key, TaskState)> = self.pending.added.drain().collect();
+        added.sort_unstable_by_key(|(k, _)| *k);
+        for (k, s) in added {
+            self.entries.insert(k, s);
+        }
+        // The pending set's room is kept for the next batch, up to its bound.
+        removed.clear();
+        self.pending.removed = removed;
+    }
+
+    /// Whether every change is in the map ([`TaskIndex::settle`]).
+    pub(crate) fn settled(&self) -> bool {
+        self.pending.len() == 0
     }
 
     /// The internal key `owner` has bound to its context name `name`, if any.
@@ -405,40 +571,6 @@ impl TaskIndex {
         self.mark_unused(owner, name, keep);
     }
 
-    /// A task entered its owner's context (after [`TaskIndex::insert`]): the name is in
-    /// use, and bound to the task's key (two keys for one name happen only in a store
-    /// written by hand: the newest task's wins, as a continuation of it would use it).
-    pub(crate) fn used(&mut self, owner: &str, name: &str, key: &Arc<str>) {
-        let Some(c) = self
-            .owners
-            .get_mut(owner)
-            .and_then(|o| o.contexts.get_mut(name))
-        else {
-            return;
-        };
-        if c.key != *key {
-            c.key = key.clone();
-        }
-        if let Some(at) = c.unused_at.take() {
-            self.unused.remove(&at.get());
-        }
-    }
-
-    /// A task left its owner's context (after [`TaskIndex::remove`]): when it was the last
-    /// held one, the name becomes unused.
-    pub(crate) fn released(&mut self, owner: &str, name: &str, keep: usize) {
-        let Some((owner, o)) = self.owners.get_key_value(owner) else {
-            return;
-        };
-        let Some((name, c)) = o.contexts.get_key_value(name) else {
-            return;
-        };
-        if c.bucket.n == 0 && c.unused_at.is_none() {
-            let (owner, name) = (owner.clone(), name.clone());
-            self.mark_unused(owner, name, keep);
-        }
-    }
-
     fn mark_unused(&mut self, owner: Arc<str>, name: Arc<str>, keep: usize) {
         self.unused_seq += 1;
         if let Some(c) = self
@@ -448,6 +580,13 @@ impl TaskIndex {
         {
             c.unused_at = NonZeroU64::new(self.unused_seq);
         }
+        self.push_unused(owner, name, keep);
+    }
+
+    /// Puts `owner`'s name last among the unused ones, at `unused_seq` (its context's
+    /// `unused_at` says so already). Past `keep` unused names, the one unused the longest
+    /// is forgotten.
+    fn push_unused(&mut self, owner: Arc<str>, name: Arc<str>, keep: usize) {
         self.unused.insert(self.unused_seq, (owner, name));
         while self.unused.len() > keep.max(1) {
             let Some((_, (owner, name))) = self.unused.pop_first() else {
@@ -557,6 +696,7 @@ impl TaskIndex {
         after: Option<At>,
         since_ms: u64,
     ) -> impl Iterator<Item = (At, TaskState)> + '_ {
+        debug_assert!(self.settled(), "the index is read after TaskIndex::settle");
         let lo = (bucket, since_ms, 0);
         let hi = match after {
             Some((ms, seq)) => Bound::Excluded((bucket, ms, seq)),
@@ -578,7 +718,8 @@ impl TaskIndex {
 
     /// Entries in the index (for tests and measurement).
     #[cfg(test)]
-    pub(crate) fn entries(&self) -> usize {
+    pub(crate) fn entries(&mut self) -> usize {
+        self.settle();
         self.entries.len()
     }
 }
@@ -628,7 +769,10 @@ mod tests {
 
     /// Every filter a caller may ask for, answered by the index (listing, paging and count)
     /// and by a filtered walk of the whole store: they must agree.
-    fn check(s: &TaskStore, step: usize) {
+    fn check(s: &mut TaskStore, step: usize) {
+        // What a listing does first: the changes waiting for a batch are applied.
+        s.index.settle();
+        let s: &TaskStore = s;
         let all: Vec<&TaskRecord> = s.order.values().filter_map(|id| s.get(id)).collect();
         assert_eq!(
             all.len(),
@@ -695,14 +839,14 @@ mod tests {
                             .filter(|t| f.matches(t))
                             .map(|t| &*t.id)
                             .collect();
-                        let got: Vec<&str> = s.list(&f, None).map(|t| &*t.id).collect();
+                        let got: Vec<&str> = s.listed(&f, None).map(|t| &*t.id).collect();
                         assert_eq!(got, want, "step {step}: {f:?}");
-                        assert_eq!(s.count(&f), want.len(), "step {step}: {f:?}");
+                        assert_eq!(s.counted(&f), want.len(), "step {step}: {f:?}");
                         // From a task's position (matching or not, as a page token's
                         // task may have moved since), the rest of the listing.
                         for (i, t) in all.iter().enumerate().skip(step % 4).step_by(4) {
                             let rest: Vec<&str> = s
-                                .list(&f, Some((t.status_ms, t.status_seq)))
+                                .listed(&f, Some((t.status_ms, t.status_seq)))
                                 .map(|t| &*t.id)
                                 .collect();
                             let want: Vec<&str> = all[..i]
@@ -719,13 +863,16 @@ mod tests {
         }
     }
 
-    fn run(seed: u64, steps: usize) {
+    /// `steps` random changes, each checked; the index's changes are applied in batches of
+    /// `batch` at most (and before each check).
+    fn run(seed: u64, steps: usize, batch: usize) {
         let mut rng = Rng(seed);
         let limits = TaskLimits {
             max_tasks: 24,
             ..TaskLimits::DEFAULT
         };
         let mut s = TaskStore::new(limits);
+        s.index.pending_max = batch;
         let owners = principals();
         let mut now = 1_000u64;
         let mut made = 0usize;
@@ -775,13 +922,14 @@ mod tests {
                         max_tasks,
                         ..limits
                     });
+                    s.index.pending_max = batch;
                     for d in docs {
                         s.restore(TaskRecord::from_doc(d).unwrap());
                     }
                     s.enforce_bound();
                 }
             }
-            check(&s, step);
+            check(&mut s, step);
         }
         // Everything removed: nothing is left in the index.
         let ids: Vec<String> = s.tasks.keys().map(|id| id.to_string()).collect();
@@ -803,7 +951,11 @@ mod tests {
     #[test]
     fn every_bucket_answers_what_a_filtered_walk_answers() {
         for seed in [1, 2, 0x5eed, 0xdead_beef] {
-            run(seed, 120);
+            run(seed, 120, PENDING_MAX);
+            // Batches applied in the middle of a task's changes, wherever they fall.
+            for batch in [1, 2, 5, 13] {
+                run(seed, 120, batch);
+            }
         }
     }
 
@@ -869,7 +1021,7 @@ mod tests {
         rec.status_seq = x.status_seq;
         s.restore(rec);
         assert_eq!(s.len(), 3);
-        check(&s, 0);
+        check(&mut s, 0);
     }
 
     #[test]
@@ -925,6 +1077,6 @@ mod tests {
         let held = s.index.context_key("user:alice", "n").unwrap();
         assert!(Arc::ptr_eq(held, &s.tasks["t3"].context_key));
         assert!(Arc::ptr_eq(held, &s.tasks["t2"].context_key));
-        check(&s, 0);
+        check(&mut s, 0);
     }
 }

@@ -868,18 +868,6 @@ impl TaskStore {
         }
     }
 
-    /// After the task's index entries are in: its context name is in use.
-    fn context_used(&mut self, rec: &TaskRecord) {
-        self.index
-            .used(&rec.owner.id, &rec.context_id, &rec.context_key);
-    }
-
-    /// After the task's index entries are out: its context name may be unused now.
-    fn context_released(&mut self, rec: &TaskRecord) {
-        self.index
-            .released(&rec.owner.id, &rec.context_id, self.limits.max_tasks);
-    }
-
     /// How many context names the namespace holds (used and unused).
     pub fn context_count(&self) -> usize {
         self.index.context_count()
@@ -1084,7 +1072,6 @@ impl TaskStore {
         self.bytes += rec.weight();
         self.order.insert((now_ms, rec.status_seq), id.clone());
         self.index.insert(rec.entry());
-        self.context_used(&rec);
         self.touch(&id);
         Ok(self.tasks.entry(id).or_insert(Box::new(rec)))
     }
@@ -1121,9 +1108,8 @@ impl TaskStore {
         let t = self.tasks.remove(id)?;
         self.bytes -= t.weight();
         self.order.remove(&(t.status_ms, t.status_seq));
-        self.index.remove(t.entry());
+        self.index.remove(t.entry(), self.limits.max_tasks);
         self.terminal.remove(&(t.created_ms, t.id.clone()));
-        self.context_released(&t);
         self.release_owner(&t);
         for a in t.accepted() {
             self.unindex(id, a);
@@ -1226,12 +1212,7 @@ impl TaskStore {
             self.order.insert(new_key, t.id.clone());
         }
         if let Some(t) = self.tasks.get(id) {
-            self.index.remove(index::Entry {
-                state: old_state,
-                at: old_key,
-                ..t.entry()
-            });
-            self.index.insert(t.entry());
+            self.index.moved(t.entry(), old_state, old_key);
         }
         if let Some(k) = terminal_key {
             self.unpacked.push(k.1.clone());
@@ -1325,7 +1306,8 @@ fn put_artifact(t: &mut TaskRecord, artifact: Artifact, plan: ArtifactPlan) {
 impl TaskStore {
     /// The ids of the tasks not in a terminal state, newest first: read from the index's
     /// state buckets, so a restart among many finished tasks does not visit them all.
-    pub(crate) fn in_flight(&self) -> Vec<Arc<str>> {
+    pub(crate) fn in_flight(&mut self) -> Vec<Arc<str>> {
+        self.index.settle();
         let operator = Principal::operator();
         let mut held: Vec<&TaskRecord> = ALL_STATES
             .into_iter()
@@ -1337,7 +1319,7 @@ impl TaskStore {
                     state: Some(state),
                     since_ms: None,
                 };
-                self.list(&filter, None).collect::<Vec<_>>()
+                self.listed(&filter, None).collect::<Vec<_>>()
             })
             .collect();
         held.sort_unstable_by_key(|t| std::cmp::Reverse(t.position()));
@@ -1393,6 +1375,17 @@ impl TaskStore {
     /// token's position). Walks the narrowest index bucket from `after`, never past
     /// `since_ms`: a page of n tasks costs O(n + log N), each task looked up once.
     pub fn list<'s>(
+        &'s mut self,
+        filter: &ListFilter<'_>,
+        after: Option<index::At>,
+    ) -> impl Iterator<Item = &'s TaskRecord> + 's {
+        self.index.settle();
+        let this: &'s TaskStore = self;
+        this.listed(filter, after)
+    }
+
+    /// [`TaskStore::list`] of a settled index.
+    fn listed<'s>(
         &'s self,
         filter: &ListFilter<'_>,
         after: Option<index::At>,
@@ -1418,7 +1411,13 @@ impl TaskStore {
     /// How many tasks `filter` selects (ListTasks' `totalSize`): a bucket's count when the
     /// bucket is exactly the answer, else a walk of the bucket's entries alone (no task is
     /// looked up).
-    pub fn count(&self, filter: &ListFilter<'_>) -> usize {
+    pub fn count(&mut self, filter: &ListFilter<'_>) -> usize {
+        self.index.settle();
+        self.counted(filter)
+    }
+
+    /// [`TaskStore::count`] of a settled index.
+    fn counted(&self, filter: &ListFilter<'_>) -> usize {
         let plan = self
             .index
             .plan(filter.principal, filter.context_id, filter.state);
