@@ -38,7 +38,7 @@ impl Runtime {
             }
         }
         c.keep(
-            json!({"role": "user", "task": task_id, "text": text, "ts": now.epoch_ms}),
+            Said::new(Speaker::User, task_id, text, now.epoch_ms),
             max_bytes,
         );
         c.turns += 1;
@@ -368,7 +368,7 @@ impl Runtime {
             return;
         };
         c.keep(
-            json!({"role": "agent", "task": task_id, "text": parts_text(parts), "ts": now.epoch_ms}),
+            Said::new(Speaker::Agent, task_id, parts_text(parts), now.epoch_ms),
             max_bytes,
         );
         c.version += 1;

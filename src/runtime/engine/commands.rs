@@ -399,12 +399,8 @@ impl Runtime {
             })
             .ok_or_else(|| not_found("conversation"))?;
         let skip = c.messages.len().saturating_sub(limit);
-        let messages: Vec<Value> = c
-            .messages
-            .iter()
-            .skip(skip)
-            .map(|m| cut_strings(m, 4096))
-            .collect();
+        // Kept cut (at CONVERSATION_STRING_BYTES): shown as kept.
+        let messages: Vec<&Said> = c.messages.iter().skip(skip).collect();
         let doc = json!({"conversation": {
             "id": conversation_key(c),
             "kind": "a2a",

@@ -468,7 +468,7 @@ struct Conversation {
     /// The owner's own name for it (its `contextId`).
     name: String,
     owner: Principal,
-    messages: VecDeque<Value>,
+    messages: VecDeque<Said>,
     /// The serialized size of each of `messages`, in the same order.
     sizes: VecDeque<usize>,
     /// Serialized bytes of `messages`.
@@ -478,6 +478,38 @@ struct Conversation {
     version: u64,
     task: Option<String>,
     updated: u64,
+}
+
+/// One message a conversation keeps, as `conversation.get` shows it: its fields in the
+/// order a JSON object of them is written. A struct rather than a JSON tree: a turn keeps
+/// two, in every conversation held (a tree costs an ordered map's node and a string per key).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+struct Said {
+    role: Speaker,
+    task: String,
+    /// Cut at [`CONVERSATION_STRING_BYTES`].
+    text: String,
+    ts: u64,
+}
+
+/// Who said a kept message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Speaker {
+    User,
+    Agent,
+}
+
+impl Said {
+    fn new(role: Speaker, task: &str, mut text: String, ts: u64) -> Said {
+        cut_string(&mut text, CONVERSATION_STRING_BYTES);
+        Said {
+            role,
+            task: task.to_owned(),
+            text,
+            ts,
+        }
+    }
 }
 
 /// Messages a conversation keeps (the most `conversation.get` returns); older ones drop.
@@ -505,9 +537,8 @@ impl Conversation {
 
     /// Keeps a message, dropping the oldest past the count bound or past `max_bytes` (the
     /// task history bound: a conversation keeps no more than one task may).
-    fn keep(&mut self, mut message: Value, max_bytes: usize) {
-        // Cut in place and counted as it serializes: no copy of the message, no string.
-        cut_strings_in_place(&mut message, CONVERSATION_STRING_BYTES);
+    fn keep(&mut self, message: Said, max_bytes: usize) {
+        // Counted as it serializes: no string of it is made.
         let size = json_len(&message);
         self.bytes += size;
         self.messages.push_back(message);
@@ -1122,19 +1153,14 @@ fn cut_strings(v: &Value, max: usize) -> Value {
     }
 }
 
-/// [`cut_strings`] of a value the caller owns, without copying it.
-fn cut_strings_in_place(v: &mut Value, max: usize) {
-    match v {
-        Value::String(s) if s.len() > max => {
-            let mut end = max;
-            while !s.is_char_boundary(end) {
-                end -= 1;
-            }
-            s.truncate(end);
+/// Cuts `s` to at most `max` bytes, on a character boundary.
+fn cut_string(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
         }
-        Value::Array(a) => a.iter_mut().for_each(|x| cut_strings_in_place(x, max)),
-        Value::Object(o) => o.values_mut().for_each(|x| cut_strings_in_place(x, max)),
-        _ => {}
+        s.truncate(end);
     }
 }
 
@@ -1171,15 +1197,23 @@ mod tests {
     #[test]
     fn a_kept_message_is_cut_and_counted_as_before() {
         let long = "é".repeat(3000); // 6000 bytes: cut on a character boundary
-        let m = json!({"role": "agent", "task": "t", "text": long, "ts": 1, "n": [long]});
-        let mut cut = m.clone();
-        cut_strings_in_place(&mut cut, CONVERSATION_STRING_BYTES);
-        assert_eq!(cut, cut_strings(&m, CONVERSATION_STRING_BYTES));
-        assert_eq!(cut["text"].as_str().unwrap().len(), 4096);
-        assert_eq!(json_len(&cut), cut.to_string().len());
+        let m = Said::new(Speaker::Agent, "t", long.clone(), 1);
+        assert_eq!(m.text.len(), 4096);
+        assert_eq!(m.text, long[..4096]);
+        // Shown as the JSON object conversation.get has always shown.
+        let shown = serde_json::to_value(&m).unwrap();
+        assert_eq!(
+            shown,
+            json!({"role": "agent", "task": "t", "text": &long[..4096], "ts": 1})
+        );
+        assert_eq!(
+            serde_json::to_value(Said::new(Speaker::User, "t", "hi".into(), 2)).unwrap()["role"],
+            "user"
+        );
+        assert_eq!(json_len(&m), shown.to_string().len());
 
         let mut c = Conversation::new("ctx", "n", &Principal::operator(), 0);
-        let size = cut.to_string().len();
+        let size = shown.to_string().len();
         for _ in 0..5 {
             c.keep(m.clone(), 3 * size);
         }
@@ -1187,7 +1221,11 @@ mod tests {
         assert_eq!(c.messages.len(), 3);
         assert_eq!(c.bytes, 3 * size);
         assert_eq!(c.total_messages, 5);
-        let kept: usize = c.messages.iter().map(|m| m.to_string().len()).sum();
+        let kept: usize = c
+            .messages
+            .iter()
+            .map(|m| serde_json::to_string(m).unwrap().len())
+            .sum();
         assert_eq!(c.bytes, kept);
     }
 }
