@@ -45,7 +45,7 @@ pub struct TaskLimits {
 /// serialize to 1.3 MB but take about 20 MB as values.
 pub const PART_COST: usize = 96;
 
-/// The longest message (its JSON text, in bytes) a finished task packs ([`HeldMessage`]).
+/// The longest message (its JSON text, in bytes) a finished task packs (`HeldMessage`).
 /// Packing saves a message's value overhead, a few hundred bytes whatever its length, so it
 /// pays for short messages, which most are; a longer one stays a shared value, so the
 /// readers of a large finished task share it, where each would parse its own copy of the
@@ -933,8 +933,12 @@ impl TaskStore {
         self.bytes += rec.weight();
         // Two records at one listing position happen only in a store written by hand: the
         // later one moves after everything held, so every held task has its own position.
-        if self.order.contains_key(&(rec.status_ms, rec.status_seq)) {
-            rec.status_seq = self.seq.max(rec.status_seq) + 1;
+        // So does a sequence past any the store counts to (by hand too): the sequence goes
+        // on counting from the largest restored, and must never wrap.
+        if rec.status_seq > MAX_RESTORED_SEQ
+            || self.order.contains_key(&(rec.status_ms, rec.status_seq))
+        {
+            rec.status_seq = self.seq + 1;
         }
         self.seq = self.seq.max(rec.status_seq);
         self.order
@@ -962,7 +966,7 @@ impl TaskStore {
 
     /// After a restore: evicts the oldest terminal tasks while more are held than
     /// `max_tasks` allows (the bound may have shrunk since they were written), and gives
-    /// back the room [`TaskStore::reserve`] made for tasks that did not come.
+    /// back the room `TaskStore::reserve` made for tasks that did not come.
     pub fn enforce_bound(&mut self) {
         while self.tasks.len() > self.limits.max_tasks || self.bytes > self.limits.total_bytes {
             let Some((_, id)) = self.terminal.iter().next().cloned() else {
@@ -1076,7 +1080,7 @@ impl TaskStore {
         Ok(self.tasks.entry(id).or_insert(Box::new(rec)))
     }
 
-    /// Packs the finished tasks not packed yet ([`TaskStore::unpacked`]).
+    /// Packs the finished tasks not packed yet (`TaskStore::unpacked`).
     pub fn pack_finished(&mut self) {
         while let Some(id) = self.unpacked.pop() {
             if let Some(t) = self.tasks.get_mut(&id) {
@@ -1302,6 +1306,10 @@ fn put_artifact(t: &mut TaskRecord, artifact: Artifact, plan: ArtifactPlan) {
         None => t.artifacts.push(Arc::new(artifact)),
     }
 }
+
+/// The largest status sequence a restored task keeps (half of `u64`: a store counting one a
+/// nanosecond would take 292 years to reach it); a larger one, written by hand, is renumbered.
+const MAX_RESTORED_SEQ: u64 = u64::MAX / 2;
 
 impl TaskStore {
     /// The ids of the tasks not in a terminal state, newest first: read from the index's
@@ -1762,6 +1770,40 @@ mod tests {
         // Restored: indexed again.
         s.restore(back);
         assert_eq!(s.accepted_by(&op.id, "b").unwrap().1, d("b"));
+    }
+
+    #[test]
+    fn a_restored_sequence_past_any_the_store_counts_to_is_renumbered_not_wrapped() {
+        // Records written by hand with the largest sequence there is, twice: the store goes
+        // on counting after them, and every task keeps a position of its own.
+        let mut s = TaskStore::new(TaskLimits::DEFAULT);
+        for (id, ms) in [("a", 5), ("b", 5), ("c", 6)] {
+            let mut doc = store_with_one_task().get("t").unwrap().to_doc();
+            doc["id"] = id.into();
+            doc["statusMs"] = ms.into();
+            doc["statusSeq"] = u64::MAX.into();
+            s.restore(TaskRecord::from_doc(doc).unwrap());
+        }
+        let seqs: Vec<u64> = ["a", "b", "c"]
+            .iter()
+            .map(|id| s.get(id).unwrap().status_seq)
+            .collect();
+        assert!(seqs.iter().all(|q| *q <= MAX_RESTORED_SEQ), "{seqs:?}");
+        rejected_task(&mut s, "d", 7);
+        s.set_status("a", TaskState::Canceled, None, 8).unwrap();
+        let mut positions: Vec<(u64, u64)> = s.tasks.values().map(|t| t.position()).collect();
+        positions.sort_unstable();
+        positions.dedup();
+        assert_eq!(positions.len(), 4);
+        let operator = Principal::operator();
+        let all = ListFilter {
+            principal: &operator,
+            context_id: "",
+            state: None,
+            since_ms: None,
+        };
+        let listed: Vec<&str> = s.list(&all, None).map(|t| &*t.id).collect();
+        assert_eq!(listed, ["a", "d", "c", "b"]);
     }
 
     /// A message with every field and kind of part, to read back from packed text.
