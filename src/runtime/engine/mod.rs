@@ -486,6 +486,7 @@ struct Conversation {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 struct Said {
     role: Speaker,
+    /// Cut at [`CONVERSATION_STRING_BYTES`], as `text` is.
     task: String,
     /// Cut at [`CONVERSATION_STRING_BYTES`].
     text: String,
@@ -502,10 +503,12 @@ enum Speaker {
 
 impl Said {
     fn new(role: Speaker, task: &str, mut text: String, ts: u64) -> Said {
+        let mut task = task.to_owned();
+        cut_string(&mut task, CONVERSATION_STRING_BYTES);
         cut_string(&mut text, CONVERSATION_STRING_BYTES);
         Said {
             role,
-            task: task.to_owned(),
+            task,
             text,
             ts,
         }
@@ -1153,7 +1156,8 @@ fn cut_strings(v: &Value, max: usize) -> Value {
     }
 }
 
-/// Cuts `s` to at most `max` bytes, on a character boundary.
+/// Cuts `s` to at most `max` bytes, on a character boundary, and gives back the room the
+/// rest took (a kept message must not hold the whole of a 2 MiB turn).
 fn cut_string(s: &mut String, max: usize) {
     if s.len() > max {
         let mut end = max;
@@ -1161,6 +1165,7 @@ fn cut_string(s: &mut String, max: usize) {
             end -= 1;
         }
         s.truncate(end);
+        s.shrink_to_fit();
     }
 }
 
@@ -1200,6 +1205,10 @@ mod tests {
         let m = Said::new(Speaker::Agent, "t", long.clone(), 1);
         assert_eq!(m.text.len(), 4096);
         assert_eq!(m.text, long[..4096]);
+        // What was cut is given back, not held past the 4 KiB kept.
+        assert!(m.text.capacity() < 4096 + 64, "{}", m.text.capacity());
+        let cut_task = Said::new(Speaker::User, &long, "hi".into(), 1);
+        assert_eq!(cut_task.task, long[..4096]);
         // Shown as the JSON object conversation.get has always shown.
         let shown = serde_json::to_value(&m).unwrap();
         assert_eq!(
