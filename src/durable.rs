@@ -242,7 +242,7 @@ const HEAL_MAX_BACKOFF: Duration = Duration::from_secs(15);
 const HEAL_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// Starts the pump. `host_records` are the host's own records (the feed's base, from
-/// [`restore`]): appended first, and written again by every heal.
+/// [`open`]): appended first, and written again by every heal.
 ///
 /// A store that fails (a full disk, an I/O error) never stops the daemon: the pump marks
 /// the instance's store unavailable (changes are refused with STORE_UNAVAILABLE, answers
