@@ -417,6 +417,7 @@ impl TaskIndex {
                 buckets[2] = Some(c.bucket.id);
                 if c.bucket.n == 0 && c.unused_at.is_none() {
                     // The task's name is the namespace's allocation (shared at create).
+                    // `next_unused_at` inline: `c` holds a borrow of the owners table.
                     self.unused_seq += 1;
                     c.unused_at = NonZeroU64::new(self.unused_seq);
                     unused = Some((o.id.clone(), e.name.clone()));
@@ -560,28 +561,24 @@ impl TaskIndex {
         };
         let id = self.next;
         self.next += 1;
+        let unused_at = self.next_unused_at();
         if let Some(o) = self.owners.get_mut(&owner) {
             let bucket = Counted { id, n: 0 };
             let c = Context {
                 key,
                 bucket,
-                unused_at: None,
+                unused_at,
             };
             o.contexts.insert(name.clone(), c);
         }
-        self.mark_unused(owner, name, keep);
+        self.push_unused(owner, name, keep);
     }
 
-    fn mark_unused(&mut self, owner: Arc<str>, name: Arc<str>, keep: usize) {
+    /// The next place among the unused names (its context's `unused_at`, then
+    /// [`TaskIndex::push_unused`]).
+    fn next_unused_at(&mut self) -> Option<NonZeroU64> {
         self.unused_seq += 1;
-        if let Some(c) = self
-            .owners
-            .get_mut(&owner)
-            .and_then(|o| o.contexts.get_mut(&name))
-        {
-            c.unused_at = NonZeroU64::new(self.unused_seq);
-        }
-        self.push_unused(owner, name, keep);
+        NonZeroU64::new(self.unused_seq)
     }
 
     /// Puts `owner`'s name last among the unused ones, at `unused_seq` (its context's
@@ -771,6 +768,12 @@ mod tests {
     /// The counters against the tasks held, read without settling the index (they are kept
     /// at every change, whatever waits for a batch).
     fn check_counts(s: &TaskStore, step: usize) {
+        // The batch is bounded: it is applied as it fills, whatever the changes.
+        assert!(
+            s.index.pending.len() < s.index.pending_max,
+            "step {step}: {} changes wait",
+            s.index.pending.len()
+        );
         let all: Vec<&TaskRecord> = s.order.values().filter_map(|id| s.get(id)).collect();
         for st in ALL_STATES {
             let n = all.iter().filter(|t| t.state == st).count();
