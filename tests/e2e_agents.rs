@@ -202,7 +202,53 @@ fn conversations_are_bounded_by_the_task_bound() {
     );
     let conv = &kept["result"]["message"]["parts"][0]["data"]["conversation"];
     assert_eq!(conv["messages"][0]["text"], "turn 5", "{kept}");
+
+    // Activity, not age: a second turn in the oldest kept conversation keeps it, and the
+    // next new conversation drops the one least recently active instead.
+    let again = send_in_context(&d, &contexts[3], "turn 3 again");
+    assert_eq!(
+        task_state(&again["result"]["task"]),
+        "TASK_STATE_COMPLETED",
+        "{again}"
+    );
+    let r = send(&d, None, json!({"text": "turn 6"}), false);
+    let newest = r["result"]["task"]["contextId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let conversation = |ctx: &str| {
+        let r = command(&d, json!({"op": "conversation.get", "id": ctx}), false);
+        r["result"]["message"]["parts"][0]["data"]["conversation"].clone()
+    };
+    assert!(
+        conversation(&contexts[4]).is_null(),
+        "the least recently active went"
+    );
+    let texts: Vec<Value> = conversation(&contexts[3])["messages"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{} kept", contexts[3]))
+        .iter()
+        .map(|m| m["text"].clone())
+        .collect();
+    assert_eq!(texts.len(), 4, "{texts:?}");
+    assert_eq!(
+        (&texts[0], &texts[2]),
+        (&json!("turn 3"), &json!("turn 3 again"))
+    );
+    for ctx in [&contexts[5], &newest] {
+        assert!(conversation(ctx).is_object(), "{ctx} kept");
+    }
     d.assert_alive();
+}
+
+/// A turn in the conversation `ctx` names.
+fn send_in_context(d: &Daemon, ctx: &str, text: &str) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message":
+        {"role": "ROLE_USER", "messageId": format!("m-{}", next()), "contextId": ctx,
+         "parts": [{"text": text}]}}});
+    d.connect_tcp()
+        .request(&post(&RPC_HEADERS[..2], body.to_string().as_bytes()))
+        .json()
 }
 
 /// A turn held while paused and then canceled is never sent to the agent on resume (and

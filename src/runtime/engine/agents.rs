@@ -14,14 +14,13 @@ impl Runtime {
         now: Now,
     ) {
         let key = (owner.id.clone(), context_id.to_owned());
-        if !self.conversations.contains_key(&key) {
+        if !self.conversations.contains(&key) {
             self.make_room_for_conversation(inst, now);
         }
         let max_bytes = inst.config().tasks.history_bytes;
-        let c = self
-            .conversations
-            .entry(key.clone())
-            .or_insert_with(|| Conversation::new(context_id, name, owner, now.epoch_ms));
+        let c = self.conversations.touch_or_insert_with(key, || {
+            Conversation::new(context_id, name, owner, now.epoch_ms)
+        });
         // Each part's text, or the whole part as JSON where it has none.
         let mut text = String::new();
         for (i, p) in message.parts.iter().enumerate() {
@@ -44,11 +43,9 @@ impl Runtime {
         c.turns += 1;
         c.version += 1;
         c.task = Some(task_id.to_owned());
-        let was = std::mem::replace(&mut c.updated, now.epoch_ms);
+        c.updated = now.epoch_ms;
         let doc = conversation_doc(c);
         let id = conversation_key(c);
-        self.conversation_lru.remove(&(was, key.clone()));
-        self.conversation_lru.insert((now.epoch_ms, key));
         publish_conversation(inst, &id, &owner.id, doc, now);
     }
 
@@ -56,20 +53,18 @@ impl Runtime {
     fn make_room_for_conversation(&mut self, inst: &mut Inst<'_>, now: Now) {
         let max = inst.config().tasks.max_tasks.max(1);
         while self.conversations.len() >= max {
-            let Some((_, key)) = self.conversation_lru.pop_first() else {
+            let Some(c) = self.conversations.pop_oldest() else {
                 break;
             };
-            if let Some(c) = self.conversations.remove(&key) {
-                let id = conversation_key(&c);
-                inst.withdraw_object(ObjectKind::Conversation, &id);
-                push(
-                    inst,
-                    "conversation.removed",
-                    json!({ "id": id }),
-                    Some(c.owner.id.clone()),
-                    now,
-                );
-            }
+            let id = conversation_key(&c);
+            inst.withdraw_object(ObjectKind::Conversation, &id);
+            push(
+                inst,
+                "conversation.removed",
+                json!({ "id": id }),
+                Some(c.owner.id),
+                now,
+            );
         }
     }
 
@@ -340,7 +335,7 @@ impl Runtime {
     pub(super) fn record_reply(
         &mut self,
         inst: &mut Inst<'_>,
-        key: Option<(String, String)>,
+        key: Option<ConversationKey>,
         task_id: &str,
         parts: &[Part],
         now: Now,
@@ -355,16 +350,9 @@ impl Runtime {
                 .get(&key)
                 .filter(|c| is_ours(c))
                 .map(|_| key),
-            None => self
-                .conversations
-                .iter()
-                .find(|(_, c)| is_ours(c))
-                .map(|(k, _)| k.clone()),
+            None => self.conversations.find_key(is_ours),
         };
-        let Some(key) = found else {
-            return;
-        };
-        let Some(c) = self.conversations.get_mut(&key) else {
+        let Some(c) = found.and_then(|key| self.conversations.touch(&key)) else {
             return;
         };
         c.keep(
@@ -372,9 +360,7 @@ impl Runtime {
             max_bytes,
         );
         c.version += 1;
-        let was = std::mem::replace(&mut c.updated, now.epoch_ms);
-        self.conversation_lru.remove(&(was, key.clone()));
-        self.conversation_lru.insert((now.epoch_ms, key.clone()));
+        c.updated = now.epoch_ms;
         let doc = conversation_doc(c);
         let id = conversation_key(c);
         publish_conversation(inst, &id, &c.owner.id, doc, now);

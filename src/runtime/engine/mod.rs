@@ -2,7 +2,7 @@
 //! owns. The work is split by subject: [`runs`] (workflow runs and the drain),
 //! [`commands`] (the ops) and [`agents`] (agent processes, subagents, conversations).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -10,7 +10,6 @@ use std::task::{Wake, Waker};
 use std::thread;
 use std::time::Duration;
 
-use agentd_core::a2a::piecewise::json_len;
 use agentd_core::a2a::types::{Message, Part, PartContent, TaskState};
 use agentd_core::auth::Principal;
 use agentd_core::errors::{ErrorKind, RpcError};
@@ -30,8 +29,13 @@ use super::NO_AGENT;
 
 mod agents;
 mod commands;
+mod conversations;
 mod mailbox;
 mod runs;
+
+use conversations::{
+    conversation_doc, conversation_key, Conversation, ConversationKey, Conversations, Said, Speaker,
+};
 
 use mailbox::{Inbox, Mailbox, Woken};
 
@@ -265,8 +269,7 @@ pub fn spawn(
         finished: VecDeque::new(),
         task_runs: HashMap::new(),
         gates: HashMap::new(),
-        conversations: BTreeMap::new(),
-        conversation_lru: BTreeSet::new(),
+        conversations: Conversations::default(),
         next_run: 1,
         mail: mail.clone(),
         draining: None,
@@ -460,110 +463,12 @@ impl Run {
     }
 }
 
-/// A conversation: the turns one principal sent under one contextId.
-struct Conversation {
-    /// The internal key (§7.6 "contextId namespace"): what the agent is told and what
-    /// operators address the conversation by.
-    context_id: String,
-    /// The owner's own name for it (its `contextId`).
-    name: String,
-    owner: Principal,
-    messages: VecDeque<Said>,
-    /// The serialized size of each of `messages`, in the same order.
-    sizes: VecDeque<usize>,
-    /// Serialized bytes of `messages`.
-    bytes: usize,
-    total_messages: u64,
-    turns: u64,
-    version: u64,
-    task: Option<String>,
-    updated: u64,
-}
-
-/// One message a conversation keeps, as `conversation.get` shows it: its fields in the
-/// order a JSON object of them is written. A struct rather than a JSON tree: a turn keeps
-/// two, in every conversation held (a tree costs an ordered map's node and a string per key).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-struct Said {
-    role: Speaker,
-    /// Cut at [`CONVERSATION_STRING_BYTES`], as `text` is.
-    task: String,
-    /// Cut at [`CONVERSATION_STRING_BYTES`].
-    text: String,
-    ts: u64,
-}
-
-/// Who said a kept message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-enum Speaker {
-    User,
-    Agent,
-}
-
-impl Said {
-    fn new(role: Speaker, task: &str, mut text: String, ts: u64) -> Said {
-        let mut task = task.to_owned();
-        cut_string(&mut task, CONVERSATION_STRING_BYTES);
-        cut_string(&mut text, CONVERSATION_STRING_BYTES);
-        Said {
-            role,
-            task,
-            text,
-            ts,
-        }
-    }
-}
-
-/// Messages a conversation keeps (the most `conversation.get` returns); older ones drop.
-const CONVERSATION_MESSAGES_KEPT: usize = 1000;
-/// Strings of a kept message are cut here: `conversation.get` shows no more of them.
-const CONVERSATION_STRING_BYTES: usize = 4096;
-
-impl Conversation {
-    /// A conversation with nothing in it yet.
-    fn new(context_id: &str, name: &str, owner: &Principal, updated: u64) -> Conversation {
-        Conversation {
-            context_id: context_id.to_owned(),
-            name: name.to_owned(),
-            owner: owner.clone(),
-            messages: VecDeque::new(),
-            sizes: VecDeque::new(),
-            bytes: 0,
-            total_messages: 0,
-            turns: 0,
-            version: 0,
-            task: None,
-            updated,
-        }
-    }
-
-    /// Keeps a message, dropping the oldest past the count bound or past `max_bytes` (the
-    /// task history bound: a conversation keeps no more than one task may).
-    fn keep(&mut self, message: Said, max_bytes: usize) {
-        // Counted as it serializes: no string of it is made.
-        let size = json_len(&message);
-        self.bytes += size;
-        self.messages.push_back(message);
-        self.sizes.push_back(size);
-        self.total_messages += 1;
-        while self.messages.len() > CONVERSATION_MESSAGES_KEPT
-            || (self.bytes > max_bytes && self.messages.len() > 1)
-        {
-            self.messages.pop_front();
-            if let Some(old) = self.sizes.pop_front() {
-                self.bytes = self.bytes.saturating_sub(old);
-            }
-        }
-    }
-}
-
 /// Who answers an agent task.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum AgentTask {
     /// A turn of the conversation agent, in the conversation of this key (owner id,
     /// contextId): its reply is recorded there without a search of every conversation.
-    Conversation((String, String)),
+    Conversation(ConversationKey),
     /// A `subagent.send` task of this handle.
     Subagent(String),
 }
@@ -618,11 +523,9 @@ struct Runtime {
     task_runs: HashMap<String, String>,
     /// Task id → the run whose gate it is.
     gates: HashMap<String, String>,
-    /// (owner id, contextId) → conversation. At most `max_tasks` of them (every held task is
-    /// in one): past it the least recently active is dropped (`conversation.removed`).
-    conversations: BTreeMap<(String, String), Conversation>,
-    /// (last activity, key) of every conversation: the order they are dropped in.
-    conversation_lru: BTreeSet<(u64, (String, String))>,
+    /// (owner id, contextId key) → conversation. At most `max_tasks` of them (every held
+    /// task is in one): past it the least recently active is dropped (`conversation.removed`).
+    conversations: Conversations,
     next_run: u64,
     mail: Mailbox,
     /// The drain's reason, once one started.
@@ -1116,27 +1019,6 @@ fn check_against(schema: &Value, value: &Value, op: &str, field: &str) -> Result
     }
 }
 
-/// A conversation's id in the feed, `status` and `conversation.get`: its internal key.
-fn conversation_key(c: &Conversation) -> String {
-    c.context_id.clone()
-}
-
-fn conversation_doc(c: &Conversation) -> Value {
-    json!({
-        "id": conversation_key(c),
-        "contextId": c.name,
-        "kind": "a2a",
-        "version": c.version,
-        "messages": c.total_messages,
-        "est_tokens": 0,
-        "turns": c.turns,
-        "principal": c.owner.id,
-        "skills": [],
-        "plan": null,
-        "updated": c.updated,
-    })
-}
-
 fn cut_strings(v: &Value, max: usize) -> Value {
     match v {
         Value::String(s) if s.len() > max => {
@@ -1153,19 +1035,6 @@ fn cut_strings(v: &Value, max: usize) -> Value {
                 .collect(),
         ),
         other => other.clone(),
-    }
-}
-
-/// Cuts `s` to at most `max` bytes, on a character boundary, and gives back the room the
-/// rest took (a kept message must not hold the whole of a 2 MiB turn).
-fn cut_string(s: &mut String, max: usize) {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.shrink_to_fit();
     }
 }
 
@@ -1193,48 +1062,4 @@ fn parts_text(parts: &[Part]) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_kept_message_is_cut_and_counted_as_before() {
-        let long = "é".repeat(3000); // 6000 bytes: cut on a character boundary
-        let m = Said::new(Speaker::Agent, "t", long.clone(), 1);
-        assert_eq!(m.text.len(), 4096);
-        assert_eq!(m.text, long[..4096]);
-        // What was cut is given back, not held past the 4 KiB kept.
-        assert!(m.text.capacity() < 4096 + 64, "{}", m.text.capacity());
-        let cut_task = Said::new(Speaker::User, &long, "hi".into(), 1);
-        assert_eq!(cut_task.task, long[..4096]);
-        // Shown as the JSON object conversation.get has always shown.
-        let shown = serde_json::to_value(&m).unwrap();
-        assert_eq!(
-            shown,
-            json!({"role": "agent", "task": "t", "text": &long[..4096], "ts": 1})
-        );
-        assert_eq!(
-            serde_json::to_value(Said::new(Speaker::User, "t", "hi".into(), 2)).unwrap()["role"],
-            "user"
-        );
-        assert_eq!(json_len(&m), shown.to_string().len());
-
-        let mut c = Conversation::new("ctx", "n", &Principal::operator(), 0);
-        let size = shown.to_string().len();
-        for _ in 0..5 {
-            c.keep(m.clone(), 3 * size);
-        }
-        // The oldest dropped past the byte bound, and the count follows what is kept.
-        assert_eq!(c.messages.len(), 3);
-        assert_eq!(c.bytes, 3 * size);
-        assert_eq!(c.total_messages, 5);
-        let kept: usize = c
-            .messages
-            .iter()
-            .map(|m| serde_json::to_string(m).unwrap().len())
-            .sum();
-        assert_eq!(c.bytes, kept);
-    }
 }
