@@ -331,8 +331,15 @@ fn run(args: Args, loaded: Result<config::Config, String>) -> Result<(), Failure
         ),
         None => None,
     };
-    let runtime = runtime::spawn(instance.clone(), clock, settings)
-        .map_err(|e| Failure::Runtime(format!("runtime thread: {e}")))?;
+    // With smol the runtime is a task on the driver's executor; with std, a thread.
+    let (runtime, runtime_task) = match args.driver {
+        Driver::Smol => runtime::start_task(instance.clone(), clock, settings)
+            .map(|(h, t)| (h, Some(t)))
+            .map_err(|e| Failure::Runtime(format!("runtime: {e}")))?,
+        Driver::Std => runtime::spawn(instance.clone(), clock, settings)
+            .map(|h| (h, None))
+            .map_err(|e| Failure::Runtime(format!("runtime thread: {e}")))?,
+    };
     let max_connections = config.limits.max_connections;
     let reload_instance = instance.clone();
     if std::env::var_os("AGENTD_LOCK_STATS").is_some_and(|v| !v.is_empty() && v != "0") {
@@ -346,6 +353,9 @@ fn run(args: Args, loaded: Result<config::Config, String>) -> Result<(), Failure
             }
             let h = agentd_io_smol::serve(instance, listeners, opts, clock)
                 .map_err(|e| Failure::Runtime(e.to_string()))?;
+            if let Some(task) = runtime_task {
+                h.spawn(task);
+            }
             agentd::memory::spawn_trimmer(h.connections())
                 .map_err(|e| Failure::Runtime(format!("trim thread: {e}")))?;
             let tx = done_tx.clone();

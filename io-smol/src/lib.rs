@@ -54,6 +54,7 @@ impl Default for DriverOptions {
 
 /// A running server.
 pub struct ServerHandle {
+    executor: Arc<smol::Executor<'static>>,
     stop: Arc<AtomicBool>,
     stop_tx: async_channel::Sender<()>,
     threads: Vec<std::thread::JoinHandle<()>>,
@@ -66,6 +67,13 @@ impl ServerHandle {
     /// after a burst.
     pub fn connections(&self) -> Arc<ConnGauge> {
         self.active.clone()
+    }
+
+    /// Runs a host's task on the executor threads beside the connections (the daemon's
+    /// runtime runs here). The task must not block: what waits belongs on a thread of its
+    /// own. It ends when it returns or when the executor stops.
+    pub fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.executor.spawn(task).detach();
     }
 
     /// Stops the executor (open connections are dropped) and removes unix socket files.
@@ -141,6 +149,7 @@ pub fn serve(
         );
     }
     Ok(ServerHandle {
+        executor,
         stop,
         stop_tx,
         threads,

@@ -24,8 +24,8 @@ pub mod workflow;
 mod engine;
 
 pub use engine::{
-    spawn, Approval, DrainHandle, Exit, Reload, ReloadHandle, RuntimeHandle, RuntimeLimits,
-    Settings, CONVERSATION_AGENT, SERVED_OPS,
+    spawn, start_task, Approval, DrainHandle, Exit, Reload, ReloadHandle, RuntimeHandle,
+    RuntimeLimits, RuntimeTask, Settings, CONVERSATION_AGENT, SERVED_OPS,
 };
 
 /// What this runtime serves, as the core's instance configuration declares it: every op of

@@ -1,15 +1,24 @@
-//! The runtime's queue, and how its thread sleeps on it.
+//! The runtime's queue, and how the runtime sleeps on it.
 //!
-//! Messages go through a channel. While the runtime reads the conversation agent's stdout
-//! itself it sleeps in `poll` on that pipe and an eventfd (the doorbell) rather than on the
-//! channel, so a sender also rings the doorbell, but only when the runtime is asleep or
-//! about to be: a message sent while it works costs no system call.
+//! Messages go through a channel. A sender also rings the doorbell, but only when the
+//! runtime is asleep or about to be: a message sent while it works costs no system call.
+//! The runtime sleeps one of two ways:
+//! - on its own thread ([`Inbox::next`]): in `poll` on the conversation agent's stdout and
+//!   the doorbell's eventfd, or, reading no stdout, on the channel;
+//! - as a task on the smol driver's executor ([`Inbox::next_as_task`]): the doorbell wakes
+//!   the task's waker (no system call, no reactor), the executor's reactor watches the
+//!   agent's stdout, and a timer the wait's end.
 
+use std::future::{poll_fn, Future};
 use std::os::fd::{AsFd, OwnedFd};
+use std::pin::pin;
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
 use std::time::Duration;
+
+use async_io::{Async, Timer};
 
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 
@@ -33,7 +42,11 @@ impl Mailbox {
                 tx,
                 bell: bell.clone(),
             },
-            Inbox { rx, bell },
+            Inbox {
+                rx,
+                bell,
+                watched: None,
+            },
         )
     }
 
@@ -49,7 +62,13 @@ impl Mailbox {
 pub(crate) struct Inbox {
     rx: Receiver<Msg>,
     bell: Arc<Doorbell>,
+    /// The conversation agent's stdout as the executor's reactor watches it (a second
+    /// descriptor of the pipe), for a runtime run as a task ([`Inbox::watch`]).
+    watched: Option<Async<OwnedFd>>,
 }
+
+/// A wait longer than this is a wait for a message or the agent alone: no timer is set.
+const NO_TIMER: Duration = Duration::from_secs(3600);
 
 /// Why [`Inbox::next`] returned no message.
 pub(crate) enum Woken {
@@ -133,6 +152,100 @@ impl Inbox {
         }
     }
 
+    /// Has the executor's reactor watch `stdout` for [`Inbox::next_as_task`], in place of
+    /// the one it watched. A stdout the reactor cannot take is given back to a reader thread
+    /// (dropped), which sends its events through the mailbox as before.
+    pub(crate) fn watch(&mut self, stdout: &mut Option<AgentStdout>) {
+        self.watched = None;
+        let Some(fd) = stdout.as_ref().and_then(AgentStdout::fd) else {
+            return;
+        };
+        match fd.try_clone_to_owned().and_then(Async::new) {
+            Ok(a) => self.watched = Some(a),
+            Err(e) => {
+                tracing::warn!(error = %e, "the agent's stdout cannot be watched by the executor; a thread reads it");
+                *stdout = None;
+            }
+        }
+    }
+
+    /// [`Inbox::next`] for a runtime run as a task: it sleeps as a task until a message is
+    /// sent (the doorbell wakes it), the watched stdout is readable ([`Inbox::watch`]) or
+    /// `wait` ends. A wait of [`NO_TIMER`] or more sets no timer.
+    pub(crate) async fn next_as_task(
+        &mut self,
+        wait: Duration,
+        stdout: &mut Option<AgentStdout>,
+    ) -> Woken {
+        let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
+        // Asleep from here, as in `next`: a message sent after this wakes the task; one sent
+        // before is seen by the look at the queue below.
+        self.bell.arm_task(&waker);
+        match self.rx.try_recv() {
+            Ok(m) => {
+                self.bell.disarm();
+                Self::peek(stdout);
+                return Woken::Msg(m);
+            }
+            Err(TryRecvError::Disconnected) => {
+                self.bell.disarm();
+                return Woken::Closed;
+            }
+            Err(TryRecvError::Empty) => {}
+        }
+        let bell = &*self.bell;
+        let rung = poll_fn(|cx| bell.poll_rung(cx.waker()));
+        let watched = self.watched.as_ref();
+        let wrote = async {
+            match watched {
+                // An error (the descriptor gone from the reactor) is a wake-up too: the read
+                // below finds out what the pipe says.
+                Some(a) => a.readable().await.is_ok(),
+                None => std::future::pending().await,
+            }
+        };
+        let ended = async {
+            if wait < NO_TIMER {
+                Timer::after(wait).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+            false
+        };
+        let rung = async {
+            rung.await;
+            false
+        };
+        // Woken by the bell or the timer, the pipe is not read here: the next wait looks
+        // at it first.
+        let wrote = first(rung, first(wrote, ended)).await;
+        self.bell.disarm();
+        if wrote {
+            Self::read(stdout);
+        }
+        if stdout.is_none() {
+            self.watched = None;
+        }
+        match self.rx.try_recv() {
+            Ok(m) => Woken::Msg(m),
+            Err(TryRecvError::Empty) => Woken::Nothing,
+            Err(TryRecvError::Disconnected) => Woken::Closed,
+        }
+    }
+
+    /// Reads what the agent wrote if its stdout is readable now; never waits.
+    fn peek(stdout: &mut Option<AgentStdout>) {
+        let Some(fd) = stdout.as_ref().and_then(AgentStdout::fd) else {
+            return;
+        };
+        let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
+        let zero = Timespec::try_from(Duration::ZERO).ok();
+        let _ = poll(&mut fds, zero.as_ref());
+        if !fds[0].revents().is_empty() {
+            Self::read(stdout);
+        }
+    }
+
     /// Reads what the agent wrote; forgets a finished stdout.
     fn read(stdout: &mut Option<AgentStdout>) {
         if stdout.as_mut().is_some_and(|out| !out.read_ready()) {
@@ -146,13 +259,26 @@ impl Inbox {
     }
 }
 
-/// An eventfd a sender writes to when the runtime sleeps in `poll`.
+/// Whichever of `a` and `b` ends first (`a` is looked at first).
+async fn first<T>(a: impl Future<Output = T>, b: impl Future<Output = T>) -> T {
+    let (mut a, mut b) = (pin!(a), pin!(b));
+    poll_fn(|cx| match a.as_mut().poll(cx) {
+        Poll::Ready(v) => Poll::Ready(v),
+        Poll::Pending => b.as_mut().poll(cx),
+    })
+    .await
+}
+
+/// What a sender rings when the runtime sleeps: an eventfd for a runtime thread in `poll`,
+/// the task's waker for a runtime task.
 struct Doorbell {
-    /// `None` when no eventfd could be made: the runtime then sleeps on the channel alone
-    /// and leaves agent stdout to reader threads.
+    /// `None` when no eventfd could be made: a runtime thread then sleeps on the channel
+    /// alone and leaves agent stdout to reader threads.
     fd: Option<OwnedFd>,
-    /// The runtime is in (or about to enter) `poll`: the next sender must write.
+    /// The runtime is asleep (or about to be): the next sender must ring.
     asleep: AtomicBool,
+    /// A runtime task's waker, set before it sleeps; `None` for a runtime thread.
+    task: Mutex<Option<Waker>>,
 }
 
 impl Doorbell {
@@ -165,6 +291,7 @@ impl Doorbell {
         Doorbell {
             fd,
             asleep: AtomicBool::new(false),
+            task: Mutex::new(None),
         }
     }
 
@@ -173,7 +300,9 @@ impl Doorbell {
     fn ring(&self) {
         fence(Ordering::SeqCst);
         if self.asleep.swap(false, Ordering::SeqCst) {
-            if let Some(fd) = &self.fd {
+            if let Some(task) = self.task_waker().take() {
+                task.wake();
+            } else if let Some(fd) = &self.fd {
                 // A full counter (2^64 - 2 rings unread) already wakes the poll.
                 let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
             }
@@ -183,6 +312,37 @@ impl Doorbell {
     fn arm(&self) {
         self.asleep.store(true, Ordering::SeqCst);
         fence(Ordering::SeqCst);
+    }
+
+    /// `arm` for a runtime task: the ring wakes `waker`.
+    fn arm_task(&self, waker: &Waker) {
+        self.set_task(waker);
+        self.arm();
+    }
+
+    /// Whether a sender rang since `arm_task`; if not, the ring wakes `waker`.
+    fn poll_rung(&self, waker: &Waker) -> Poll<()> {
+        if !self.asleep.load(Ordering::SeqCst) {
+            return Poll::Ready(());
+        }
+        self.set_task(waker);
+        // A ring between the look above and the waker's place took the old waker.
+        if self.asleep.load(Ordering::SeqCst) {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    }
+
+    fn set_task(&self, waker: &Waker) {
+        let mut task = self.task_waker();
+        if !task.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            *task = Some(waker.clone());
+        }
+    }
+
+    fn task_waker(&self) -> std::sync::MutexGuard<'_, Option<Waker>> {
+        self.task.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn disarm(&self) {
@@ -288,6 +448,104 @@ mod tests {
             if let Woken::Msg(Msg::Agent(ev)) = inbox.next(Duration::from_secs(1), &mut out) {
                 if matches!(ev.kind, AgentEventKind::Reply { .. }) {
                     break;
+                }
+            }
+        }
+    }
+
+    /// As above, for a runtime run as a task: the doorbell wakes the task's waker, and the
+    /// reactor watches the quiet stdout.
+    #[test]
+    fn no_message_is_left_waiting_while_the_runtime_task_sleeps() {
+        let (mail, mut inbox) = Mailbox::new();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sleeper = AgentSpec::new("a", vec!["sleep".into(), "30".into()]);
+        let agent = AgentProcess::new_polled(sleeper, tx).unwrap();
+        agent.turn(turn("t1")).unwrap();
+        let started = rx.recv_timeout(Duration::from_secs(20)).expect("it starts");
+        assert!(matches!(started.kind, AgentEventKind::Started { .. }));
+        let mut out = Some(agent.take_stdout().expect("the started process's stdout"));
+        inbox.watch(&mut out);
+        assert!(inbox.watched.is_some(), "the reactor watches it");
+        const SENDERS: usize = 4;
+        const EACH: usize = 3000;
+        let senders: Vec<_> = (0..SENDERS)
+            .map(|_| {
+                let mail = mail.clone();
+                std::thread::spawn(move || {
+                    for i in 0..EACH {
+                        mail.send(Msg::Wake);
+                        if i % 16 == 0 {
+                            std::thread::sleep(Duration::from_micros(50));
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut got = 0;
+        async_io::block_on(async {
+            while got < SENDERS * EACH {
+                let t = Instant::now();
+                let woken = inbox.next_as_task(Duration::from_secs(10), &mut out).await;
+                assert!(
+                    t.elapsed() < Duration::from_secs(5),
+                    "a wait ran {:?} with {got} of {} messages received",
+                    t.elapsed(),
+                    SENDERS * EACH
+                );
+                match woken {
+                    Woken::Msg(_) => got += 1,
+                    Woken::Nothing => {}
+                    Woken::Closed => unreachable!("the test holds a sender"),
+                }
+            }
+        });
+        senders.into_iter().for_each(|s| s.join().unwrap());
+        assert!(
+            out.is_some() && inbox.watched.is_some(),
+            "the quiet stdout is still watched"
+        );
+        // A wait with nothing sent and nothing written ends at its timer.
+        let t = Instant::now();
+        let woken = async_io::block_on(inbox.next_as_task(Duration::from_millis(50), &mut out));
+        assert!(matches!(woken, Woken::Nothing));
+        assert!(
+            t.elapsed() >= Duration::from_millis(50),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+
+    #[test]
+    fn the_runtime_task_reads_the_agent_answer_whether_or_not_messages_wait() {
+        let (mail, mut inbox) = Mailbox::new();
+        let echo = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/agents/echo_agent.py");
+        let agent = AgentProcess::new_polled(
+            AgentSpec::new("a", vec!["python3".into(), echo.into()]),
+            AgentSink(mail.clone()),
+        )
+        .unwrap();
+        let mut out = None;
+        for (task, busy) in [("t1", false), ("t2", true)] {
+            agent.turn(turn(task)).unwrap();
+            let end = Instant::now() + Duration::from_secs(20);
+            loop {
+                assert!(Instant::now() < end, "the reply to {task} was never read");
+                if let Some(o) = agent.take_stdout() {
+                    out = Some(o);
+                    inbox.watch(&mut out);
+                }
+                if busy {
+                    // Something always waits in the queue ahead of the agent's answer.
+                    mail.send(Msg::Wake);
+                }
+                let woken =
+                    async_io::block_on(inbox.next_as_task(Duration::from_secs(1), &mut out));
+                if let Woken::Msg(Msg::Agent(ev)) = woken {
+                    if matches!(ev.kind, AgentEventKind::Reply { .. }) {
+                        assert_eq!(ev.task.as_deref(), Some(task));
+                        break;
+                    }
                 }
             }
         }

@@ -193,12 +193,51 @@ pub(crate) enum Msg {
     Agent(AgentEvent),
 }
 
-/// Starts the runtime on its own thread.
+/// Starts the runtime on its own thread (the std driver's way).
 pub fn spawn(
     instance: Arc<Mutex<Instance>>,
     clock: Clock,
     settings: Settings,
 ) -> std::io::Result<RuntimeHandle> {
+    let (mut rt, inbox, handle) = build(instance, clock, settings, Home::Thread)?;
+    thread::Builder::new()
+        .name("agentd-runtime".into())
+        .spawn(move || rt.run(inbox))?;
+    Ok(handle)
+}
+
+/// The runtime as a task, for the executor that serves the connections (the smol driver's
+/// way; run it with `ServerHandle::spawn`). It sleeps as a task: a connection that queues
+/// work wakes it as it would another task, the executor's reactor watches the agent's
+/// stdout, and its wake-ups of connections land on the executor it runs on, where a thread
+/// of its own would have to be woken and then wake an executor thread. It holds the
+/// instance lock no longer than the thread does; what blocks (programs, peer calls,
+/// deliveries, the agent's stdin when its pipe is full) is on other threads either way.
+pub fn start_task(
+    instance: Arc<Mutex<Instance>>,
+    clock: Clock,
+    settings: Settings,
+) -> std::io::Result<(RuntimeHandle, RuntimeTask)> {
+    let (mut rt, inbox, handle) = build(instance, clock, settings, Home::Task)?;
+    Ok((handle, Box::pin(async move { rt.run_as_task(inbox).await })))
+}
+
+/// [`start_task`]'s runtime, to spawn on an executor.
+pub type RuntimeTask = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Where the runtime runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Home {
+    Thread,
+    Task,
+}
+
+fn build(
+    instance: Arc<Mutex<Instance>>,
+    clock: Clock,
+    settings: Settings,
+    home: Home,
+) -> std::io::Result<(Runtime, Inbox, RuntimeHandle)> {
     let (mail, inbox) = Mailbox::new();
     let (exit_tx, exit_rx) = channel();
     let metrics = Arc::new(crate::metrics::RuntimeMetrics::default());
@@ -221,11 +260,13 @@ pub fn spawn(
         inst.add_metrics_source(Arc::new(crate::metrics::ProcessMetrics));
     }
     // Agent events go straight onto the runtime's one queue: no thread in between. The
-    // conversation agent's stdout is read by the runtime thread itself where it can sleep
-    // on it: a turn's answer reaches the runtime with no thread hop.
+    // conversation agent's stdout is read by the runtime itself where it can sleep on it
+    // (a task always can; a thread needs the doorbell's eventfd): a turn's answer reaches
+    // the runtime with no thread hop.
     let agent_tx = AgentSink(mail.clone());
+    let polled = home == Home::Task || inbox.can_poll();
     let conversation = match settings.agent {
-        Some(spec) if inbox.can_poll() => Some(AgentProcess::new_polled(spec, agent_tx.clone())),
+        Some(spec) if polled => Some(AgentProcess::new_polled(spec, agent_tx.clone())),
         Some(spec) => Some(AgentProcess::new(spec, agent_tx.clone())),
         None => None,
     }
@@ -237,7 +278,7 @@ pub fn spawn(
     }
     let mut push = super::push::DeliveryPool::new(Arc::new(settings.push));
     push.counts = metrics.push.clone();
-    let mut rt = Runtime {
+    let rt = Runtime {
         inst: instance,
         push,
         metrics,
@@ -276,13 +317,11 @@ pub fn spawn(
         drain_report_at: 0,
         exit: exit_tx,
     };
-    thread::Builder::new()
-        .name("agentd-runtime".into())
-        .spawn(move || rt.run(inbox))?;
-    Ok(RuntimeHandle {
+    let handle = RuntimeHandle {
         mail,
         exit: exit_rx,
-    })
+    };
+    Ok((rt, inbox, handle))
 }
 
 /// Puts an agent process's events on the runtime's queue, in the order it emits them (it
@@ -570,65 +609,119 @@ impl Runtime {
         self.metrics.set(c);
     }
 
+    /// The runtime thread's loop.
     fn run(&mut self, inbox: Inbox) {
-        let waker = Waker::from(Arc::new(EffectWake(self.mail.clone())));
+        let waker = self.effect_waker();
         let mut msg = None;
         loop {
-            {
-                let inst_arc = self.inst.clone();
-                let mut inst = inst_arc.lock().unwrap_or_else(|p| p.into_inner());
-                let now = self.clock.now();
-                // The message that woke us, and those queued behind it (a turn's status,
-                // artifact and reply come close together), under this one hold of the
-                // lock; at most a batch, so the connections are not held off for long.
-                let mut handled = 0;
-                while let Some(m) = msg.take() {
-                    self.on_msg(&mut inst, m, now);
-                    handled += 1;
-                    if handled < MSG_BATCH {
-                        msg = inbox.try_next();
-                    }
-                }
-                while let Some(effect) = inst.poll_effect() {
-                    self.on_effect(&mut inst, effect, now);
-                }
-                self.on_timers(&mut inst, now);
-                self.count_for_metrics();
-                if self.drain_done(&mut inst, now) {
-                    drop(inst);
-                    // Its stdout goes back to a thread, which reads it while it winds down.
-                    self.agent_stdout = None;
-                    tracing::info!("drained: every piece of in-flight work ended; exiting");
-                    // Agent processes get their shutdown line and a moment, then are killed:
-                    // none outlives the daemon.
-                    let grace = Duration::from_secs(2);
-                    if let Some(a) = &self.conversation {
-                        a.shutdown(grace);
-                    }
-                    for s in self.subagents.values() {
-                        s.process.shutdown(grace);
-                    }
-                    let _ = self.exit.send(Exit::Drained);
-                    return;
-                }
-                // Registered under the lock: an effect queued after it wakes us.
-                inst.register_effect_waker(&waker);
+            if self.round(msg.take(), &inbox, &waker) {
+                return self.exit_after_drain();
             }
-            // A process started since the last look: its stdout is the runtime's to read.
-            if let Some(out) = self
-                .conversation
-                .as_ref()
-                .and_then(AgentProcess::take_stdout)
-            {
-                self.agent_stdout = Some(out);
-            }
-            let wait = self.next_timer();
-            msg = match inbox.next(wait, &mut self.agent_stdout) {
+            self.adopt_stdout();
+            msg = match inbox.next(self.next_timer(), &mut self.agent_stdout) {
                 Woken::Msg(m) => Some(m),
                 Woken::Nothing => None,
                 Woken::Closed => return,
             };
         }
+    }
+
+    /// The runtime task's loop: [`Runtime::run`]'s, asleep as a task between rounds.
+    async fn run_as_task(&mut self, mut inbox: Inbox) {
+        let waker = self.effect_waker();
+        let mut msg = None;
+        loop {
+            if self.round(msg.take(), &inbox, &waker) {
+                // The agents' shutdown waits for them: not on the executor's threads.
+                let conversation = self.conversation.take();
+                let subagents = std::mem::take(&mut self.subagents);
+                let exit = self.exit.clone();
+                self.agent_stdout = None;
+                let ended = thread::Builder::new()
+                    .name("agentd-runtime-exit".into())
+                    .spawn(move || {
+                        shut_down_agents(conversation.as_ref(), subagents.values());
+                        let _ = exit.send(Exit::Drained);
+                    });
+                if let Err(e) = ended {
+                    tracing::warn!(error = %e, "no thread to shut the agents down; ending now");
+                    let _ = self.exit.send(Exit::Drained);
+                }
+                return;
+            }
+            if self.adopt_stdout() {
+                inbox.watch(&mut self.agent_stdout);
+            }
+            msg = match inbox
+                .next_as_task(self.next_timer(), &mut self.agent_stdout)
+                .await
+            {
+                Woken::Msg(m) => Some(m),
+                Woken::Nothing => None,
+                Woken::Closed => return,
+            };
+        }
+    }
+
+    /// What the instance wakes when it queues an effect: a message to the runtime.
+    fn effect_waker(&self) -> Waker {
+        Waker::from(Arc::new(EffectWake(self.mail.clone())))
+    }
+
+    /// One round under one hold of the instance lock: `msg` (what woke the runtime) and the
+    /// messages queued behind it, the effects, the timers. Whether a drain has finished, and
+    /// the runtime is to end.
+    fn round(&mut self, mut msg: Option<Msg>, inbox: &Inbox, waker: &Waker) -> bool {
+        let inst_arc = self.inst.clone();
+        let mut inst = inst_arc.lock().unwrap_or_else(|p| p.into_inner());
+        let now = self.clock.now();
+        // The message that woke us, and those queued behind it (a turn's status, artifact
+        // and reply come close together), under this one hold of the lock; at most a batch,
+        // so the connections are not held off for long.
+        let mut handled = 0;
+        while let Some(m) = msg.take() {
+            self.on_msg(&mut inst, m, now);
+            handled += 1;
+            if handled < MSG_BATCH {
+                msg = inbox.try_next();
+            }
+        }
+        while let Some(effect) = inst.poll_effect() {
+            self.on_effect(&mut inst, effect, now);
+        }
+        self.on_timers(&mut inst, now);
+        self.count_for_metrics();
+        if self.drain_done(&mut inst, now) {
+            tracing::info!("drained: every piece of in-flight work ended; exiting");
+            return true;
+        }
+        // Registered under the lock: an effect queued after it wakes us.
+        inst.register_effect_waker(waker);
+        false
+    }
+
+    /// A process started since the last look: its stdout is the runtime's to read. Whether
+    /// there was one.
+    fn adopt_stdout(&mut self) -> bool {
+        match self
+            .conversation
+            .as_ref()
+            .and_then(AgentProcess::take_stdout)
+        {
+            Some(out) => {
+                self.agent_stdout = Some(out);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The runtime thread's end after a drain.
+    fn exit_after_drain(&mut self) {
+        // Its stdout goes back to a thread, which reads it while it winds down.
+        self.agent_stdout = None;
+        shut_down_agents(self.conversation.as_ref(), self.subagents.values());
+        let _ = self.exit.send(Exit::Drained);
     }
 
     fn on_msg(&mut self, inst: &mut Inst<'_>, msg: Msg, now: Now) {
@@ -876,6 +969,21 @@ struct Call<'a> {
     task_id: Option<&'a str>,
     /// The trace of the request that made the call: a run it starts carries it.
     trace: Option<&'a agentd_core::trace::TraceContext>,
+}
+
+/// Agent processes get their shutdown line and a moment, then are killed: none outlives
+/// the daemon. Waits up to the grace.
+fn shut_down_agents<'a>(
+    conversation: Option<&AgentProcess>,
+    subagents: impl Iterator<Item = &'a Subagent>,
+) {
+    let grace = Duration::from_secs(2);
+    if let Some(a) = conversation {
+        a.shutdown(grace);
+    }
+    for s in subagents {
+        s.process.shutdown(grace);
+    }
 }
 
 fn complete(inst: &mut Inst<'_>, c: Completion, now: Now) {
