@@ -185,6 +185,7 @@ impl Inbox {
             Ok(m) => {
                 self.bell.disarm();
                 Self::peek(stdout);
+                self.unwatch_finished(stdout);
                 return Woken::Msg(m);
             }
             Err(TryRecvError::Disconnected) => {
@@ -223,13 +224,19 @@ impl Inbox {
         if wrote {
             Self::read(stdout);
         }
-        if stdout.is_none() {
-            self.watched = None;
-        }
+        self.unwatch_finished(stdout);
         match self.rx.try_recv() {
             Ok(m) => Woken::Msg(m),
             Err(TryRecvError::Empty) => Woken::Nothing,
             Err(TryRecvError::Disconnected) => Woken::Closed,
+        }
+    }
+
+    /// Stops watching a stdout that is finished: a pipe at its end is always readable, and
+    /// a watched one would wake the task at once, every time.
+    fn unwatch_finished(&mut self, stdout: &Option<AgentStdout>) {
+        if stdout.is_none() {
+            self.watched = None;
         }
     }
 
@@ -549,5 +556,37 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// An agent whose stdout ends while messages wait (read on the way to one of them) is
+    /// watched no more: the next wait sleeps until its timer, not round and round on the
+    /// pipe's end.
+    #[test]
+    fn a_finished_stdout_is_not_watched_whichever_way_it_was_read() {
+        let (mail, mut inbox) = Mailbox::new();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let quitter = AgentSpec::new("a", vec!["sh".into(), "-c".into(), "exit 0".into()]);
+        let agent = AgentProcess::new_polled(quitter, tx).unwrap();
+        agent.turn(turn("t1")).unwrap();
+        let started = rx.recv_timeout(Duration::from_secs(20)).expect("it starts");
+        assert!(matches!(started.kind, AgentEventKind::Started { .. }));
+        let mut out = agent.take_stdout();
+        assert!(out.is_some());
+        inbox.watch(&mut out);
+        // Its end is in the pipe before the runtime looks.
+        std::thread::sleep(Duration::from_millis(300));
+        mail.send(Msg::Wake);
+        let woken = async_io::block_on(inbox.next_as_task(Duration::from_secs(5), &mut out));
+        assert!(matches!(woken, Woken::Msg(Msg::Wake)));
+        assert!(out.is_none(), "the end was read on the way to the message");
+        let t = Instant::now();
+        let woken = async_io::block_on(inbox.next_as_task(Duration::from_millis(300), &mut out));
+        assert!(matches!(woken, Woken::Nothing));
+        assert!(
+            t.elapsed() >= Duration::from_millis(300),
+            "woke after {:?}",
+            t.elapsed()
+        );
+        drop(agent);
     }
 }
