@@ -186,6 +186,10 @@ impl Inbox {
                 self.bell.disarm();
                 Self::peek(stdout);
                 self.unwatch_finished(stdout);
+                // Work was waiting, so the task did not sleep: it lets the executor's other
+                // tasks (the connections) run before its next round, or a queue that keeps
+                // filling would hold an executor thread (the only one, on one CPU).
+                yield_once().await;
                 return Woken::Msg(m);
             }
             Err(TryRecvError::Disconnected) => {
@@ -195,13 +199,17 @@ impl Inbox {
             Err(TryRecvError::Empty) => {}
         }
         let bell = &*self.bell;
-        let rung = poll_fn(|cx| bell.poll_rung(cx.waker()));
+        let rung = async {
+            poll_fn(|cx| bell.poll_rung(cx.waker())).await;
+            Wait::Rung
+        };
         let watched = self.watched.as_ref();
         let wrote = async {
             match watched {
-                // An error (the descriptor gone from the reactor) is a wake-up too: the read
-                // below finds out what the pipe says.
-                Some(a) => a.readable().await.is_ok(),
+                Some(a) => match a.readable().await {
+                    Ok(()) => Wait::Wrote,
+                    Err(e) => Wait::Unwatchable(e),
+                },
                 None => std::future::pending().await,
             }
         };
@@ -211,18 +219,21 @@ impl Inbox {
             } else {
                 std::future::pending::<()>().await;
             }
-            false
+            Wait::Ended
         };
-        let rung = async {
-            rung.await;
-            false
-        };
-        // Woken by the bell or the timer, the pipe is not read here: the next wait looks
-        // at it first.
-        let wrote = first(rung, first(wrote, ended)).await;
+        let woken = first(rung, first(wrote, ended)).await;
         self.bell.disarm();
-        if wrote {
-            Self::read(stdout);
+        match woken {
+            Wait::Wrote => Self::read(stdout),
+            Wait::Unwatchable(e) => {
+                // The reactor no longer reports the pipe: a reader thread takes it over
+                // (a watch that fails at once would otherwise end every wait at once).
+                tracing::warn!(error = %e, "the agent's stdout cannot be watched by the executor; a thread reads it");
+                *stdout = None;
+            }
+            // Woken by the bell or the timer, the pipe is not read here: the next wait
+            // looks at it first.
+            Wait::Rung | Wait::Ended => {}
         }
         self.unwatch_finished(stdout);
         match self.rx.try_recv() {
@@ -266,6 +277,28 @@ impl Inbox {
     }
 }
 
+/// What ended a runtime task's wait.
+enum Wait {
+    Rung,
+    Wrote,
+    Unwatchable(std::io::Error),
+    Ended,
+}
+
+/// Returns to the executor once, woken again at once: its other tasks run first.
+async fn yield_once() {
+    let mut yielded = false;
+    poll_fn(|cx| {
+        if yielded {
+            return Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await
+}
+
 /// Whichever of `a` and `b` ends first (`a` is looked at first).
 async fn first<T>(a: impl Future<Output = T>, b: impl Future<Output = T>) -> T {
     let (mut a, mut b) = (pin!(a), pin!(b));
@@ -307,7 +340,9 @@ impl Doorbell {
     fn ring(&self) {
         fence(Ordering::SeqCst);
         if self.asleep.swap(false, Ordering::SeqCst) {
-            if let Some(task) = self.task_waker().take() {
+            // Taken out before it is woken: the lock is not held while the executor runs.
+            let task = self.task_waker().take();
+            if let Some(task) = task {
                 task.wake();
             } else if let Some(fd) = &self.fd {
                 // A full counter (2^64 - 2 rings unread) already wakes the poll.
@@ -588,5 +623,46 @@ mod tests {
             t.elapsed()
         );
         drop(agent);
+    }
+
+    /// One message at a time, each sent only once the task has taken the one before: every
+    /// wait must be ended by its own ring (with a stream of messages a lost ring is covered
+    /// by the next one).
+    #[test]
+    fn each_message_alone_wakes_the_sleeping_runtime_task() {
+        let (mail, mut inbox) = Mailbox::new();
+        let (ack_tx, ack_rx) = std::sync::mpsc::channel::<()>();
+        const N: usize = 400;
+        let sender = std::thread::spawn(move || {
+            for i in 0..N {
+                // Now and then the task is surely asleep when the message comes.
+                if i % 8 == 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                mail.send(Msg::Wake);
+                if ack_rx.recv().is_err() {
+                    return;
+                }
+            }
+        });
+        let mut out = None;
+        async_io::block_on(async {
+            for got in 0..N {
+                let t = Instant::now();
+                loop {
+                    let woken = inbox.next_as_task(Duration::from_secs(10), &mut out).await;
+                    assert!(
+                        t.elapsed() < Duration::from_secs(5),
+                        "message {got} waited {:?}",
+                        t.elapsed()
+                    );
+                    if matches!(woken, Woken::Msg(_)) {
+                        break;
+                    }
+                }
+                ack_tx.send(()).unwrap();
+            }
+        });
+        sender.join().unwrap();
     }
 }
