@@ -27,11 +27,13 @@ fn start_with_limits(driver: &str, agent: &str, timeout_ms: u64, limits: &str) -
          [a2a.introspection]\nenabled = true\n\n\
          [[subagents]]\nname = \"echo\"\ncommand = [\"python3\", \"{}\"]\n\n\
          [[subagents]]\nname = \"hang\"\ncommand = [\"python3\", \"{}\"]\n\n\
-         [[subagents]]\nname = \"crashy\"\ncommand = [\"python3\", \"{}\"]\n",
+         [[subagents]]\nname = \"crashy\"\ncommand = [\"python3\", \"{}\"]\n\n\
+         [[subagents]]\nname = \"stubborn\"\ncommand = [\"python3\", \"{}\"]\n",
         script(agent),
         script("examples/agents/echo_agent.py"),
         script("tests/agents/hang.py"),
         script("tests/agents/crashy.py"),
+        script("tests/agents/stubborn.py"),
     );
     Daemon::start_setup(
         driver,
@@ -605,45 +607,80 @@ fn a_drain_says_what_it_waits_for() {
     assert!(line.contains("tasks=1"), "{line}");
 }
 
-#[test]
-fn a_drain_stops_the_agent_processes_too() {
-    // This agent ignores its shutdown line and the end of its stdin: only a kill stops it.
-    let mut d = start("std", "tests/agents/stubborn.py", 20_000);
+/// A drain ends every agent process, the conversation agent's and the subagents', within
+/// one grace for all of them: these ignore their shutdown line and the end of their stdin,
+/// so only a kill stops them.
+fn drain_stops_the_agent_processes(driver: &str) {
+    let mut d = start(driver, "tests/agents/stubborn.py", 20_000);
     let r = send(&d, None, json!({"text": "hello"}), false);
     assert_eq!(
         task_state(&r["result"]["task"]),
         "TASK_STATE_COMPLETED",
         "{r}"
     );
+    for handle in ["stubborn:a", "stubborn:b"] {
+        let r = command(
+            &d,
+            json!({"op": "subagent.send", "handle": handle, "message": "hi"}),
+            false,
+        );
+        assert_eq!(
+            task_state(&r["result"]["task"]),
+            "TASK_STATE_COMPLETED",
+            "{r}"
+        );
+    }
     let log = d.stderr();
-    let pid: u32 = log
+    let pids: Vec<u32> = log
         .lines()
-        .find(|l| l.contains("agent process started"))
-        .and_then(|l| l.split("pid=").nth(1))
-        .and_then(|p| p.split_whitespace().next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no agent pid in the log:\n{log}"));
-    assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
+        .filter(|l| l.contains("agent process started"))
+        .filter_map(|l| l.split("pid=").nth(1))
+        .filter_map(|p| p.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert_eq!(pids.len(), 3, "three agents started:\n{log}");
+    for pid in &pids {
+        assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
+    }
+    let asked = Instant::now();
     let c = command(&d, json!({"op": "admin.drain"}), false);
     assert!(c.get("result").is_some(), "{c}");
     let status = d
         .wait_exit(Duration::from_secs(15))
         .expect("the drained daemon exits");
     assert!(status.success(), "{status}");
+    // Each agent's grace is 2 s: waited for one after another, three took 6 s.
+    let took = asked.elapsed();
+    assert!(
+        took < Duration::from_millis(4500),
+        "the drain took {took:?}"
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
-    while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        !s.rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z')
-    }) {
-        assert!(
-            Instant::now() < deadline,
-            "agent process {pid} outlived the daemon"
-        );
-        std::thread::sleep(Duration::from_millis(20));
+    for pid in pids {
+        while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        }) {
+            assert!(
+                Instant::now() < deadline,
+                "agent process {pid} outlived the daemon"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
+}
+
+#[test]
+fn a_drain_stops_the_agent_processes_too_on_std() {
+    drain_stops_the_agent_processes("std");
+}
+
+/// On smol the runtime is an executor task, which hands the agents' shutdown to a thread.
+#[test]
+fn a_drain_stops_the_agent_processes_too_on_smol() {
+    drain_stops_the_agent_processes("smol");
 }
 
 /// §7.6: two bearers who both name their context `root` get two conversations, each keyed by

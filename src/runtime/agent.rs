@@ -528,8 +528,21 @@ impl AgentProcess {
     /// [`AgentError::Stopped`]. In polled mode, drop the [`AgentStdout`] first: its stdout
     /// is read by a thread while this waits.
     pub fn shutdown(&self, grace: Duration) {
-        self.shared.begin_shutdown();
-        self.shared.finish_shutdown(Instant::now() + grace, grace);
+        shutdown_together([self], grace);
+    }
+}
+
+/// [`AgentProcess::shutdown`] of every one of `procs` at once, all within the same `grace`:
+/// each gets its shutdown line before any is waited for, so agents that ignore it cost one
+/// grace in all, not one each.
+pub fn shutdown_together<'a>(procs: impl IntoIterator<Item = &'a AgentProcess>, grace: Duration) {
+    let procs: Vec<&AgentProcess> = procs.into_iter().collect();
+    let deadline = Instant::now() + grace;
+    for p in &procs {
+        p.shared.begin_shutdown();
+    }
+    for p in &procs {
+        p.shared.finish_shutdown(deadline, grace);
     }
 }
 
@@ -597,13 +610,7 @@ impl Agents {
 
     /// Shuts every agent down at once, all within the same `grace`.
     pub fn shutdown(&self, grace: Duration) {
-        let deadline = Instant::now() + grace;
-        for p in self.procs.values() {
-            p.shared.begin_shutdown();
-        }
-        for p in self.procs.values() {
-            p.shared.finish_shutdown(deadline, grace);
-        }
+        shutdown_together(self.procs.values(), grace);
     }
 }
 

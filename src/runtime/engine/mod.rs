@@ -971,19 +971,16 @@ struct Call<'a> {
     trace: Option<&'a agentd_core::trace::TraceContext>,
 }
 
-/// Agent processes get their shutdown line and a moment, then are killed: none outlives
-/// the daemon. Waits up to the grace.
+/// Agent processes get their shutdown line and a moment (one for all of them), then are
+/// killed: none outlives the daemon. Waits up to the grace.
 fn shut_down_agents<'a>(
     conversation: Option<&AgentProcess>,
     subagents: impl Iterator<Item = &'a Subagent>,
 ) {
-    let grace = Duration::from_secs(2);
-    if let Some(a) = conversation {
-        a.shutdown(grace);
-    }
-    for s in subagents {
-        s.process.shutdown(grace);
-    }
+    let procs = conversation
+        .into_iter()
+        .chain(subagents.map(|s| &s.process));
+    agent::shutdown_together(procs, Duration::from_secs(2));
 }
 
 fn complete(inst: &mut Inst<'_>, c: Completion, now: Now) {
