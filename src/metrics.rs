@@ -1,6 +1,6 @@
 //! The daemon's parts of `GET /metrics` (the core renders its own: requests, latencies,
 //! tasks, connections, streams): the runtime's objects by state and webhook deliveries
-//! ([`RuntimeMetrics`], filled by the runtime thread), the store's latencies and sizes
+//! ([`RuntimeMetrics`], filled by the runtime), the store's latencies and sizes
 //! ([`StoreMetrics`]), and the process's figures from `/proc` ([`ProcessMetrics`]). Each is
 //! an [`agentd_core::metrics::MetricsSource`] registered with the instance; the core calls it
 //! when `/metrics` is answered, outside the instance lock.
@@ -24,7 +24,7 @@ pub const RUN_STATES: [&str; 6] = [
 /// Agent process states.
 pub const AGENT_STATES: [&str; 5] = ["idle", "running", "crashed", "killed", "stopped"];
 
-/// What the runtime thread last counted of its objects.
+/// What the runtime last counted of its objects.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RuntimeCounts {
     /// Runs kept (live and the finished ones kept for `run.get`), by [`RUN_STATES`].
@@ -37,7 +37,7 @@ pub struct RuntimeCounts {
     pub conversations: u64,
 }
 
-/// The runtime's figures: the runtime thread replaces the counts after each round of work;
+/// The runtime's figures: the runtime replaces the counts after each round of work;
 /// the push pool counts its deliveries.
 #[derive(Debug, Default)]
 pub struct RuntimeMetrics {

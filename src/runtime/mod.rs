@@ -1,10 +1,12 @@
 //! The built-in runtime: the host that does the work the core hands out as effects.
 //!
-//! One thread owns every runtime object (runs, gates, conversations, subagents) and reacts
+//! One owner holds every runtime object (runs, gates, conversations, subagents) and reacts
 //! to messages: the core has effects, a step's worker finished, an agent process spoke, a
-//! signal arrived. Work that blocks (a program, a peer call) runs on a worker thread that
-//! reports back with a message, so the runtime thread never waits on the outside world and
-//! the instance lock is held only while effects and completions are applied.
+//! signal arrived. It is a task on the smol driver's executor, or a thread of its own with
+//! the std driver ([`start_task`], [`spawn`]). Work that blocks (a program, a peer call)
+//! runs on a worker thread that reports back with a message, so the runtime never waits on
+//! the outside world and the instance lock is held only while effects and completions are
+//! applied.
 //!
 //! - Workflow runs ([`workflow`]): `workflow.run` or a declared command starts one; each
 //!   step's start and end is a `step` feed event, a `run` event and a task status update;

@@ -1,5 +1,5 @@
-//! The runtime thread: its loop, the effects it takes from the core, and the objects it
-//! owns. The work is split by subject: [`runs`] (workflow runs and the drain),
+//! The runtime: its loop (on its own thread, or as a task on the smol executor), the effects
+//! it takes from the core, and the objects it owns. The work is split by subject: [`runs`] (workflow runs and the drain),
 //! [`commands`] (the ops) and [`agents`] (agent processes, subagents, conversations).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -46,7 +46,7 @@ pub use commands::SERVED_OPS;
 const FINISHED_RUNS_KEPT: usize = 1000;
 /// Step output strings `run.get` shows are cut at this many bytes.
 const RUN_GET_OUTPUT_BYTES: usize = 2048;
-/// Messages the runtime thread handles under one hold of the instance lock at most.
+/// Messages the runtime handles under one hold of the instance lock at most.
 const MSG_BATCH: usize = 32;
 /// How long a drained instance waits for its last answers to leave before it exits.
 const DRAIN_GRACE: Duration = Duration::from_secs(3);
@@ -158,7 +158,7 @@ pub struct Reload {
     pub peers: Option<Vec<PeerClient>>,
 }
 
-/// Hands a reload to the runtime thread.
+/// Hands a reload to the runtime.
 pub struct ReloadHandle(Mailbox);
 
 impl ReloadHandle {
@@ -336,7 +336,7 @@ impl agent::EventSink for AgentSink {
     }
 }
 
-/// Wakes the runtime thread when the instance queues an effect.
+/// Wakes the runtime when the instance queues an effect.
 struct EffectWake(Mailbox);
 
 impl Wake for EffectWake {
