@@ -544,13 +544,20 @@ fn wait_gone(pid: u32, what: &str) {
 }
 
 fn agent_pid(d: &Daemon) -> u32 {
-    let log = d.stderr();
-    log.lines()
-        .find(|l| l.contains("agent process started"))
-        .and_then(|l| l.split("pid=").nth(1))
-        .and_then(|p| p.split_whitespace().next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no agent pid in the log:\n{log}"))
+    agent_pids(d)
+        .first()
+        .copied()
+        .unwrap_or_else(|| panic!("no agent pid in the log:\n{}", d.stderr()))
+}
+
+/// The pid of every agent process the daemon's log says it started, in order.
+fn agent_pids(d: &Daemon) -> Vec<u32> {
+    d.stderr()
+        .lines()
+        .filter(|l| l.contains("agent process started"))
+        .filter_map(|l| l.split("pid=").nth(1))
+        .filter_map(|p| p.split_whitespace().next()?.parse().ok())
+        .collect()
 }
 
 #[test]
@@ -630,17 +637,9 @@ fn drain_stops_the_agent_processes(driver: &str) {
             "{r}"
         );
     }
-    let log = d.stderr();
-    let pids: Vec<u32> = log
-        .lines()
-        .filter(|l| l.contains("agent process started"))
-        .filter_map(|l| l.split("pid=").nth(1))
-        .filter_map(|p| p.split_whitespace().next()?.parse().ok())
-        .collect();
-    assert_eq!(pids.len(), 3, "three agents started:\n{log}");
-    for pid in &pids {
-        assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
-    }
+    let pids = agent_pids(&d);
+    assert_eq!(pids.len(), 3, "three agents started:\n{}", d.stderr());
+    assert!(pids.iter().all(|&pid| !gone(pid)), "{pids:?} run");
     let asked = Instant::now();
     let c = command(&d, json!({"op": "admin.drain"}), false);
     assert!(c.get("result").is_some(), "{c}");
@@ -654,21 +653,8 @@ fn drain_stops_the_agent_processes(driver: &str) {
         took < Duration::from_millis(4500),
         "the drain took {took:?}"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
     for pid in pids {
-        while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-            !s.rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        }) {
-            assert!(
-                Instant::now() < deadline,
-                "agent process {pid} outlived the daemon"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_gone(pid, "agent process");
     }
 }
 

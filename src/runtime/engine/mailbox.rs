@@ -115,12 +115,7 @@ impl Inbox {
             Ok(m) => {
                 self.bell.disarm();
                 // Queued work first, but what the agent wrote meanwhile joins the queue.
-                let mut fds = [PollFd::from_borrowed_fd(out_fd, PollFlags::IN)];
-                let zero = Timespec::try_from(Duration::ZERO).ok();
-                let _ = poll(&mut fds, zero.as_ref());
-                if !fds[0].revents().is_empty() {
-                    Self::read(stdout);
-                }
+                Self::peek(stdout);
                 return Woken::Msg(m);
             }
             Err(TryRecvError::Disconnected) => {
@@ -417,52 +412,69 @@ mod tests {
         }
     }
 
-    #[test]
-    fn no_message_is_left_waiting_while_the_runtime_sleeps_in_poll() {
-        let (mail, inbox) = Mailbox::new();
-        assert!(inbox.can_poll(), "this machine has eventfd");
-        // A process that never writes: every wait is a sleep in poll on its stdout and the
-        // doorbell, and only a ring ends it.
+    /// An agent process `command` started by a first turn, and its stdout to read.
+    fn started(command: &[&str]) -> (AgentProcess, AgentStdout) {
         let (tx, rx) = std::sync::mpsc::channel();
-        let sleeper = AgentSpec::new("a", vec!["sleep".into(), "30".into()]);
-        let agent = AgentProcess::new_polled(sleeper, tx).unwrap();
+        let spec = AgentSpec::new("a", command.iter().map(|s| s.to_string()).collect());
+        let agent = AgentProcess::new_polled(spec, tx).unwrap();
         agent.turn(turn("t1")).unwrap();
         let started = rx.recv_timeout(Duration::from_secs(20)).expect("it starts");
         assert!(matches!(started.kind, AgentEventKind::Started { .. }));
-        let mut out = Some(agent.take_stdout().expect("the started process's stdout"));
-        const SENDERS: usize = 4;
-        const EACH: usize = 3000;
-        let senders: Vec<_> = (0..SENDERS)
+        let out = agent.take_stdout().expect("the started process's stdout");
+        (agent, out)
+    }
+
+    const SENDERS: usize = 4;
+    const EACH: usize = 3000;
+
+    /// `SENDERS` threads each sending `EACH` messages, pausing now and then so the runtime
+    /// catches up and goes to sleep often.
+    fn senders(mail: &Mailbox) -> Vec<std::thread::JoinHandle<()>> {
+        (0..SENDERS)
             .map(|_| {
                 let mail = mail.clone();
                 std::thread::spawn(move || {
                     for i in 0..EACH {
                         mail.send(Msg::Wake);
-                        // Pauses, so the runtime catches up and goes to sleep often.
                         if i % 16 == 0 {
                             std::thread::sleep(Duration::from_micros(50));
                         }
                     }
                 })
             })
-            .collect();
+            .collect()
+    }
+
+    /// Counts one wait begun at `t` of the senders' stream into `got`. A wake-up with nothing
+    /// queued may happen (a ring that came late); a wait that runs to its end while a message
+    /// is queued is a lost wake-up.
+    fn count(woken: Woken, t: Instant, got: &mut usize) {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "a wait ran {:?} with {got} of {} messages received",
+            t.elapsed(),
+            SENDERS * EACH
+        );
+        match woken {
+            Woken::Msg(_) => *got += 1,
+            Woken::Nothing => {}
+            Woken::Closed => unreachable!("the test holds a sender"),
+        }
+    }
+
+    #[test]
+    fn no_message_is_left_waiting_while_the_runtime_sleeps_in_poll() {
+        let (mail, inbox) = Mailbox::new();
+        assert!(inbox.can_poll(), "this machine has eventfd");
+        // A process that never writes: every wait is a sleep in poll on its stdout and the
+        // doorbell, and only a ring ends it.
+        let (_agent, out) = started(&["sleep", "30"]);
+        let mut out = Some(out);
+        let senders = senders(&mail);
         let mut got = 0;
         while got < SENDERS * EACH {
             let t = Instant::now();
-            let woken = inbox.next(Duration::from_secs(10), &mut out);
-            // A wake-up with nothing queued may happen (a ring that came late); a wait that
-            // runs to its end while a message is queued is a lost wake-up.
-            assert!(
-                t.elapsed() < Duration::from_secs(5),
-                "a wait ran {:?} with {got} of {} messages received",
-                t.elapsed(),
-                SENDERS * EACH
-            );
-            match woken {
-                Woken::Msg(_) => got += 1,
-                Woken::Nothing => {}
-                Woken::Closed => unreachable!("the test holds a sender"),
-            }
+            count(inbox.next(Duration::from_secs(10), &mut out), t, &mut got);
         }
         senders.into_iter().for_each(|s| s.join().unwrap());
         assert!(out.is_some(), "the quiet stdout is still waited on");
@@ -500,46 +512,17 @@ mod tests {
     #[test]
     fn no_message_is_left_waiting_while_the_runtime_task_sleeps() {
         let (mail, mut inbox) = Mailbox::new();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let sleeper = AgentSpec::new("a", vec!["sleep".into(), "30".into()]);
-        let agent = AgentProcess::new_polled(sleeper, tx).unwrap();
-        agent.turn(turn("t1")).unwrap();
-        let started = rx.recv_timeout(Duration::from_secs(20)).expect("it starts");
-        assert!(matches!(started.kind, AgentEventKind::Started { .. }));
-        let mut out = Some(agent.take_stdout().expect("the started process's stdout"));
+        let (_agent, out) = started(&["sleep", "30"]);
+        let mut out = Some(out);
         inbox.watch(&mut out);
         assert!(inbox.watched.is_some(), "the reactor watches it");
-        const SENDERS: usize = 4;
-        const EACH: usize = 3000;
-        let senders: Vec<_> = (0..SENDERS)
-            .map(|_| {
-                let mail = mail.clone();
-                std::thread::spawn(move || {
-                    for i in 0..EACH {
-                        mail.send(Msg::Wake);
-                        if i % 16 == 0 {
-                            std::thread::sleep(Duration::from_micros(50));
-                        }
-                    }
-                })
-            })
-            .collect();
+        let senders = senders(&mail);
         let mut got = 0;
         async_io::block_on(async {
             while got < SENDERS * EACH {
                 let t = Instant::now();
                 let woken = inbox.next_as_task(Duration::from_secs(10), &mut out).await;
-                assert!(
-                    t.elapsed() < Duration::from_secs(5),
-                    "a wait ran {:?} with {got} of {} messages received",
-                    t.elapsed(),
-                    SENDERS * EACH
-                );
-                match woken {
-                    Woken::Msg(_) => got += 1,
-                    Woken::Nothing => {}
-                    Woken::Closed => unreachable!("the test holds a sender"),
-                }
+                count(woken, t, &mut got);
             }
         });
         senders.into_iter().for_each(|s| s.join().unwrap());
@@ -599,14 +582,8 @@ mod tests {
     #[test]
     fn a_finished_stdout_is_not_watched_whichever_way_it_was_read() {
         let (mail, mut inbox) = Mailbox::new();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let quitter = AgentSpec::new("a", vec!["sh".into(), "-c".into(), "exit 0".into()]);
-        let agent = AgentProcess::new_polled(quitter, tx).unwrap();
-        agent.turn(turn("t1")).unwrap();
-        let started = rx.recv_timeout(Duration::from_secs(20)).expect("it starts");
-        assert!(matches!(started.kind, AgentEventKind::Started { .. }));
-        let mut out = agent.take_stdout();
-        assert!(out.is_some());
+        let (agent, out) = started(&["sh", "-c", "exit 0"]);
+        let mut out = Some(out);
         inbox.watch(&mut out);
         // Its end is in the pipe before the runtime looks.
         std::thread::sleep(Duration::from_millis(300));
