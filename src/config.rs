@@ -469,9 +469,21 @@ pub struct LimitsSection {
     /// loop takes them (default [`DEFAULT_LISTEN_BACKLOG`]; 1 to [`MAX_LISTEN_BACKLOG`];
     /// the kernel lowers it to `net.core.somaxconn`).
     pub listen_backlog: Option<usize>,
+    /// Threads of the smol driver's executor, which serve every connection (default: one
+    /// per CPU the process may run on; 1 to [`MAX_SMOL_THREADS`]). The std driver runs a
+    /// thread per connection and does not read it.
+    pub smol_threads: Option<usize>,
 }
 
 impl LimitsSection {
+    /// The smol driver's executor threads: as configured, else one per CPU the process may
+    /// run on (its affinity mask).
+    pub fn smol_threads(&self) -> usize {
+        self.smol_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+            .clamp(1, MAX_SMOL_THREADS)
+    }
+
     /// The listen backlog every listener is bound with.
     pub fn listen_backlog(&self) -> u32 {
         // In range once loaded ([`Config::check_ranges`]); the clamp keeps an unchecked
@@ -542,6 +554,9 @@ pub const MAX_PUSH_QUEUE: usize = 1 << 20;
 
 /// The most `limits.max_connections` may be (Linux's default ceiling of open files).
 pub const MAX_CONNECTIONS: usize = 1 << 20;
+
+/// The most `limits.smol_threads` may be.
+pub const MAX_SMOL_THREADS: usize = 1024;
 
 /// `limits.listen_backlog` when unset: a burst of a few thousand connects queues whole.
 pub const DEFAULT_LISTEN_BACKLOG: usize = agentd_io_common::os::DEFAULT_LISTEN_BACKLOG as usize;
@@ -1168,7 +1183,7 @@ impl Config {
     /// workflow (`crate::runtime::workflow`).
     pub fn check_ranges(&self) -> Result<(), String> {
         let l = &self.limits;
-        let sizes: [(&str, Option<usize>, usize); 13] = [
+        let sizes: [(&str, Option<usize>, usize); 14] = [
             (
                 "limits.max_header_bytes",
                 l.max_header_bytes,
@@ -1206,6 +1221,7 @@ impl Config {
                 l.listen_backlog,
                 MAX_LISTEN_BACKLOG,
             ),
+            ("limits.smol_threads", l.smol_threads, MAX_SMOL_THREADS),
         ];
         for (key, value, max) in sizes {
             if let Some(v) = value {
@@ -1612,6 +1628,7 @@ fn effective_document(c: &InstanceConfig, limits: &LimitsSection) -> serde_json:
             "tasks_bytes": c.tasks.total_bytes,
             "max_connections": limits.max_connections,
             "listen_backlog": limits.listen_backlog(),
+            "smol_threads": limits.smol_threads(),
         },
     })
 }
@@ -1991,6 +2008,14 @@ match = { bearer_ref = "{{secret:AGENTD_TEST_OP}}" }"#,
                 "limits.listen_backlog: must be from 1 to 65535, not 65536",
             ),
             (
+                "[limits]\nsmol_threads = 0",
+                "limits.smol_threads: must be from 1 to 1024, not 0",
+            ),
+            (
+                "[limits]\nsmol_threads = 1025",
+                "limits.smol_threads: must be from 1 to 1024, not 1025",
+            ),
+            (
                 "[limits]\nmax_connections = 1048577",
                 "limits.max_connections: must be from 1 to 1048576, not 1048577",
             ),
@@ -2067,6 +2092,7 @@ match = { bearer_ref = "{{secret:AGENTD_TEST_OP}}" }"#,
             idle_timeout_ms = 86400000\nrequest_timeout_ms = 1\nstream_queue = 65536\n\
             replay_events = 1048576\nreplay_bytes = 1073741824\nmax_tasks = 1000000\n\
             task_artifact_bytes = 8388608\nmax_connections = 1048576\nlisten_backlog = 65535\n\
+            smol_threads = 1024\n\
             [a2a.events]\nring = 65536\nstream_deadline_ms = 86400000\n\
             [a2a.push]\nmax_attempts = 20\nbackoff_ms = 0\ntimeout_ms = 300000\n";
         let c = load_text("edges", edges).unwrap();

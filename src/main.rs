@@ -341,13 +341,17 @@ fn run(args: Args, loaded: Result<config::Config, String>) -> Result<(), Failure
             .map_err(|e| Failure::Runtime(format!("runtime thread: {e}")))?,
     };
     let max_connections = config.limits.max_connections;
+    let smol_threads = config.limits.smol_threads();
     let reload_instance = instance.clone();
     if std::env::var_os("AGENTD_LOCK_STATS").is_some_and(|v| !v.is_empty() && v != "0") {
         lock_stats_on_sigusr1()?;
     }
     match args.driver {
         Driver::Smol => {
-            let mut opts = agentd_io_smol::DriverOptions::default();
+            let mut opts = agentd_io_smol::DriverOptions {
+                threads: smol_threads,
+                ..Default::default()
+            };
             if let Some(n) = max_connections {
                 opts.max_connections = n;
             }
@@ -365,6 +369,11 @@ fn run(args: Args, loaded: Result<config::Config, String>) -> Result<(), Failure
             });
         }
         Driver::Std => {
+            if config.limits.smol_threads.is_some() {
+                tracing::warn!(
+                    "limits.smol_threads is the smol driver's; the std driver runs a thread per connection"
+                );
+            }
             let mut opts = agentd_io_std::DriverOptions::default();
             if let Some(n) = max_connections {
                 opts.max_connections = n;

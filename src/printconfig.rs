@@ -1,7 +1,8 @@
 //! `agentd --print-config`: the effective configuration as a TOML file the daemon loads
 //! back. The file's own keys stand as written (the listeners as `--listen` set them); every
 //! key it leaves out that has a value is filled in with the value in force; a key whose
-//! default is "none" (no agent, no certificate, the driver's connection bound) stays out.
+//! default is "none" (no agent, no certificate, the driver's connection bound) or the host's
+//! (`limits.smol_threads`, one per CPU) stays out.
 //! Values that may be secrets written into the file itself are redacted: the agents'
 //! `env` and the peers' `headers`. Credentials are never in the file (only `{{secret:…}}`
 //! references, which are printed as they are).

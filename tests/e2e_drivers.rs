@@ -49,6 +49,7 @@ both_drivers!(
     half_closed_client_still_gets_its_answers,
     many_pipelined_requests_with_backpressure,
     connection_limit_answers_503,
+    smol_threads_sets_the_executor_threads,
     reader_that_stops_reading_is_dropped,
     odd_but_valid_request_forms,
     unix_socket_path_takeover,
@@ -1740,6 +1741,52 @@ fn many_pipelined_requests_with_backpressure(driver: &str) {
         w.join()
             .unwrap()
             .expect("expected all pipelined requests to be written");
+    }
+}
+
+/// How many of the daemon's threads are its smol executor's (`agentd-smol-N`).
+fn smol_executor_threads(d: &Daemon) -> usize {
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", d.pid())).expect("/proc/<pid>/task");
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with("agentd-smol-"))
+        .count()
+}
+
+/// `limits.smol_threads` sets how many executor threads the smol driver runs (one per CPU
+/// when unset); the std driver, a thread per connection, says it does not use it.
+fn smol_threads_sets_the_executor_threads(driver: &str) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // The daemon inherits this process's CPU affinity, so it counts the same CPUs.
+    let d = Daemon::start(driver);
+    let want = if driver == "smol" { cpus } else { 0 };
+    assert_eq!(
+        smol_executor_threads(&d),
+        want,
+        "unset: one per CPU ({cpus})"
+    );
+    drop(d);
+    for n in [1, 3] {
+        let d = Daemon::start_with(driver, &format!("smol_threads = {n}"));
+        let want = if driver == "smol" { n } else { 0 };
+        assert_eq!(smol_executor_threads(&d), want, "smol_threads = {n}");
+        // Served all the same, more than one connection at once.
+        let mut clients: Vec<_> = (0..4).map(|_| d.connect_tcp()).collect();
+        for c in &mut clients {
+            c.send(&get(CARD, &[]));
+        }
+        for c in &mut clients {
+            assert_eq!(c.read_response().status, 200, "smol_threads = {n}");
+        }
+        let said = d
+            .stderr()
+            .contains("limits.smol_threads is the smol driver's");
+        assert_eq!(
+            said,
+            driver == "std",
+            "the std driver's warning: {}",
+            d.stderr()
+        );
     }
 }
 
