@@ -13,7 +13,8 @@ per-connection threads that ended during the load). A child's CPU is in neither.
 round takes the daemons in a shuffled order (seeded), so a drift of the machine's speed
 does not always fall on the same one. The agent's processes
 (the keeper and python, every descendant of the daemon) are read the same way and printed
-apart. --store file gives the daemons the durable file store instead. The summary gives the median over rounds, the spread (min-max), the ratio
+apart. --store file gives the daemons the durable file store instead. --smol-threads runs each
+build once per limits.smol_threads value given (0: unset), as builds of their own. The summary gives the median over rounds, the spread (min-max), the ratio
 agent / no agent per build, and the ratio of each build to the first. python3 standard
 library only. See bench/README.md.
 
@@ -21,6 +22,7 @@ library only. See bench/README.md.
     bench/turn_cpu.py --driver std --turns 4000
     bench/turn_cpu.py --bin /tmp/agentd-before --bin target/release/agentd
     bench/turn_cpu.py --threads                          # CPU per turn by daemon thread
+    bench/turn_cpu.py --smol-threads 0,1                 # default executor threads, then one
 """
 
 import argparse
@@ -119,10 +121,12 @@ def load(d, kind, n, conns, want, tag):
     return spread(d, n, conns, lambda c, t, i: turn(c, kind, f"{tag}-{t}-{i}", want))
 
 
-def config(tmp, name, agent, store="memory"):
+def config(tmp, name, agent, store="memory", smol_threads=None):
     path = os.path.join(tmp, f"{name}.toml")
     with open(path, "w") as f:
         f.write('[a2a]\nlisten = ["tcp://127.0.0.1:0"]\n')
+        if smol_threads:
+            f.write(f"[limits]\nsmol_threads = {smol_threads}\n")
         if store == "memory":
             f.write('[store]\nkind = "memory"\n')
         else:
@@ -144,15 +148,22 @@ def main():
     ap.add_argument("--store", default="memory", choices=["memory", "file"],
                     help="the daemons' store (file: write-ahead and fsync per task, in a temp dir)")
     ap.add_argument("--threads", action="store_true", help="also print CPU per turn by thread")
+    ap.add_argument("--smol-threads", default="",
+                    help="comma-separated limits.smol_threads values (0: unset): each build runs "
+                         "once per value, as builds of their own")
     a = ap.parse_args()
     bins = a.bin or [os.path.join(ROOT, "target", "release", "agentd")]
+    smol = [int(v) for v in a.smol_threads.split(",") if v] or [0]
+    for b in bins:
+        if not os.access(b, os.X_OK):
+            sys.exit(f"{b}: no such executable (cargo build --release)")
+    # Each (binary, smol_threads) pair is a build of its own.
+    builds = [(b, t) for b in bins for t in smol]
+    bins = [b if not t else f"{b} (smol_threads {t})" for b, t in builds]
     kinds = [k for k in a.kinds.split(",") if k]
     for k in kinds:
         if k not in KINDS:
             sys.exit(f"unknown kind {k!r}: send or stream")
-    for b in bins:
-        if not os.access(b, os.X_OK):
-            sys.exit(f"{b}: no such executable (cargo build --release)")
 
     tmp = tempfile.mkdtemp(prefix="agentd-turn-cpu-")
     daemons = {}  # (bin index, mode) -> Daemon
@@ -162,8 +173,9 @@ def main():
             for mode in ("none", "agent"):
                 log = open(os.path.join(tmp, f"daemon-{i}-{mode}.log"), "w")
                 logs.append(log)
-                cfg = config(tmp, f"{i}-{mode}", mode == "agent", a.store)
-                daemons[(i, mode)] = Daemon(b, a.driver, cfg, log)
+                binary, smol_threads = builds[i]
+                cfg = config(tmp, f"{i}-{mode}", mode == "agent", a.store, smol_threads)
+                daemons[(i, mode)] = Daemon(binary, a.driver, cfg, log)
         want = {"none": b"TASK_STATE_REJECTED", "agent": b"TASK_STATE_COMPLETED"}
         # Warm-up: the agent process starts on the first turn; both kinds' paths get warm.
         for (i, mode), d in daemons.items():
