@@ -1,11 +1,14 @@
-//! agentd-io-smol: the async driver. One small smol executor runs an accept task per
-//! listener and a task per connection; `async-io` timers carry the core's deadlines, and a
-//! channel wakes a connection task when a task it watches changes.
+//! agentd-io-smol: the async driver. A small executor of its own ([`executor`], on
+//! smol's task and reactor crates) runs an accept task per listener and a task per
+//! connection; `async-io` timers carry the core's deadlines, and a channel wakes a
+//! connection task when a task it watches changes.
 //!
 //! The operating-system helpers (clock, entropy, listener binding, the peer-uid check) are
 //! shared with the blocking driver, [`agentd_io_common::os`].
 
 #![forbid(unsafe_code)]
+
+pub mod executor;
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +27,7 @@ use agentd_io_common::{
     log_accept_failed, log_refused, log_requests, request_log_keep, ConnGauge, ConnLoop, Next,
 };
 use async_io::{Async, Timer};
+use executor::Executor;
 use futures_lite::{future, AsyncWrite, AsyncWriteExt};
 
 pub use agentd_io_common::os;
@@ -54,7 +58,7 @@ impl Default for DriverOptions {
 
 /// A running server.
 pub struct ServerHandle {
-    executor: Arc<smol::Executor<'static>>,
+    executor: Arc<Executor>,
     stop: Arc<AtomicBool>,
     stop_tx: async_channel::Sender<()>,
     threads: Vec<std::thread::JoinHandle<()>>,
@@ -110,7 +114,7 @@ pub fn serve(
         refused: LogThrottle::new(LogThrottle::INTERVAL),
         accept_failed: LogThrottle::new(LogThrottle::INTERVAL),
     });
-    let executor = Arc::new(smol::Executor::<'static>::new());
+    let executor = Arc::new(Executor::new());
     let stop = Arc::new(AtomicBool::new(false));
     let (stop_tx, stop_rx) = async_channel::bounded::<()>(1);
     let active = Arc::new(ConnGauge::new());
@@ -161,7 +165,7 @@ pub fn serve(
 #[derive(Clone)]
 struct Ctx {
     instance: Arc<Mutex<Instance>>,
-    executor: Arc<smol::Executor<'static>>,
+    executor: Arc<Executor>,
     active: Arc<ConnGauge>,
     shared: Arc<Shared>,
     options: DriverOptions,
