@@ -470,14 +470,14 @@ pub struct LimitsSection {
     /// the kernel lowers it to `net.core.somaxconn`).
     pub listen_backlog: Option<usize>,
     /// Threads of the smol driver's executor, which serve every connection (default: one
-    /// per CPU the process may run on; 1 to [`MAX_SMOL_THREADS`]). The std driver runs a
+    /// per CPU the process may use; 1 to [`MAX_SMOL_THREADS`]). The std driver runs a
     /// thread per connection and does not read it.
     pub smol_threads: Option<usize>,
 }
 
 impl LimitsSection {
     /// The smol driver's executor threads: as configured, else one per CPU the process may
-    /// run on (its affinity mask).
+    /// use (`available_parallelism`: its affinity mask and its cgroup's CPU quota).
     pub fn smol_threads(&self) -> usize {
         self.smol_threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))

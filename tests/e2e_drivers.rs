@@ -1744,32 +1744,52 @@ fn many_pipelined_requests_with_backpressure(driver: &str) {
     }
 }
 
-/// How many of the daemon's threads are its smol executor's (`agentd-smol-N`).
-fn smol_executor_threads(d: &Daemon) -> usize {
-    let tasks = std::fs::read_dir(format!("/proc/{}/task", d.pid())).expect("/proc/<pid>/task");
-    tasks
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|name| name.starts_with("agentd-smol-"))
-        .count()
+/// How many of the daemon's threads are its smol executor's (`agentd-smol-N`), once that
+/// many have their names: a thread is named as it starts, which may be after the daemon
+/// says it listens.
+fn smol_executor_threads(d: &Daemon, want: usize) -> usize {
+    let count = || {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", d.pid())).expect("/proc/<pid>/task");
+        tasks
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|name| name.starts_with("agentd-smol-"))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let n = count();
+        if n == want || Instant::now() > deadline {
+            // Settled: none more start later.
+            std::thread::sleep(Duration::from_millis(50));
+            return count();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// `limits.smol_threads` sets how many executor threads the smol driver runs (one per CPU
 /// when unset); the std driver, a thread per connection, says it does not use it.
 fn smol_threads_sets_the_executor_threads(driver: &str) {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let warning = "limits.smol_threads is the smol driver's";
     // The daemon inherits this process's CPU affinity, so it counts the same CPUs.
     let d = Daemon::start(driver);
     let want = if driver == "smol" { cpus } else { 0 };
     assert_eq!(
-        smol_executor_threads(&d),
+        smol_executor_threads(&d, want),
         want,
         "unset: one per CPU ({cpus})"
+    );
+    assert!(
+        !d.stderr().contains(warning),
+        "no warning when unset: {}",
+        d.stderr()
     );
     drop(d);
     for n in [1, 3] {
         let d = Daemon::start_with(driver, &format!("smol_threads = {n}"));
         let want = if driver == "smol" { n } else { 0 };
-        assert_eq!(smol_executor_threads(&d), want, "smol_threads = {n}");
+        assert_eq!(smol_executor_threads(&d, want), want, "smol_threads = {n}");
         // Served all the same, more than one connection at once.
         let mut clients: Vec<_> = (0..4).map(|_| d.connect_tcp()).collect();
         for c in &mut clients {
@@ -1778,9 +1798,7 @@ fn smol_threads_sets_the_executor_threads(driver: &str) {
         for c in &mut clients {
             assert_eq!(c.read_response().status, 200, "smol_threads = {n}");
         }
-        let said = d
-            .stderr()
-            .contains("limits.smol_threads is the smol driver's");
+        let said = d.stderr().contains(warning);
         assert_eq!(
             said,
             driver == "std",
