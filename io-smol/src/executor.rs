@@ -190,17 +190,52 @@ impl Shared {
         }
     }
 
-    /// The next task from the shared queue; wakes another thread if more wait.
-    fn pop(&self) -> Option<Runnable> {
-        let (r, more) = {
-            let mut q = lock(&self.queue);
-            let r = q.pop_front();
-            (r, !q.is_empty())
-        };
-        if more {
+    /// The next task from the shared queue, and whether more wait there.
+    fn pop(&self) -> (Option<Runnable>, bool) {
+        let mut q = lock(&self.queue);
+        let r = q.pop_front();
+        (r, !q.is_empty())
+    }
+
+    fn queued(&self) -> bool {
+        !lock(&self.queue).is_empty()
+    }
+
+    /// Takes this thread out of the executor's workers: what its slot holds goes to the
+    /// shared queue, where another thread runs it.
+    fn leave(&self) {
+        let left = LOCAL
+            .try_with(|l| {
+                let mut l = l.borrow_mut();
+                l.executor = 0;
+                l.idle = None;
+                l.slot.take()
+            })
+            .ok()
+            .flatten();
+        if let Some(r) = left {
+            lock(&self.queue).push_back(r);
             self.notify();
         }
-        r
+    }
+}
+
+/// This thread's membership of an executor's workers, for as long as [`Executor::run`]
+/// runs: ended on return or when its future is dropped (cancelled, or a task's panic
+/// unwinding through it), so no task is left in a slot nobody runs.
+struct Enrolled(Arc<Shared>);
+
+impl Enrolled {
+    fn new(shared: &Arc<Shared>) -> Self {
+        let id = shared.id();
+        let _ = LOCAL.try_with(|l| l.borrow_mut().executor = id);
+        Enrolled(shared.clone())
+    }
+}
+
+impl Drop for Enrolled {
+    fn drop(&mut self) {
+        self.0.leave();
     }
 }
 
@@ -229,30 +264,14 @@ impl Executor {
     /// `async_io::block_on`, once per thread; the thread waits in the reactor when it has
     /// no task.
     pub async fn run<T>(&self, stop: impl Future<Output = T>) -> T {
-        let id = self.shared.id();
-        let _ = LOCAL.try_with(|l| l.borrow_mut().executor = id);
+        let _enrolled = Enrolled::new(&self.shared);
         let mut worker = Worker {
             shared: self.shared.clone(),
             sleeping: None,
             streak: 0,
         };
         let work = std::future::poll_fn(move |cx| worker.poll(cx.waker()));
-        let out = futures_lite::future::or(stop, work).await;
-        // The slot's task (if any) goes where another thread can run it.
-        let left = LOCAL
-            .try_with(|l| {
-                let mut l = l.borrow_mut();
-                l.executor = 0;
-                l.idle = None;
-                l.slot.take()
-            })
-            .ok()
-            .flatten();
-        if let Some(r) = left {
-            lock(&self.shared.queue).push_back(r);
-            self.shared.notify();
-        }
-        out
+        futures_lite::future::or(stop, work).await
     }
 }
 
@@ -271,8 +290,13 @@ impl Worker {
         let mut ran = 0;
         loop {
             match self.next() {
-                Some(r) => {
-                    self.wake();
+                Some((r, more)) => {
+                    // Work left in the queue gets another thread; so does the notice that
+                    // woke this one, if it took its task from the slot instead.
+                    let notice = self.wake();
+                    if more || (notice && self.shared.queued()) {
+                        self.shared.notify();
+                    }
                     r.run();
                     ran += 1;
                     if ran == BATCH {
@@ -299,15 +323,23 @@ impl Worker {
             .flatten()
     }
 
-    fn next(&mut self) -> Option<Runnable> {
+    /// The next task, and whether more wait in the shared queue.
+    fn next(&mut self) -> Option<(Runnable, bool)> {
         if self.streak < SLOT_STREAK {
             if let Some(r) = Self::slot() {
                 self.streak += 1;
-                return Some(r);
+                return Some((r, false));
             }
+        } else if let Some(r) = Self::slot() {
+            // The streak is over: the slot's task goes behind the queue's, where any thread
+            // may take it.
+            lock(&self.shared.queue).push_back(r);
         }
         self.streak = 0;
-        self.shared.pop().or_else(Self::slot)
+        match self.shared.pop() {
+            (Some(r), more) => Some((r, more)),
+            (None, _) => Self::slot().map(|r| (r, false)),
+        }
     }
 
     /// Registers this worker as sleeping. False if it already was and has not been woken
@@ -328,31 +360,33 @@ impl Worker {
         true
     }
 
-    /// Found work: no longer a sleeper.
-    fn wake(&mut self) {
-        if let Some(id) = self.sleeping.take() {
-            let mut s = lock(&self.shared.sleepers);
-            s.remove(id);
-            self.shared
-                .notified
-                .store(s.is_notified(), Ordering::Release);
-        }
+    /// Found work: no longer a sleeper. True if a notice had woken it.
+    fn wake(&mut self) -> bool {
+        let Some(id) = self.sleeping.take() else {
+            return false;
+        };
+        let mut s = lock(&self.shared.sleepers);
+        let notice = s.remove(id);
+        self.shared
+            .notified
+            .store(s.is_notified(), Ordering::Release);
+        notice
     }
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
         if let Some(id) = self.sleeping.take() {
-            let woken = {
+            let notice = {
                 let mut s = lock(&self.shared.sleepers);
-                let woken = s.remove(id);
+                let notice = s.remove(id);
                 self.shared
                     .notified
                     .store(s.is_notified(), Ordering::Release);
-                woken
+                notice
             };
             // A notice meant for work it will not do goes to another thread.
-            if woken {
+            if notice {
                 self.shared.notify();
             }
         }
@@ -520,6 +554,155 @@ mod tests {
         release.store(true, Ordering::SeqCst);
         wait_for("both tasks", || done.load(Ordering::SeqCst) == 2);
         stop(tx, handles);
+    }
+
+    /// Two tasks queued at once, the first waiting (spinning) for the second: the second
+    /// gets the other thread, woken for it, not the first's once that is done.
+    #[test]
+    fn two_queued_tasks_run_at_once() {
+        let ex = Executor::new();
+        let (tx, handles) = start(&ex, 2);
+        for round in 0..100 {
+            let second_ran = Arc::new(AtomicBool::new(false));
+            let done = Arc::new(AtomicBool::new(false));
+            let (s, d) = (second_ran.clone(), done.clone());
+            let deadline = Instant::now() + Duration::from_secs(5);
+            ex.spawn(async move {
+                while !s.load(Ordering::SeqCst) && Instant::now() < deadline {
+                    std::hint::spin_loop();
+                }
+                d.store(true, Ordering::SeqCst);
+            })
+            .detach();
+            let s = second_ran.clone();
+            ex.spawn(async move { s.store(true, Ordering::SeqCst) })
+                .detach();
+            wait_for("the first task", || done.load(Ordering::SeqCst));
+            assert!(
+                second_ran.load(Ordering::SeqCst),
+                "round {round}: the second task waited for the first"
+            );
+        }
+        stop(tx, handles);
+    }
+
+    /// The same with two tasks woken by the reactor at once (timers of one instant): the
+    /// reactor's thread keeps one, and the other wakes the second thread.
+    #[test]
+    fn two_tasks_woken_by_the_reactor_run_at_once() {
+        let ex = Executor::new();
+        let (tx, handles) = start(&ex, 2);
+        for round in 0..50 {
+            let at = Instant::now() + Duration::from_millis(5);
+            let ran = Arc::new(AtomicUsize::new(0));
+            let overlapped = Arc::new(AtomicBool::new(false));
+            let done = Arc::new(AtomicUsize::new(0));
+            for _ in 0..2 {
+                let (ran, overlapped, done) = (ran.clone(), overlapped.clone(), done.clone());
+                ex.spawn(async move {
+                    async_io::Timer::at(at).await;
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    // Each waits (a while at most) to see the other running too.
+                    let deadline = Instant::now() + Duration::from_secs(2);
+                    while ran.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
+                        std::hint::spin_loop();
+                    }
+                    if ran.load(Ordering::SeqCst) == 2 && Instant::now() < deadline {
+                        overlapped.store(true, Ordering::SeqCst);
+                    }
+                    done.fetch_add(1, Ordering::SeqCst);
+                })
+                .detach();
+            }
+            wait_for("both timers' tasks", || done.load(Ordering::SeqCst) == 2);
+            assert!(
+                overlapped.load(Ordering::SeqCst),
+                "round {round}: one task ran only after the other"
+            );
+        }
+        stop(tx, handles);
+    }
+
+    /// A thread whose `run` is dropped before its stop (here by a timeout) is no worker
+    /// any more: a task it spawns or wakes later goes to the threads that are.
+    #[test]
+    fn a_dropped_run_leaves_no_task_behind() {
+        let ex = Executor::new();
+        let (tx, handles) = start(&ex, 1);
+        let ex2 = ex.clone();
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        std::thread::spawn(move || {
+            async_io::block_on(futures_lite::future::or(
+                ex2.run(std::future::pending::<()>()),
+                async {
+                    async_io::Timer::after(Duration::from_millis(20)).await;
+                },
+            ));
+            ex2.spawn(async move { r.store(true, Ordering::SeqCst) })
+                .detach();
+        })
+        .join()
+        .unwrap();
+        wait_for("the task spawned after the dropped run", || {
+            ran.load(Ordering::SeqCst)
+        });
+        stop(tx, handles);
+    }
+
+    /// A second of mixed load: tasks woken from outside threads, by timers and by each
+    /// other, spawning more; every message gets through.
+    #[test]
+    fn mixed_wake_ups_lose_nothing() {
+        for threads in [1, 2, 4] {
+            let ex = Executor::new();
+            let (tx, handles) = start(&ex, threads);
+            let (out_tx, out_rx) = async_channel::unbounded::<u32>();
+            let mut feeds = Vec::new();
+            for chain in 0..8u32 {
+                let (in_tx, in_rx) = async_channel::bounded::<u32>(1);
+                let (ex2, out_tx) = (ex.clone(), out_tx.clone());
+                ex.spawn(async move {
+                    while let Ok(n) = in_rx.recv().await {
+                        if n % 3 == 0 {
+                            async_io::Timer::after(Duration::from_micros(200)).await;
+                        }
+                        let out_tx = out_tx.clone();
+                        // Passed on through a task of its own.
+                        ex2.spawn(async move {
+                            let _ = out_tx.send(n).await;
+                        })
+                        .detach();
+                    }
+                })
+                .detach();
+                let feed = std::thread::spawn(move || {
+                    for i in 0..300 {
+                        in_tx.send_blocking(chain * 1000 + i).unwrap();
+                    }
+                });
+                feeds.push(feed);
+            }
+            for f in feeds {
+                f.join().unwrap();
+            }
+            let mut got = Vec::new();
+            while got.len() < 8 * 300 {
+                let n = async_io::block_on(futures_lite::future::or(
+                    async { out_rx.recv().await.ok() },
+                    async {
+                        async_io::Timer::after(Duration::from_secs(5)).await;
+                        None
+                    },
+                ))
+                .unwrap_or_else(|| panic!("{threads} threads: {} of 2400 got through", got.len()));
+                got.push(n);
+            }
+            got.sort_unstable();
+            got.dedup();
+            assert_eq!(got.len(), 2400, "{threads} threads");
+            stop(tx, handles);
+        }
     }
 
     #[test]
