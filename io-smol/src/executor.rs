@@ -12,9 +12,10 @@
 //! that answers it, go on without waking anyone. A second task woken there displaces the
 //! first to the shared queue, and a task woken elsewhere (a store thread, a reader thread)
 //! goes there too; only then is a sleeping thread woken, one at a time, and a thread that
-//! takes a task and leaves more behind wakes the next. A thread runs its slot at most
-//! [`SLOT_STREAK`] times in a row before it looks at the queue, so two tasks waking each
-//! other do not starve the rest.
+//! takes a task and leaves more behind wakes the next. After [`SLOT_STREAK`] tasks in a row
+//! from its slot a thread moves the slot's task behind the queue's, so two tasks waking
+//! each other do not starve the rest. A slot's task waits at most for the task its thread
+//! runs (the daemon's tasks run in bounded slices); another thread cannot take it.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
