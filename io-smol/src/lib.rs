@@ -80,7 +80,9 @@ impl ServerHandle {
         self.executor.spawn(task).detach();
     }
 
-    /// Stops the executor (open connections are dropped) and removes unix socket files.
+    /// Stops the executor's threads and removes unix socket files. Tasks still open (the
+    /// connections, the listeners) are not dropped: each holds the executor, so they end
+    /// with the process, which is what the daemon does next.
     pub fn shutdown(self) {
         self.stop.store(true, Ordering::SeqCst);
         self.stop_tx.close();
