@@ -1,4 +1,4 @@
-//! agentd-io-smol: the async driver. A small executor of its own ([`executor`], on
+//! agentd-io-smol: the async driver. A small executor of its own (`executor.rs`, on
 //! smol's task and reactor crates) runs an accept task per listener and a task per
 //! connection; `async-io` timers carry the core's deadlines, and a channel wakes a
 //! connection task when a task it watches changes.
@@ -8,7 +8,7 @@
 
 #![forbid(unsafe_code)]
 
-pub mod executor;
+mod executor;
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
