@@ -152,6 +152,11 @@ impl Shared {
                 Some(r) => r,
             },
         };
+        self.push(runnable);
+    }
+
+    /// Queues `runnable` for any thread and wakes one if none is on its way.
+    fn push(&self, runnable: Runnable) {
         lock(&self.queue).push_back(runnable);
         self.notify();
     }
@@ -215,8 +220,7 @@ impl Shared {
             .ok()
             .flatten();
         if let Some(r) = left {
-            lock(&self.queue).push_back(r);
-            self.notify();
+            self.push(r);
         }
     }
 }
@@ -425,6 +429,19 @@ mod tests {
         }
     }
 
+    /// Spins (holding its thread, as a busy task would) until `done` or `within` has
+    /// passed; says whether `done` came first.
+    fn spin_until(within: Duration, done: impl Fn() -> bool) -> bool {
+        let deadline = Instant::now() + within;
+        while !done() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+        true
+    }
+
     fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !done() {
@@ -546,9 +563,7 @@ mod tests {
                 })
                 .detach();
             }
-            while !r.load(Ordering::SeqCst) {
-                std::hint::spin_loop();
-            }
+            spin_until(Duration::from_secs(10), || r.load(Ordering::SeqCst));
         })
         .detach();
         wait_for("the displaced task", || done.load(Ordering::SeqCst) >= 1);
@@ -567,11 +582,8 @@ mod tests {
             let second_ran = Arc::new(AtomicBool::new(false));
             let done = Arc::new(AtomicBool::new(false));
             let (s, d) = (second_ran.clone(), done.clone());
-            let deadline = Instant::now() + Duration::from_secs(5);
             ex.spawn(async move {
-                while !s.load(Ordering::SeqCst) && Instant::now() < deadline {
-                    std::hint::spin_loop();
-                }
+                spin_until(Duration::from_secs(5), || s.load(Ordering::SeqCst));
                 d.store(true, Ordering::SeqCst);
             })
             .detach();
@@ -604,11 +616,7 @@ mod tests {
                     async_io::Timer::at(at).await;
                     ran.fetch_add(1, Ordering::SeqCst);
                     // Each waits (a while at most) to see the other running too.
-                    let deadline = Instant::now() + Duration::from_secs(2);
-                    while ran.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
-                        std::hint::spin_loop();
-                    }
-                    if ran.load(Ordering::SeqCst) == 2 && Instant::now() < deadline {
+                    if spin_until(Duration::from_secs(2), || ran.load(Ordering::SeqCst) == 2) {
                         overlapped.store(true, Ordering::SeqCst);
                     }
                     done.fetch_add(1, Ordering::SeqCst);

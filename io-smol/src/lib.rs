@@ -58,7 +58,7 @@ impl Default for DriverOptions {
 
 /// A running server.
 pub struct ServerHandle {
-    executor: Arc<Executor>,
+    executor: Executor,
     stop: Arc<AtomicBool>,
     stop_tx: async_channel::Sender<()>,
     threads: Vec<std::thread::JoinHandle<()>>,
@@ -116,7 +116,7 @@ pub fn serve(
         refused: LogThrottle::new(LogThrottle::INTERVAL),
         accept_failed: LogThrottle::new(LogThrottle::INTERVAL),
     });
-    let executor = Arc::new(Executor::new());
+    let executor = Executor::new();
     let stop = Arc::new(AtomicBool::new(false));
     let (stop_tx, stop_rx) = async_channel::bounded::<()>(1);
     let active = Arc::new(ConnGauge::new());
@@ -167,7 +167,7 @@ pub fn serve(
 #[derive(Clone)]
 struct Ctx {
     instance: Arc<Mutex<Instance>>,
-    executor: Arc<Executor>,
+    executor: Executor,
     active: Arc<ConnGauge>,
     shared: Arc<Shared>,
     options: DriverOptions,
