@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+mod deadline;
 mod executor;
 
 use std::io;
@@ -31,6 +32,7 @@ use executor::Executor;
 use futures_lite::{future, AsyncWrite, AsyncWriteExt};
 
 pub use agentd_io_common::os;
+pub use deadline::Deadline;
 
 /// How the driver runs.
 #[derive(Clone, Copy, Debug)]
@@ -192,14 +194,9 @@ impl Ctx {
         lockstat::lock(&self.instance)
     }
 
-    /// Sleeps until the monotonic millisecond `deadline`; without one, forever.
-    async fn sleep_until(&self, deadline: Option<u64>) {
-        match deadline.map(|d| self.clock.instant_at(d)) {
-            Some(at) => {
-                Timer::at(at).await;
-            }
-            None => future::pending::<()>().await,
-        }
+    /// Sleeps on `timer` until the monotonic millisecond `deadline`; without one, forever.
+    async fn sleep_until(&self, timer: &mut Deadline, deadline: Option<u64>) {
+        timer.sleep_until(deadline.map(|d| self.clock.instant_at(d))).await
     }
 
     /// Takes a connection slot, or answers 503 when none is free.
@@ -361,6 +358,8 @@ impl Ctx {
         let read_buffer = self.options.read_buffer;
         let write_timeout = Duration::from_millis(limits.write_timeout_ms.max(1));
         let mut lp = ConnLoop::new();
+        // One timer for all the connection's waits: its deadlines mostly move later.
+        let mut timer = Deadline::new();
         'conn: loop {
             match lp.next(&conn) {
                 Next::Close => break,
@@ -393,7 +392,7 @@ impl Ctx {
                     // the bytes to the core before the next await, so the buffer is never
                     // shared across a suspension.
                     let ready = future::or(async { Some(stream.ready_to_read().await) }, async {
-                        self.sleep_until(deadline).await;
+                        self.sleep_until(&mut timer, deadline).await;
                         None
                     })
                     .await;
@@ -438,7 +437,7 @@ impl Ctx {
                 }
                 Next::Wait { deadline } => {
                     let woken = future::or(async { wake_rx.recv().await.is_ok() }, async {
-                        self.sleep_until(deadline).await;
+                        self.sleep_until(&mut timer, deadline).await;
                         false
                     })
                     .await;
