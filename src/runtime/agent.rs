@@ -658,6 +658,13 @@ impl AgentStdout {
                         self.finish();
                         return false;
                     }
+                    if n < buf.len() {
+                        // A pipe's read takes all it holds: it is empty now, and a read to
+                        // hear so would be a system call per wake-up for nothing. What
+                        // comes next shows on the next wait (the poll, or the reactor's
+                        // re-armed watch, sees data already there).
+                        return true;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
