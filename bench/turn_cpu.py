@@ -23,6 +23,7 @@ library only. See bench/README.md.
     bench/turn_cpu.py --bin /tmp/agentd-before --bin target/release/agentd
     bench/turn_cpu.py --threads                          # CPU per turn by daemon thread
     bench/turn_cpu.py --smol-threads 0,1                 # default executor threads, then one
+    bench/turn_cpu.py --conns 1 --floor                  # beside the floor server
 """
 
 import argparse
@@ -32,6 +33,7 @@ import os
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +44,7 @@ from scale_restart import Daemon, spread
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADERS = {"Content-Type": "application/json", "A2A-Version": "1.0"}
 KINDS = ("send", "stream")
+ECHO = os.path.join(ROOT, "examples", "agents", "echo_agent.py")
 
 
 def thread_cpu_ms(pid):
@@ -121,6 +124,34 @@ def load(d, kind, n, conns, want, tag):
     return spread(d, n, conns, lambda c, t, i: turn(c, kind, f"{tag}-{t}-{i}", want))
 
 
+class FloorServer(Daemon):
+    """bench/turn_floor.rs: the turn's system calls and nothing else (see its header)."""
+
+    def __init__(self, binary, agent, log):
+        self.spawned = time.monotonic()
+        cmd = [binary] + (["--agent", "python3", ECHO] if agent else [])
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("listening "):
+            self.stop()
+            raise RuntimeError(f"turn_floor did not start (first line {line!r})")
+        self.host, port = line.split("://", 1)[1].strip().rstrip("/").rsplit(":", 1)
+        self.port = int(port)
+
+    def stop(self):
+        # The floor has no shutdown of its own; its agent ends on its closed stdin.
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def build_floor(tmp):
+    out = os.path.join(tmp, "turn_floor")
+    src = os.path.join(ROOT, "bench", "turn_floor.rs")
+    subprocess.run(["rustc", "-O", "--edition", "2021", src, "-o", out], check=True)
+    return out
+
+
 def config(tmp, name, agent, store="memory", smol_threads=None):
     path = os.path.join(tmp, f"{name}.toml")
     with open(path, "w") as f:
@@ -132,8 +163,7 @@ def config(tmp, name, agent, store="memory", smol_threads=None):
         else:
             f.write(f'[store]\nkind = "file"\ndir = {json.dumps(os.path.join(tmp, name + "-store"))}\n')
         if agent:
-            echo = os.path.join(ROOT, "examples", "agents", "echo_agent.py")
-            f.write(f"[agent]\nname = \"bench\"\ncommand = [\"python3\", {json.dumps(echo)}]\n")
+            f.write(f"[agent]\nname = \"bench\"\ncommand = [\"python3\", {json.dumps(ECHO)}]\n")
     return path
 
 
@@ -151,6 +181,8 @@ def main():
     ap.add_argument("--smol-threads", default="",
                     help="comma-separated limits.smol_threads values (0: unset): each build runs "
                          "once per value, as builds of their own")
+    ap.add_argument("--floor", action="store_true",
+                    help="add bench/turn_floor.rs (rustc -O) as the last build: the floor")
     a = ap.parse_args()
     bins = a.bin or [os.path.join(ROOT, "target", "release", "agentd")]
     smol = [int(v) for v in a.smol_threads.split(",") if v] or [0]
@@ -169,10 +201,16 @@ def main():
     daemons = {}  # (bin index, mode) -> Daemon
     logs = []
     try:
+        floor = build_floor(tmp) if a.floor else None
+        if floor:
+            bins.append("floor: bench/turn_floor.rs, one connection at a time")
         for i, b in enumerate(bins):
             for mode in ("none", "agent"):
                 log = open(os.path.join(tmp, f"daemon-{i}-{mode}.log"), "w")
                 logs.append(log)
+                if floor and i == len(bins) - 1:
+                    daemons[(i, mode)] = FloorServer(floor, mode == "agent", log)
+                    continue
                 binary, smol_threads = builds[i]
                 cfg = config(tmp, f"{i}-{mode}", mode == "agent", a.store, smol_threads)
                 daemons[(i, mode)] = Daemon(binary, a.driver, cfg, log)
@@ -198,10 +236,12 @@ def main():
                 order.shuffle(keys)
                 for i, mode in keys:
                     d = daemons[(i, mode)]
-                    before, kids = daemon_cpu_ms(d.pid, a.driver), children_cpu_ms(d.pid)
+                    # The floor is one thread that lives as long as it does: schedstat.
+                    drv = "smol" if isinstance(d, FloorServer) else a.driver
+                    before, kids = daemon_cpu_ms(d.pid, drv), children_cpu_ms(d.pid)
                     threads = thread_cpu_ms(d.pid) if a.threads else {}
                     wall = load(d, k, a.turns, a.conns, want[mode], f"r{r}{i}{mode}{k}")
-                    ms = (daemon_cpu_ms(d.pid, a.driver) - before) / a.turns
+                    ms = (daemon_cpu_ms(d.pid, drv) - before) / a.turns
                     kid = (children_cpu_ms(d.pid) - kids) / a.turns
                     results.setdefault((i, mode, k), []).append(ms)
                     if a.threads:

@@ -1,6 +1,7 @@
 //! agentd-io-smol: the async driver. A small executor of its own (`executor.rs`, on
 //! smol's task and reactor crates) runs an accept task per listener and a task per
-//! connection; `async-io` timers carry the core's deadlines, and a channel wakes a
+//! connection; an `async-io` timer per connection ([`Deadline`]) carries the core's
+//! deadlines, and a channel wakes a
 //! connection task when a task it watches changes.
 //!
 //! The operating-system helpers (clock, entropy, listener binding, the peer-uid check) are

@@ -1,0 +1,206 @@
+//! The floor under bench/turn_cpu.py's ratio: a server that does nothing but the system
+//! calls a turn needs (std only; turn_cpu.py `--floor` compiles it with `rustc -O`).
+//!
+//! One thread, blocking I/O, one keep-alive connection at a time, no parsing beyond the
+//! request's length, no state. Without an agent every request is answered at once with a
+//! fixed REJECTED task. With one (`--agent CMD...`, the same echo agent) each request writes
+//! one `turn` line to the agent's stdin and reads its lines until the `reply` before it
+//! answers. `SendStreamingMessage` is answered as the daemon answers it: the headers and a
+//! first event at once, an event per batch of the agent's lines as they come, the last with
+//! the chunked terminator. Whatever a daemon adds to a turn, it cannot do with less kernel
+//! work than this: the difference between this server's two modes is what talking to a
+//! second process costs on the machine, before any daemon's own work.
+//!
+//! Prints `listening http://127.0.0.1:PORT/` when ready; runs until killed.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+const TASK: &str = r#"{"id":"00000000-0000-4000-8000-000000000000","contextId":"00000000-0000-4000-8000-000000000001","status":{"state":"TASK_STATE_REJECTED","timestamp":"2026-01-01T00:00:00.000Z"},"history":[{"role":"ROLE_USER","messageId":"m","parts":[{"text":"hello"}]}]}"#;
+
+struct Agent {
+    _child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    turns: u64,
+}
+
+impl Agent {
+    fn spawn(cmd: &[String]) -> Agent {
+        let mut child = Command::new(&cmd[0])
+            .args(&cmd[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn the agent");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::with_capacity(1 << 16, child.stdout.take().unwrap());
+        Agent {
+            _child: child,
+            stdin,
+            stdout,
+            turns: 0,
+        }
+    }
+
+    /// Sends one turn; `on_lines` gets each batch of whole lines as it is read, and the
+    /// call returns after the batch that holds the `reply`.
+    fn turn(&mut self, mut on_lines: impl FnMut(&[u8], bool)) {
+        self.turns += 1;
+        let line = format!(
+            "{{\"type\":\"turn\",\"task\":\"t-{}\",\"context\":\"c\",\"text\":\"hello\",\"parts\":[{{\"text\":\"hello\"}}]}}\n",
+            self.turns
+        );
+        self.stdin
+            .write_all(line.as_bytes())
+            .expect("write to the agent");
+        loop {
+            let buf = self.stdout.fill_buf().expect("read the agent");
+            assert!(!buf.is_empty(), "the agent closed its stdout");
+            let whole = match buf.iter().rposition(|&b| b == b'\n') {
+                Some(i) => i + 1,
+                None => {
+                    // Less than a line: read on (rare: the agent writes whole lines).
+                    let mut line = Vec::new();
+                    self.stdout
+                        .read_until(b'\n', &mut line)
+                        .expect("read the agent");
+                    let done = contains(&line, b"\"reply\"");
+                    on_lines(&line, done);
+                    if done {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let done = contains(&buf[..whole], b"\"reply\"");
+            on_lines(&buf[..whole], done);
+            self.stdout.consume(whole);
+            if done {
+                return;
+            }
+        }
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// One request's head and body from `buf` (refilled from `s`); false at EOF.
+fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<bool> {
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = std::str::from_utf8(&buf[..end]).ok()?;
+            let len = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse::<usize>().ok())?
+                })
+                .unwrap_or(0);
+            let streaming = contains(&buf[end..], b"SendStreamingMessage");
+            if buf.len() >= end + 4 + len {
+                let streaming =
+                    streaming || contains(&buf[end..end + 4 + len], b"SendStreamingMessage");
+                buf.drain(..end + 4 + len);
+                return Some(streaming);
+            }
+        }
+        let mut chunk = [0u8; 16384];
+        let n = s.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+fn chunk(out: &mut Vec<u8>, event: &str) {
+    let frame = format!("data: {{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{event}}}\n\n");
+    out.extend_from_slice(format!("{:x}\r\n{frame}\r\n", frame.len()).as_bytes());
+}
+
+fn serve(mut s: TcpStream, agent: &mut Option<Agent>) {
+    let _ = s.set_nodelay(true);
+    let mut buf = Vec::new();
+    let task = TASK.to_string();
+    let done_task = task.replace("TASK_STATE_REJECTED", "TASK_STATE_COMPLETED");
+    while let Some(streaming) = read_request(&mut s, &mut buf) {
+        let mut out = Vec::new();
+        if streaming {
+            out.extend_from_slice(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+            );
+            chunk(
+                &mut out,
+                &format!("{{\"task\":{}}}", task.replace("REJECTED", "SUBMITTED")),
+            );
+            if s.write_all(&out).is_err() {
+                return;
+            }
+            let mut failed = false;
+            match agent {
+                None => {
+                    out.clear();
+                    chunk(&mut out, &format!("{{\"statusUpdate\":{task}}}"));
+                    out.extend_from_slice(b"0\r\n\r\n");
+                    failed = s.write_all(&out).is_err();
+                }
+                Some(a) => a.turn(|lines, done| {
+                    out.clear();
+                    for line in lines.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+                        let line = String::from_utf8_lossy(line);
+                        chunk(&mut out, &format!("{{\"statusUpdate\":{line}}}"));
+                    }
+                    if done {
+                        chunk(&mut out, &format!("{{\"statusUpdate\":{done_task}}}"));
+                        out.extend_from_slice(b"0\r\n\r\n");
+                    }
+                    failed |= s.write_all(&out).is_err();
+                }),
+            }
+            if failed {
+                return;
+            }
+        } else {
+            let body = match agent {
+                None => format!("{{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{{\"task\":{task}}}}}"),
+                Some(a) => {
+                    a.turn(|_, _| {});
+                    format!("{{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{{\"task\":{done_task}}}}}")
+                }
+            };
+            out.extend_from_slice(
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            );
+            if s.write_all(&out).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut agent = match args.first().map(String::as_str) {
+        Some("--agent") if args.len() > 1 => Some(Agent::spawn(&args[1..])),
+        None => None,
+        _ => {
+            eprintln!("usage: turn_floor [--agent CMD [ARGS...]]");
+            std::process::exit(2);
+        }
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    println!("listening http://{}/", listener.local_addr().unwrap());
+    std::io::stdout().flush().unwrap();
+    for s in listener.incoming().flatten() {
+        serve(s, &mut agent);
+    }
+}
