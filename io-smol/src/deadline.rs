@@ -32,7 +32,11 @@ impl Default for Deadline {
 impl Deadline {
     /// A deadline with no timer set.
     pub fn new() -> Self {
-        Deadline { timer: Timer::never(), set: None, sets: 0 }
+        Deadline {
+            timer: Timer::never(),
+            set: None,
+            sets: 0,
+        }
     }
 
     /// Sleeps until `at`; with `None`, forever. Cancel-safe: dropped before it ends, the
@@ -115,7 +119,10 @@ mod tests {
         }
         assert_eq!(d.sets(), 1, "a later deadline must not set the timer again");
         future::block_on(d.sleep_until(Some(start + 90 * MS)));
-        assert!(start.elapsed() >= 90 * MS, "it ended at the timer's earlier deadline");
+        assert!(
+            start.elapsed() >= 90 * MS,
+            "it ended at the timer's earlier deadline"
+        );
         assert_eq!(d.sets(), 2, "set once more, after the early firing");
     }
 
@@ -132,7 +139,10 @@ mod tests {
         ));
         future::block_on(d.sleep_until(Some(start + 20 * MS)));
         assert!(start.elapsed() >= 20 * MS);
-        assert!(start.elapsed() < Duration::from_secs(60), "it waited for the old deadline");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "it waited for the old deadline"
+        );
         assert_eq!(d.sets(), 2);
     }
 }

@@ -197,7 +197,9 @@ impl Ctx {
 
     /// Sleeps on `timer` until the monotonic millisecond `deadline`; without one, forever.
     async fn sleep_until(&self, timer: &mut Deadline, deadline: Option<u64>) {
-        timer.sleep_until(deadline.map(|d| self.clock.instant_at(d))).await
+        timer
+            .sleep_until(deadline.map(|d| self.clock.instant_at(d)))
+            .await
     }
 
     /// Takes a connection slot, or answers 503 when none is free.
