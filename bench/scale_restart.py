@@ -7,21 +7,24 @@ task, written ahead to the store), measures RSS, stops it (SIGTERM), starts it a
 same store and measures the time from spawn to the first ListTasks answer and the RSS after
 it. Then, on the restarted daemon, the head of line: GetTask of a known task, p50 and p99,
 alone, beside 4 connections calling ListTasks (pageSize 50) and beside 4 calling the
-`status` command, all without pause (each load connection reads its answers by length
-without parsing them, as wrk does), and beside the same loads sent to a twin (a second
-daemon started on a copy of the store: the machine is as busy, but the measured daemon holds
-nothing for them, so that figure is the machine's share); medians of 3 interleaved rounds.
+`status` command, all without pause (one wrk with 4 connections, or with --load python 4
+processes that read their answers by length without parsing them, as wrk does), and beside
+the same loads sent to a twin (a second daemon started on a copy of the store: the machine
+is as busy, but the measured daemon holds nothing for them, so that figure is the
+machine's share); medians of 3 interleaved rounds.
 Last, the cost of one call: ListTasks (pageSize 50) and `status`, p50/p99 and the server's
 CPU per call. With --peer python-sdk the same N tasks go
 to the official A2A Python SDK's server (bench/python-sdk, in-memory task store, so no
 restart) and its figures print beside agentd's in the same run. Prints three tables.
-python3 standard library only (the peer runs in the venv bench/python-sdk/setup.sh makes).
+python3 standard library only, and wrk for the default load (the peer runs in the venv
+bench/python-sdk/setup.sh makes).
 See bench/README.md.
 
     bench/scale_restart.py                         # 1k, 10k, 100k on smol
     bench/scale_restart.py --counts 1000 --driver std
     bench/scale_restart.py --bin /tmp/agentd-old   # another build
     bench/scale_restart.py --peer python-sdk       # and the Python SDK server beside it
+    bench/scale_restart.py --load python           # the head-of-line load without wrk
 """
 
 import argparse
@@ -282,6 +285,72 @@ def load_loop(host, port, name):
             buf = buf[length:]
 
 
+# The head-of-line load's client: "wrk" (one niced wrk, 4 connections, bench/lua) or
+# "python" (4 niced processes of load_loop); main() sets it from --load.
+LOAD_CLIENT = "python"
+
+
+class Load:
+    """4 connections calling `name` (ListTasks or status) on `target` without pause, niced
+    so the figure is the daemon's head of line, not the load's CPU. With wrk (the default
+    where it is installed) the load costs a fraction of the CPU the Python callers do, which
+    on 2 cores take a share from the daemon and the measuring client alike."""
+
+    def __init__(self, target, name):
+        self.name = name
+        self.procs, self.wrk = [], None
+        if LOAD_CLIENT == "wrk":
+            script = os.path.join(ROOT, "bench", "lua", "list-tasks.lua" if name == "ListTasks" else "status.lua")
+            self.wrk = subprocess.Popen(
+                ["nice", "-n", "10", "wrk", "-t1", "-c4", "-d3600s", "-s", script,
+                 f"http://{target.host}:{target.port}/", "--", "hol"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            return
+        # Separate processes: a thread would share the measuring thread's GIL.
+        self.procs = [
+            multiprocessing.Process(target=load_loop, args=(target.host, target.port, name))
+            for _ in range(4)
+        ]
+        for pr in self.procs:
+            pr.start()
+
+    def check(self):
+        """Raises if the load ended before it was stopped."""
+        alive = self.wrk.poll() is None if self.wrk else all(pr.is_alive() for pr in self.procs)
+        if not alive:
+            raise RuntimeError(f"the {self.name} load ended early (its error is above)")
+
+    def stop(self):
+        if self.wrk:
+            if self.wrk.poll() is None:
+                self.wrk.send_signal(signal.SIGINT)  # wrk stops and prints its summary
+            try:
+                self.output = self.wrk.communicate(timeout=30)[0]
+            except subprocess.TimeoutExpired:
+                self.wrk.kill()
+                self.output = self.wrk.communicate()[0]
+            return
+        for pr in self.procs:
+            pr.terminate()
+        for pr in self.procs:
+            pr.join()
+
+    def check_result(self):
+        """With wrk: every answer was a 2xx with the expected body (bench/lua/common.lua)."""
+        if not self.wrk:
+            return
+        line = next((l for l in self.output.splitlines() if l.startswith("BENCH_RESULT ")), "")
+        f = dict(kv.split("=", 1) for kv in line.split()[1:])
+        bad = [k for k in ("connect", "read", "write", "timeout", "status", "non2xx", "unexpected")
+               if f.get(k, "1") != "0"]
+        if not line or int(f.get("requests", "0")) == 0 or bad:
+            raise RuntimeError(f"the {self.name} load (wrk) failed: {bad or 'no answers'}: "
+                               f"{self.output[-500:]!r}")
+
+
 def call_cost(d, name, calls):
     """`calls` ListTasks (pageSize 50) or `status` calls on one connection: p50 and p99 in
     ms, and the server's CPU (utime + stime) per call in ms."""
@@ -323,24 +392,14 @@ def head_of_line(d, calls=2000, loads=("ListTasks", "status"), twin=None, rounds
             if target is None:
                 runs[key].append(get_task_latencies(d, task_id, calls))
                 continue
-            # Separate processes (a thread would share the measuring thread's GIL), niced, so
-            # the figure is the daemon's head of line, not the load's CPU.
-            procs = [
-                multiprocessing.Process(target=load_loop, args=(target.host, target.port, name))
-                for _ in range(4)
-            ]
-            for pr in procs:
-                pr.start()
+            load = Load(target, name)
             time.sleep(0.3)
             try:
                 runs[key].append(get_task_latencies(d, task_id, calls))
-                if not all(pr.is_alive() for pr in procs):
-                    raise RuntimeError(f"a {name} load process ended early (its error is above)")
+                load.check()
             finally:
-                for pr in procs:
-                    pr.terminate()
-                for pr in procs:
-                    pr.join()
+                load.stop()
+            load.check_result()
     return {
         key: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs))
         for key, rs in runs.items()
@@ -449,7 +508,15 @@ def main():
         default=10000,
         help="largest count for the peer (the SDK fills ~200 tasks/s at 10k, slower beyond)",
     )
+    p.add_argument(
+        "--load",
+        choices=["wrk", "python"],
+        default="wrk" if shutil.which("wrk") else "python",
+        help="the head-of-line load's client (default wrk where it is installed)",
+    )
     a = p.parse_args()
+    global LOAD_CLIENT
+    LOAD_CLIENT = a.load
     if not os.access(a.bin, os.X_OK):
         sys.exit(f"{a.bin}: not built (cargo build --release)")
     counts = [int(n) for n in a.counts.split(",")]
@@ -459,7 +526,7 @@ def main():
         rows.append(run(a.bin, a.driver, n, a.threads, a.keep))
         if venv and n <= a.peer_max:
             peers.append(run_peer(venv, n, a.threads))
-    print(f"agentd scale/restart, driver {a.driver}, {a.bin}")
+    print(f"agentd scale/restart, driver {a.driver}, {a.bin}, head-of-line load: {a.load}")
     cols = (
         f"{'tasks':>7} {'fill s':>7} {'tasks/s':>8} {'idle MiB':>8} {'RSS MiB':>8} "
         f"{'B/task':>7} {'disk MiB':>8} {'B/task':>6} {'restart s':>9} "
