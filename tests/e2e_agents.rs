@@ -363,6 +363,18 @@ fn subagents_are_sent_to_asked_about_and_killed() {
     );
     let t = d.wait_task_state(&hung, "TASK_STATE_FAILED");
     assert!(status_text(&t).contains("runaway"), "{t}");
+    // Its process is reaped, later, by the daemon's reaper thread: no zombie is left.
+    let killed = *agent_pids_of(&d, "hang")
+        .first()
+        .unwrap_or_else(|| panic!("no pid for the hang subagent in:\n{}", d.stderr()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{killed}")).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the killed subagent {killed} was not reaped"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // A killed subagent is gone: no process, no thread, no entry.
     let s = command(
         &d,
@@ -552,9 +564,15 @@ fn agent_pid(d: &Daemon) -> u32 {
 
 /// The pid of every agent process the daemon's log says it started, in order.
 fn agent_pids(d: &Daemon) -> Vec<u32> {
+    agent_pids_of(d, "")
+}
+
+/// [`agent_pids`] of the agents whose log field `agent=` begins with `name`.
+fn agent_pids_of(d: &Daemon, name: &str) -> Vec<u32> {
+    let field = format!("agent={name}");
     d.stderr()
         .lines()
-        .filter(|l| l.contains("agent process started"))
+        .filter(|l| l.contains("agent process started") && l.contains(&field))
         .filter_map(|l| l.split("pid=").nth(1))
         .filter_map(|p| p.split_whitespace().next()?.parse().ok())
         .collect()

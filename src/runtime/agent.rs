@@ -36,7 +36,7 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -567,6 +567,58 @@ impl Drop for AgentProcess {
         }
         if let Some(m) = self.monitor.take() {
             let _ = m.join();
+        }
+    }
+}
+
+/// Reaps a killed child on the reaper thread, one for the whole daemon, started by the
+/// first kill. A process with much memory takes a while to die, and a kill may come from
+/// an executor thread (a `kill` command, a bad line read there, a dropped subagent), which
+/// must not wait for that. Without the thread (it could not start), the child is waited for
+/// here, as before it.
+fn reap_later(child: Child) {
+    static REAPER: OnceLock<Option<Sender<Child>>> = OnceLock::new();
+    let reaper = REAPER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Child>();
+        match thread::Builder::new()
+            .name("agent-reaper".into())
+            .spawn(move || reap_until_closed(&rx))
+        {
+            Ok(_) => Some(tx),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the agent reaper thread; killed agents are reaped in place");
+                None
+            }
+        }
+    });
+    let unsent = match reaper {
+        Some(tx) => tx.send(child).err().map(|e| e.0),
+        None => Some(child),
+    };
+    if let Some(mut child) = unsent {
+        let _ = child.wait();
+    }
+}
+
+/// The reaper thread: waits for a child, then looks every [`EXIT_POLL`] until each it holds
+/// has died. SIGKILLed, each does.
+fn reap_until_closed(rx: &mpsc::Receiver<Child>) {
+    let mut dying: Vec<Child> = Vec::new();
+    loop {
+        if dying.is_empty() {
+            match rx.recv() {
+                Ok(child) => dying.push(child),
+                Err(_) => return,
+            }
+        }
+        dying.extend(rx.try_iter());
+        dying.retain_mut(|child| match child.try_wait() {
+            Ok(None) => true,
+            // Reaped, or not ours to wait for (an error says so): forgotten either way.
+            Ok(Some(_)) | Err(_) => false,
+        });
+        if !dying.is_empty() {
+            thread::sleep(EXIT_POLL);
         }
     }
 }
@@ -1138,18 +1190,17 @@ impl Shared {
         self.finish_exit(inner, description, reason, state, crash);
     }
 
-    /// Kills the current process group, reaps the child and settles its exit now. `reason`
-    /// reads `killed by <who>: <why>`; whatever the process still wrote is ignored.
+    /// Kills the current process group and settles its exit now; the reaper thread reaps
+    /// the child ([`reap_later`]). `reason` reads `killed by <who>: <why>`; whatever the
+    /// process still wrote is ignored.
     fn kill_current(&self, inner: &mut Inner, reason: String, state: AgentState, crash: bool) {
         let Some(p) = inner.proc.as_mut() else {
             return;
         };
-        // Once reaped (`exited`), its pid may belong to someone else: no signal then.
+        // Once reaped (`exited`), its pid may belong to someone else: no signal then. Until
+        // then it cannot, so the group id is still this process's.
         if p.exited.is_none() {
             kill_group(p.pid);
-            if let Err(e) = p.child.wait() {
-                tracing::warn!(agent = %self.spec.name, error = %e, "cannot reap the agent");
-            }
         }
         let task_reason = format!("agent process {} was {reason}", self.spec.name);
         self.finish_exit(inner, reason, task_reason, state, crash);
@@ -1167,6 +1218,10 @@ impl Shared {
         let Some(p) = inner.proc.take() else {
             return;
         };
+        if p.exited.is_none() {
+            // Killed, not reaped yet.
+            reap_later(p.child);
+        }
         let mut failed = Vec::new();
         inner.tasks.retain(|t| {
             let lost = t.sent_to == Some(p.generation);
@@ -1960,6 +2015,42 @@ mod tests {
         fn shared<T: Send + Sync>() {}
         shared::<AgentProcess>();
         shared::<Agents>();
+    }
+
+    /// Whether `pid` is running: not reaped, and not a zombie waiting to be.
+    fn running(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    }
+
+    /// A kill does not wait for the process to die: the reaper thread reaps it later, and
+    /// does (no zombie is left behind).
+    #[test]
+    fn a_killed_child_is_reaped_later_on_the_reaper_thread() {
+        let child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        reap_later(child);
+        // Waited for in place, it would have been reaped after its 30 s.
+        assert!(running(pid), "reap_later waited for the child");
+        // `sleep` shares the test's process group: it alone is signalled.
+        let target = rustix::process::Pid::from_raw(pid as i32).unwrap();
+        rustix::process::kill_process(target, rustix::process::Signal::KILL).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            assert!(
+                Instant::now() < deadline,
+                "the killed child {pid} was not reaped"
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
     }
 
     #[test]
