@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use agentd_core::Instance;
-use agentd_io_common::{BoundListener, Clock, OsEntropy};
+use agentd_io_common::{BoundListener, BufferedEntropy, Clock};
 
 use agentd::{config, durable, runtime};
 
@@ -234,7 +234,11 @@ fn run(args: Args, loaded: Result<config::Config, String>) -> Result<(), Failure
         let infos = endpoints.iter().map(unbound_info).collect();
         let mut instance_config = config.instance_config(infos).map_err(Failure::Config)?;
         instance_config.tls = config.tls_listeners(&endpoints).map_err(Failure::Config)?;
-        let mut instance = Instance::new(instance_config, Box::new(OsEntropy), Clock::new().now());
+        let mut instance = Instance::new(
+            instance_config,
+            Box::new(BufferedEntropy::new()),
+            Clock::new().now(),
+        );
         for decl in declared {
             let op = decl.op.clone();
             instance
@@ -283,7 +287,11 @@ fn run(args: Args, loaded: Result<config::Config, String>) -> Result<(), Failure
         .map_err(Failure::Config)?;
     instance_config.tls = config.tls_listeners(&endpoints).map_err(Failure::Config)?;
     let clock = Clock::new();
-    let mut instance = Instance::new(instance_config, Box::new(OsEntropy), clock.now());
+    let mut instance = Instance::new(
+        instance_config,
+        Box::new(BufferedEntropy::new()),
+        clock.now(),
+    );
     for decl in declared {
         let op = decl.op.clone();
         instance

@@ -24,4 +24,4 @@ pub use log::{
     log_accept_failed, log_refused, log_request, log_requests, request_log_keep, REFUSAL_LOG_EVERY,
     REQUEST_LOG_TARGET,
 };
-pub use os::{BoundListener, Clock, Endpoint, OsEntropy};
+pub use os::{BoundListener, BufferedEntropy, Clock, Endpoint, OsEntropy};
