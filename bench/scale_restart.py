@@ -343,10 +343,12 @@ class Load:
         if not self.wrk:
             return
         line = next((l for l in self.output.splitlines() if l.startswith("BENCH_RESULT ")), "")
+        if not line:
+            raise RuntimeError(f"the {self.name} load (wrk) printed no result: {self.output[-500:]!r}")
         f = dict(kv.split("=", 1) for kv in line.split()[1:])
         bad = [k for k in ("connect", "read", "write", "timeout", "status", "non2xx", "unexpected")
                if f.get(k, "1") != "0"]
-        if not line or int(f.get("requests", "0")) == 0 or bad:
+        if int(f.get("requests", "0")) == 0 or bad:
             raise RuntimeError(f"the {self.name} load (wrk) failed: {bad or 'no answers'}: "
                                f"{self.output[-500:]!r}")
 

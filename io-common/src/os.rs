@@ -75,8 +75,8 @@ impl Entropy for OsEntropy {
 /// [`OsEntropy`] drawn a block at a time: one `getrandom` per [`ENTROPY_BLOCK`] bytes (32
 /// identifiers) rather than one per identifier. The instance mints two identifiers for a
 /// new task under its lock, where the two system calls were a tenth of the hold. Each byte
-/// is handed out once and wiped from the block as it is.
-#[derive(Debug)]
+/// is handed out once and wiped from the block as it is; what is left is wiped on drop,
+/// and `Debug` shows none of it (the bytes become session ids and codes).
 pub struct BufferedEntropy {
     block: [u8; ENTROPY_BLOCK],
     /// Bytes of `block` already handed out (all of it: none left).
@@ -93,6 +93,22 @@ impl BufferedEntropy {
             block: [0; ENTROPY_BLOCK],
             used: ENTROPY_BLOCK,
         }
+    }
+}
+
+impl fmt::Debug for BufferedEntropy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BufferedEntropy")
+            .field("left", &(ENTROPY_BLOCK - self.used))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for BufferedEntropy {
+    fn drop(&mut self) {
+        self.block.fill(0);
+        // A store to memory about to be freed may be optimized away; this keeps it.
+        std::hint::black_box(&mut self.block);
     }
 }
 
@@ -675,6 +691,12 @@ mod tests {
         assert!(big.iter().any(|&b| b != 0));
         let mut none = [0u8; 0];
         e.fill(&mut none);
+        // What is left of the block is not shown.
+        let shown = format!("{e:?}");
+        assert!(
+            !shown.contains("block") && shown.contains("left"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! A timer for a loop that waits again and again, each time with a deadline that mostly
-//! moves later: a connection's read or idle deadline, the runtime's next timeout.
+//! moves later: a connection's read, idle or answer deadline.
 //!
 //! Setting an `async_io::Timer` wakes the reactor (an eventfd write, then a pass of the
 //! reactor that finds only that), so a new timer for every wait cost every request those
