@@ -19,14 +19,9 @@ pub struct Deadline {
     timer: Timer,
     /// When the timer is set to fire; `None` when it is not set (new, or fired).
     set: Option<Instant>,
-    /// How many times the timer was set (read by the tests).
+    /// How many times the timer was set, for the tests.
+    #[cfg(test)]
     sets: u64,
-}
-
-impl Default for Deadline {
-    fn default() -> Self {
-        Self::new()
-    }
 }
 
 impl Deadline {
@@ -35,6 +30,7 @@ impl Deadline {
         Deadline {
             timer: Timer::never(),
             set: None,
+            #[cfg(test)]
             sets: 0,
         }
     }
@@ -50,7 +46,10 @@ impl Deadline {
             if self.set.is_none_or(|set| set > at) {
                 self.timer.set_at(at);
                 self.set = Some(at);
-                self.sets += 1;
+                #[cfg(test)]
+                {
+                    self.sets += 1;
+                }
             }
             (&mut self.timer).await;
             // It fired at `set`, which is `at` or before it.
@@ -59,12 +58,6 @@ impl Deadline {
                 return;
             }
         }
-    }
-
-    /// How many times the reactor's timer was set.
-    #[cfg(test)]
-    fn sets(&self) -> u64 {
-        self.sets
     }
 }
 
@@ -81,7 +74,7 @@ mod tests {
         let start = Instant::now();
         future::block_on(d.sleep_until(Some(start + 30 * MS)));
         assert!(start.elapsed() >= 30 * MS);
-        assert_eq!(d.sets(), 1);
+        assert_eq!(d.sets, 1);
     }
 
     #[test]
@@ -98,7 +91,7 @@ mod tests {
             },
         ));
         assert!(!ended);
-        assert_eq!(d.sets(), 0);
+        assert_eq!(d.sets, 0);
     }
 
     /// The case it is for: waits cut short by work, each asking for a later deadline, set
@@ -117,13 +110,13 @@ mod tests {
             ));
             assert!(woken);
         }
-        assert_eq!(d.sets(), 1, "a later deadline must not set the timer again");
+        assert_eq!(d.sets, 1, "a later deadline must not set the timer again");
         future::block_on(d.sleep_until(Some(start + 90 * MS)));
         assert!(
             start.elapsed() >= 90 * MS,
             "it ended at the timer's earlier deadline"
         );
-        assert_eq!(d.sets(), 2, "set once more, after the early firing");
+        assert_eq!(d.sets, 2, "set once more, after the early firing");
     }
 
     #[test]
@@ -143,6 +136,6 @@ mod tests {
             start.elapsed() < Duration::from_secs(60),
             "it waited for the old deadline"
         );
-        assert_eq!(d.sets(), 2);
+        assert_eq!(d.sets, 2);
     }
 }

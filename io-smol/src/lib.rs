@@ -1,8 +1,7 @@
 //! agentd-io-smol: the async driver. A small executor of its own (`executor.rs`, on
 //! smol's task and reactor crates) runs an accept task per listener and a task per
-//! connection; an `async-io` timer per connection ([`Deadline`]) carries the core's
-//! deadlines, and a channel wakes a
-//! connection task when a task it watches changes.
+//! connection; an `async-io` timer per connection (`deadline.rs`) carries the core's
+//! deadlines, and a channel wakes a connection task when a task it watches changes.
 //!
 //! The operating-system helpers (clock, entropy, listener binding, the peer-uid check) are
 //! shared with the blocking driver, [`agentd_io_common::os`].
@@ -29,11 +28,11 @@ use agentd_io_common::{
     log_accept_failed, log_refused, log_requests, request_log_keep, ConnGauge, ConnLoop, Next,
 };
 use async_io::{Async, Timer};
+use deadline::Deadline;
 use executor::Executor;
 use futures_lite::{future, AsyncWrite, AsyncWriteExt};
 
 pub use agentd_io_common::os;
-pub use deadline::Deadline;
 
 /// How the driver runs.
 #[derive(Clone, Copy, Debug)]

@@ -602,7 +602,7 @@ fn reap_later(child: Child) {
 
 /// The reaper thread: waits for a child, then looks every [`EXIT_POLL`] until each it holds
 /// has died. SIGKILLed, each does.
-fn reap_until_closed(rx: &mpsc::Receiver<Child>) {
+fn reap_until_closed(rx: &Receiver<Child>) {
     let mut dying: Vec<Child> = Vec::new();
     loop {
         if dying.is_empty() {
