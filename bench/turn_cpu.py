@@ -23,7 +23,7 @@ library only. See bench/README.md.
     bench/turn_cpu.py --bin /tmp/agentd-before --bin target/release/agentd
     bench/turn_cpu.py --threads                          # CPU per turn by daemon thread
     bench/turn_cpu.py --smol-threads 0,1                 # default executor threads, then one
-    bench/turn_cpu.py --conns 1 --floor                  # beside the floor server
+    bench/turn_cpu.py --conns 1 --floor                  # beside the two floor servers
 """
 
 import argparse
@@ -125,7 +125,7 @@ def load(d, kind, n, conns, want, tag):
 
 
 class FloorServer(Daemon):
-    """bench/turn_floor.rs: the turn's system calls and nothing else (see its header)."""
+    """A floor server (bench/turn_floor.rs or turn_floor_async.rs; see their headers)."""
 
     def __init__(self, binary, agent, log):
         self.spawned = time.monotonic()
@@ -145,11 +145,20 @@ class FloorServer(Daemon):
             self.proc.wait()
 
 
-def build_floor(tmp):
+def build_floors(tmp):
+    """The two floors, as (label, executable): the blocking one (rustc -O, std only) and the
+    same server on async-io's reactor (a cargo example of this package)."""
     out = os.path.join(tmp, "turn_floor")
     src = os.path.join(ROOT, "bench", "turn_floor.rs")
     subprocess.run(["rustc", "-O", "--edition", "2021", src, "-o", out], check=True)
-    return out
+    subprocess.run(["cargo", "build", "--quiet", "--release", "--example", "turn_floor_async"],
+                   cwd=ROOT, check=True)
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+    return [
+        ("floor: bench/turn_floor.rs, blocking, one connection at a time", out),
+        ("async floor: bench/turn_floor_async.rs, async-io's reactor, one connection at a time",
+         os.path.join(target, "release", "examples", "turn_floor_async")),
+    ]
 
 
 def config(tmp, name, agent, store="memory", smol_threads=None):
@@ -182,7 +191,8 @@ def main():
                     help="comma-separated limits.smol_threads values (0: unset): each build runs "
                          "once per value, as builds of their own")
     ap.add_argument("--floor", action="store_true",
-                    help="add bench/turn_floor.rs (rustc -O) as the last build: the floor")
+                    help="add the floors as the last builds: bench/turn_floor.rs (rustc -O) and "
+                         "bench/turn_floor_async.rs (cargo example)")
     a = ap.parse_args()
     bins = a.bin or [os.path.join(ROOT, "target", "release", "agentd")]
     smol = [int(v) for v in a.smol_threads.split(",") if v] or [0]
@@ -201,14 +211,14 @@ def main():
     daemons = {}  # (bin index, mode) -> Daemon
     logs = []
     try:
-        floor = build_floor(tmp) if a.floor else None
-        if floor:
-            bins.append("floor: bench/turn_floor.rs, one connection at a time")
+        floors = build_floors(tmp) if a.floor else []
+        bins += [label for label, _ in floors]
         for i, b in enumerate(bins):
             for mode in ("none", "agent"):
                 log = open(os.path.join(tmp, f"daemon-{i}-{mode}.log"), "w")
                 logs.append(log)
-                if floor and i == len(bins) - 1:
+                if i >= len(builds):
+                    floor = floors[i - len(builds)][1]
                     daemons[(i, mode)] = FloorServer(floor, mode == "agent", log)
                     continue
                 binary, smol_threads = builds[i]

@@ -17,7 +17,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
-const TASK: &str = r#"{"id":"00000000-0000-4000-8000-000000000000","contextId":"00000000-0000-4000-8000-000000000001","status":{"state":"TASK_STATE_REJECTED","timestamp":"2026-01-01T00:00:00.000Z"},"history":[{"role":"ROLE_USER","messageId":"m","parts":[{"text":"hello"}]}]}"#;
+pub const TASK: &str = r#"{"id":"00000000-0000-4000-8000-000000000000","contextId":"00000000-0000-4000-8000-000000000001","status":{"state":"TASK_STATE_REJECTED","timestamp":"2026-01-01T00:00:00.000Z"},"history":[{"role":"ROLE_USER","messageId":"m","parts":[{"text":"hello"}]}]}"#;
 
 struct Agent {
     _child: Child,
@@ -48,10 +48,7 @@ impl Agent {
     /// call returns after the batch that holds the `reply`.
     fn turn(&mut self, mut on_lines: impl FnMut(&[u8], bool)) {
         self.turns += 1;
-        let line = format!(
-            "{{\"type\":\"turn\",\"task\":\"t-{}\",\"context\":\"c\",\"text\":\"hello\",\"parts\":[{{\"text\":\"hello\"}}]}}\n",
-            self.turns
-        );
+        let line = turn_line(self.turns);
         self.stdin
             .write_all(line.as_bytes())
             .expect("write to the agent");
@@ -84,30 +81,40 @@ impl Agent {
     }
 }
 
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
+pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The `turn` line of turn `n`, as the daemon writes it.
+pub fn turn_line(n: u64) -> String {
+    format!(
+        "{{\"type\":\"turn\",\"task\":\"t-{n}\",\"context\":\"c\",\"text\":\"hello\",\"parts\":[{{\"text\":\"hello\"}}]}}\n"
+    )
+}
+
+/// Where the first whole request in `buf` ends, and whether it streams; None while it is
+/// not all there (or its head is not UTF-8).
+pub fn parse_request(buf: &[u8]) -> Option<(usize, bool)> {
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&buf[..end]).ok()?;
+    let len = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().ok())?
+        })
+        .unwrap_or(0);
+    let total = end + 4 + len;
+    (buf.len() >= total).then(|| (total, contains(&buf[end..total], b"SendStreamingMessage")))
 }
 
 /// One request's head and body from `buf` (refilled from `s`); false at EOF.
 fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<bool> {
     loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = std::str::from_utf8(&buf[..end]).ok()?;
-            let len = head
-                .lines()
-                .find_map(|l| {
-                    let (k, v) = l.split_once(':')?;
-                    k.eq_ignore_ascii_case("content-length")
-                        .then(|| v.trim().parse::<usize>().ok())?
-                })
-                .unwrap_or(0);
-            let streaming = contains(&buf[end..], b"SendStreamingMessage");
-            if buf.len() >= end + 4 + len {
-                let streaming =
-                    streaming || contains(&buf[end..end + 4 + len], b"SendStreamingMessage");
-                buf.drain(..end + 4 + len);
-                return Some(streaming);
-            }
+        if let Some((total, streaming)) = parse_request(buf) {
+            buf.drain(..total);
+            return Some(streaming);
         }
         let mut chunk = [0u8; 16384];
         let n = s.read(&mut chunk).ok()?;
@@ -118,71 +125,80 @@ fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<bool> {
     }
 }
 
-fn chunk(out: &mut Vec<u8>, event: &str) {
+pub fn chunk(out: &mut Vec<u8>, event: &str) {
     let frame = format!("data: {{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{event}}}\n\n");
     out.extend_from_slice(format!("{:x}\r\n{frame}\r\n", frame.len()).as_bytes());
+}
+
+/// A streaming answer's head and its first event (the task, SUBMITTED).
+pub fn stream_head() -> Vec<u8> {
+    let mut out =
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_vec();
+    chunk(
+        &mut out,
+        &format!("{{\"task\":{}}}", TASK.replace("REJECTED", "SUBMITTED")),
+    );
+    out
+}
+
+/// The rest of a stream: with no agent, the REJECTED task and the end (`lines` empty,
+/// `done`); with one, an event per agent line, and after the `reply` the COMPLETED task and
+/// the end.
+pub fn stream_events(lines: &[u8], done: bool, agent: bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    for line in lines.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+        let line = String::from_utf8_lossy(line);
+        chunk(&mut out, &format!("{{\"statusUpdate\":{line}}}"));
+    }
+    if done {
+        let last = final_task(agent);
+        chunk(&mut out, &format!("{{\"statusUpdate\":{last}}}"));
+        out.extend_from_slice(b"0\r\n\r\n");
+    }
+    out
+}
+
+/// A blocking answer: the task, REJECTED without an agent, COMPLETED with one.
+pub fn send_answer(agent: bool) -> Vec<u8> {
+    let task = final_task(agent);
+    let body = format!("{{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{{\"task\":{task}}}}}");
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+fn final_task(agent: bool) -> String {
+    if agent {
+        TASK.replace("TASK_STATE_REJECTED", "TASK_STATE_COMPLETED")
+    } else {
+        TASK.to_owned()
+    }
 }
 
 fn serve(mut s: TcpStream, agent: &mut Option<Agent>) {
     let _ = s.set_nodelay(true);
     let mut buf = Vec::new();
-    let task = TASK.to_string();
-    let done_task = task.replace("TASK_STATE_REJECTED", "TASK_STATE_COMPLETED");
     while let Some(streaming) = read_request(&mut s, &mut buf) {
-        let mut out = Vec::new();
-        if streaming {
-            out.extend_from_slice(
-                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
-            );
-            chunk(
-                &mut out,
-                &format!("{{\"task\":{}}}", task.replace("REJECTED", "SUBMITTED")),
-            );
-            if s.write_all(&out).is_err() {
-                return;
-            }
-            let mut failed = false;
+        let ok = if streaming {
+            let mut ok = s.write_all(&stream_head()).is_ok();
             match agent {
-                None => {
-                    out.clear();
-                    chunk(&mut out, &format!("{{\"statusUpdate\":{task}}}"));
-                    out.extend_from_slice(b"0\r\n\r\n");
-                    failed = s.write_all(&out).is_err();
-                }
+                None => ok &= s.write_all(&stream_events(b"", true, false)).is_ok(),
                 Some(a) => a.turn(|lines, done| {
-                    out.clear();
-                    for line in lines.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
-                        let line = String::from_utf8_lossy(line);
-                        chunk(&mut out, &format!("{{\"statusUpdate\":{line}}}"));
-                    }
-                    if done {
-                        chunk(&mut out, &format!("{{\"statusUpdate\":{done_task}}}"));
-                        out.extend_from_slice(b"0\r\n\r\n");
-                    }
-                    failed |= s.write_all(&out).is_err();
+                    ok &= s.write_all(&stream_events(lines, done, true)).is_ok();
                 }),
             }
-            if failed {
-                return;
-            }
+            ok
         } else {
-            let body = match agent {
-                None => format!("{{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{{\"task\":{task}}}}}"),
-                Some(a) => {
-                    a.turn(|_, _| {});
-                    format!("{{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{{\"task\":{done_task}}}}}")
-                }
-            };
-            out.extend_from_slice(
-                format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                    body.len()
-                )
-                .as_bytes(),
-            );
-            if s.write_all(&out).is_err() {
-                return;
+            if let Some(a) = agent {
+                a.turn(|_, _| {});
             }
+            s.write_all(&send_answer(agent.is_some())).is_ok()
+        };
+        if !ok {
+            return;
         }
     }
 }
