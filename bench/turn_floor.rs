@@ -19,39 +19,46 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 pub const TASK: &str = r#"{"id":"00000000-0000-4000-8000-000000000000","contextId":"00000000-0000-4000-8000-000000000001","status":{"state":"TASK_STATE_REJECTED","timestamp":"2026-01-01T00:00:00.000Z"},"history":[{"role":"ROLE_USER","messageId":"m","parts":[{"text":"hello"}]}]}"#;
 
-struct Agent {
+/// The agent process; `R` is how its stdout is read.
+pub struct Agent<R> {
     _child: Child,
+    /// Written blocking, as the daemon does: a turn line always fits the pipe.
     stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+    pub stdout: R,
     turns: u64,
 }
 
-impl Agent {
-    fn spawn(cmd: &[String]) -> Agent {
+impl<R> Agent<R> {
+    /// Starts the agent `cmd` names, its stdin and stdout piped, `wrap` its stdout.
+    pub fn spawn(cmd: &[String], wrap: impl FnOnce(ChildStdout) -> R) -> Self {
         let mut child = Command::new(&cmd[0])
             .args(&cmd[1..])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn the agent");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::with_capacity(1 << 16, child.stdout.take().unwrap());
         Agent {
+            stdin: child.stdin.take().unwrap(),
+            stdout: wrap(child.stdout.take().unwrap()),
             _child: child,
-            stdin,
-            stdout,
             turns: 0,
         }
     }
 
+    /// Writes the next turn's line.
+    pub fn start_turn(&mut self) {
+        self.turns += 1;
+        self.stdin
+            .write_all(turn_line(self.turns).as_bytes())
+            .expect("write to the agent");
+    }
+}
+
+impl Agent<BufReader<ChildStdout>> {
     /// Sends one turn; `on_lines` gets each batch of whole lines as it is read, and the
     /// call returns after the batch that holds the `reply`.
     fn turn(&mut self, mut on_lines: impl FnMut(&[u8], bool)) {
-        self.turns += 1;
-        let line = turn_line(self.turns);
-        self.stdin
-            .write_all(line.as_bytes())
-            .expect("write to the agent");
+        self.start_turn();
         loop {
             let buf = self.stdout.fill_buf().expect("read the agent");
             assert!(!buf.is_empty(), "the agent closed its stdout");
@@ -86,7 +93,7 @@ pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
 }
 
 /// The `turn` line of turn `n`, as the daemon writes it.
-pub fn turn_line(n: u64) -> String {
+fn turn_line(n: u64) -> String {
     format!(
         "{{\"type\":\"turn\",\"task\":\"t-{n}\",\"context\":\"c\",\"text\":\"hello\",\"parts\":[{{\"text\":\"hello\"}}]}}\n"
     )
@@ -178,7 +185,7 @@ fn final_task(agent: bool) -> String {
     }
 }
 
-fn serve(mut s: TcpStream, agent: &mut Option<Agent>) {
+fn serve(mut s: TcpStream, agent: &mut Option<Agent<BufReader<ChildStdout>>>) {
     let _ = s.set_nodelay(true);
     let mut buf = Vec::new();
     while let Some(streaming) = read_request(&mut s, &mut buf) {
@@ -206,7 +213,9 @@ fn serve(mut s: TcpStream, agent: &mut Option<Agent>) {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut agent = match args.first().map(String::as_str) {
-        Some("--agent") if args.len() > 1 => Some(Agent::spawn(&args[1..])),
+        Some("--agent") if args.len() > 1 => Some(Agent::spawn(&args[1..], |out| {
+            BufReader::with_capacity(1 << 16, out)
+        })),
         None => None,
         _ => {
             eprintln!("usage: turn_floor [--agent CMD [ARGS...]]");

@@ -18,47 +18,32 @@ mod blocking;
 
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::ChildStdout;
 
 use async_io::Async;
-use blocking::{contains, parse_request, send_answer, stream_events, stream_head, turn_line};
+use blocking::{contains, parse_request, send_answer, stream_events, stream_head, Agent};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 
-struct Agent {
-    _child: Child,
-    /// Written blocking, as the daemon does: a turn line always fits the pipe.
-    stdin: ChildStdin,
-    stdout: Async<ChildStdout>,
+/// The agent, its stdout read through the reactor.
+struct AsyncAgent {
+    agent: Agent<Async<ChildStdout>>,
     /// Read but not yet whole lines.
     partial: Vec<u8>,
-    turns: u64,
 }
 
-impl Agent {
-    fn spawn(cmd: &[String]) -> Agent {
-        let mut child = Command::new(&cmd[0])
-            .args(&cmd[1..])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn the agent");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = Async::new(child.stdout.take().unwrap()).expect("register the agent's stdout");
-        Agent {
-            _child: child,
-            stdin,
-            stdout,
+impl AsyncAgent {
+    fn spawn(cmd: &[String]) -> AsyncAgent {
+        let agent = Agent::spawn(cmd, |out| {
+            Async::new(out).expect("register the agent's stdout")
+        });
+        AsyncAgent {
+            agent,
             partial: Vec::new(),
-            turns: 0,
         }
     }
 
-    /// Writes the next turn's line.
     fn start_turn(&mut self) {
-        self.turns += 1;
-        self.stdin
-            .write_all(turn_line(self.turns).as_bytes())
-            .expect("write to the agent");
+        self.agent.start_turn();
     }
 
     /// The next batch of whole lines the agent wrote, and whether it holds the `reply`.
@@ -66,8 +51,17 @@ impl Agent {
         let mut chunk = [0u8; 1 << 16];
         loop {
             // The daemon does not read before it hears the pipe is readable, nor does this.
-            self.stdout.readable().await.expect("wait for the agent");
-            let n = self.stdout.read(&mut chunk).await.expect("read the agent");
+            self.agent
+                .stdout
+                .readable()
+                .await
+                .expect("wait for the agent");
+            let n = self
+                .agent
+                .stdout
+                .read(&mut chunk)
+                .await
+                .expect("read the agent");
             assert!(n > 0, "the agent closed its stdout");
             self.partial.extend_from_slice(&chunk[..n]);
             if let Some(last) = self.partial.iter().rposition(|&b| b == b'\n') {
@@ -79,7 +73,7 @@ impl Agent {
     }
 }
 
-async fn serve(mut s: Async<TcpStream>, agent: &mut Option<Agent>) -> std::io::Result<()> {
+async fn serve(mut s: Async<TcpStream>, agent: &mut Option<AsyncAgent>) -> std::io::Result<()> {
     s.get_ref().set_nodelay(true)?;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16384];
@@ -124,7 +118,7 @@ async fn serve(mut s: Async<TcpStream>, agent: &mut Option<Agent>) -> std::io::R
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut agent = match args.first().map(String::as_str) {
-        Some("--agent") if args.len() > 1 => Some(Agent::spawn(&args[1..])),
+        Some("--agent") if args.len() > 1 => Some(AsyncAgent::spawn(&args[1..])),
         None => None,
         _ => {
             eprintln!("usage: turn_floor_async [--agent CMD [ARGS...]]");
