@@ -371,7 +371,7 @@ pub(crate) fn replay<T: Send>(
         // Only the newest segment can be torn by a crash: it is the only file written after
         // its last fsync. `journal::read` decides what in it is a torn tail.
         let tail = mode == Mode::Open && Some(i) == last;
-        let read = journal::read(&path, gen, tail, &mut state)?;
+        let read = journal::read(&path, gen, tail, &mut state, workers)?;
         frames += read.frames;
         if let Some((damage_offset, damage)) = read.damage {
             truncated = Some(Truncation {

@@ -2,9 +2,12 @@
 //! (cut it off) from damage to data that was already synced and acknowledged (refuse).
 //! The module docs of `store` describe both; this is the code.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
+use std::sync::mpsc;
+use std::thread;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -96,11 +99,15 @@ pub(crate) struct SegmentRead {
 /// open, the one file a crash can leave torn; damage that may be a torn write is then
 /// reported for cutting (`kept < len`), any other damage refused with [`Error::Corrupt`].
 /// Without `tail` (a closed segment, one being compacted) every damage is refused.
-pub(crate) fn read<B: DeserializeOwned>(
+///
+/// With `workers` above 0 a format-2 segment's record frames are decoded on that many
+/// threads while this one reads on ([`read_batched_pooled`]); the outcome is the same.
+pub(crate) fn read<B: DeserializeOwned + Send>(
     path: &Path,
     gen: u64,
     tail: bool,
     state: &mut State<B>,
+    workers: usize,
 ) -> Result<SegmentRead, Error> {
     let file = File::open(path).map_err(io_err("open", path))?;
     let len = file.metadata().map_err(io_err("stat", path))?.len();
@@ -158,7 +165,11 @@ pub(crate) fn read<B: DeserializeOwned>(
         }
     }
     read.format = Format::Batched;
-    read_batched(&seg, frames, read, state)
+    if workers == 0 {
+        read_batched(&seg, frames, read, state)
+    } else {
+        read_batched_pooled(&seg, frames, read, state, workers)
+    }
 }
 
 /// Format 1: frames replay one by one; the first damage ends the segment.
@@ -184,63 +195,344 @@ fn read_unbatched<B: DeserializeOwned>(
 }
 
 /// Format 2: batch after batch. A batch's records reach the state only once all of its
-/// frames read well, because a torn last batch is dropped whole.
+/// frames read and decoded well, because a torn last batch is dropped whole.
 fn read_batched<B: DeserializeOwned>(
     seg: &Seg<'_>,
     mut frames: FrameReader<BufReader<&File>>,
     mut read: SegmentRead,
     state: &mut State<B>,
-) -> Result<SegmentRead, Error> {
-    let mut records: Vec<Record<B>> = Vec::new();
+) -> Outcome {
     loop {
-        let start = frames.offset();
-        let head = match seg.next(&mut frames)? {
-            Next::End => return Ok(read),
-            Next::Bad { damage, .. } => return seg.at_boundary(read, start, damage),
-            Next::Frame { payload, .. } => payload,
-        };
-        let due = read.batches + 1;
-        let batch = match serde_json::from_slice::<BatchHeader>(&head) {
-            Ok(h) if h.batch == due => h,
-            Ok(h) => {
-                let why = format!("batch {} where batch {due} was due", h.batch);
-                return seg.at_boundary(read, start, Damage::BadPayload(why));
+        match next_batch(seg, &mut frames, read.batches + 1)? {
+            BatchRead::End => return Ok(read),
+            BatchRead::Boundary { start, damage } => return seg.at_boundary(read, start, damage),
+            BatchRead::Torn(b, payloads, at, damage) => {
+                return judge_torn::<B>(seg, read, b, payloads, at, damage)
             }
-            Err(_) => {
-                let why = "a record frame where a batch header was due".into();
-                return seg.at_boundary(read, start, Damage::BadPayload(why));
-            }
-        };
-        let end = frames.offset().saturating_add(batch.bytes);
-        let mut n = 0;
-        records.clear();
-        let damage = loop {
-            let at = frames.offset();
-            if at == end {
-                break None;
-            }
-            match seg.next(&mut frames)? {
-                Next::End => break Some((at, Damage::ShortBatch { missing: end - at })),
-                Next::Bad { offset, damage } => break Some((offset, damage)),
-                Next::Frame { offset, .. } if frames.offset() > end => {
-                    let why = "a frame runs past the end of its batch".into();
-                    break Some((offset, Damage::BadPayload(why)));
+            BatchRead::Whole(b, payloads) => match gather(&b, decode_run(payloads)) {
+                Ok(records) => read.apply(&b, records, state),
+                Err((at, damage)) => {
+                    return seg.in_batch(read, b.batch, b.start, b.end, at, damage)
                 }
-                Next::Frame { offset, payload } => match decode_records(&payload) {
-                    Ok(r) => {
-                        records.extend(r);
-                        n += 1;
-                    }
-                    Err(damage) => break Some((offset, damage)),
+            },
+        }
+    }
+}
+
+/// How a segment's replay ends.
+type Outcome = Result<SegmentRead, Error>;
+
+/// A batch of a format-2 segment as read: its frames checked, not yet decoded.
+enum BatchRead {
+    /// The segment ends cleanly here.
+    End,
+    /// Damage at `start`, where a batch header was due.
+    Boundary { start: u64, damage: Damage },
+    /// A whole batch and its record frames' payloads.
+    Whole(ReadBatch, Vec<Vec<u8>>),
+    /// A batch damaged at an offset before its end, and the payloads read before that.
+    Torn(ReadBatch, Vec<Vec<u8>>, u64, Damage),
+}
+
+/// Where a batch lies (`[start, end)`, its header included) and its record frames' offsets.
+struct ReadBatch {
+    batch: u64,
+    start: u64,
+    end: u64,
+    offsets: Vec<u64>,
+}
+
+/// Reads the next batch, expected to be number `due`.
+fn next_batch(
+    seg: &Seg<'_>,
+    frames: &mut FrameReader<BufReader<&File>>,
+    due: u64,
+) -> Result<BatchRead, Error> {
+    let start = frames.offset();
+    let head = match seg.next(frames)? {
+        Next::End => return Ok(BatchRead::End),
+        Next::Bad { damage, .. } => return Ok(BatchRead::Boundary { start, damage }),
+        Next::Frame { payload, .. } => payload,
+    };
+    let bytes = match serde_json::from_slice::<BatchHeader>(&head) {
+        Ok(h) if h.batch == due => h.bytes,
+        Ok(h) => {
+            let why = format!("batch {} where batch {due} was due", h.batch);
+            let damage = Damage::BadPayload(why);
+            return Ok(BatchRead::Boundary { start, damage });
+        }
+        Err(_) => {
+            let why = "a record frame where a batch header was due".into();
+            let damage = Damage::BadPayload(why);
+            return Ok(BatchRead::Boundary { start, damage });
+        }
+    };
+    let mut b = ReadBatch {
+        batch: due,
+        start,
+        end: frames.offset().saturating_add(bytes),
+        offsets: Vec::new(),
+    };
+    let mut payloads = Vec::new();
+    loop {
+        let at = frames.offset();
+        if at == b.end {
+            return Ok(BatchRead::Whole(b, payloads));
+        }
+        let (at, damage) = match seg.next(frames)? {
+            Next::End => (
+                at,
+                Damage::ShortBatch {
+                    missing: b.end - at,
                 },
+            ),
+            Next::Bad { offset, damage } => (offset, damage),
+            Next::Frame { offset, .. } if frames.offset() > b.end => {
+                let why = "a frame runs past the end of its batch".into();
+                (offset, Damage::BadPayload(why))
+            }
+            Next::Frame { offset, payload } => {
+                b.offsets.push(offset);
+                payloads.push(payload);
+                continue;
             }
         };
-        if let Some((at, damage)) = damage {
-            return seg.in_batch(read, batch.batch, start, end, at, damage);
+        return Ok(BatchRead::Torn(b, payloads, at, damage));
+    }
+}
+
+/// What a run of record frames decodes to, in order; it stops at the first frame that
+/// does not decode.
+type Decoded<B> = Vec<Result<Vec<Record<B>>, Damage>>;
+
+fn decode_run<B: DeserializeOwned>(payloads: Vec<Vec<u8>>) -> Decoded<B> {
+    let mut out = Vec::with_capacity(payloads.len());
+    for p in payloads {
+        let r = decode_records(&p);
+        let bad = r.is_err();
+        out.push(r);
+        if bad {
+            break;
         }
-        records.drain(..).for_each(|r| state.apply(r));
-        read.frames += n;
-        read.batches = batch.batch;
+    }
+    out
+}
+
+/// Batch `b`'s records from its frames' decoding (taken from `decoded`, one per frame), or
+/// the offset and damage of its first frame that did not decode.
+fn gather<B>(
+    b: &ReadBatch,
+    decoded: impl IntoIterator<Item = Result<Vec<Record<B>>, Damage>>,
+) -> Result<Vec<Record<B>>, (u64, Damage)> {
+    let mut decoded = decoded.into_iter();
+    let mut records = Vec::new();
+    for offset in &b.offsets {
+        match decoded.next() {
+            Some(Ok(r)) => records.extend(r),
+            Some(Err(damage)) => return Err((*offset, damage)),
+            None => {
+                let why = "a replay thread gave back fewer frames than it was sent".into();
+                return Err((*offset, Damage::BadPayload(why)));
+            }
+        }
+    }
+    Ok(records)
+}
+
+/// Damage inside batch `b` at `at`: a frame read before it that does not decode comes
+/// first, in file order, as it does when each frame is decoded as it is read.
+fn judge_torn<B: DeserializeOwned>(
+    seg: &Seg<'_>,
+    read: SegmentRead,
+    b: ReadBatch,
+    payloads: Vec<Vec<u8>>,
+    at: u64,
+    damage: Damage,
+) -> Outcome {
+    let earlier = gather::<B>(&b, decode_run(payloads)).err();
+    let (at, damage) = earlier.unwrap_or((at, damage));
+    seg.in_batch(read, b.batch, b.start, b.end, at, damage)
+}
+
+impl SegmentRead {
+    /// Applies whole batch `b`'s records: the segment is good up to its end.
+    fn apply<B>(&mut self, b: &ReadBatch, records: Vec<Record<B>>, state: &mut State<B>) {
+        records.into_iter().for_each(|r| state.apply(r));
+        self.frames += b.offsets.len() as u64;
+        self.batches = b.batch;
+    }
+
+    /// A placeholder for a read handed on.
+    fn none() -> Self {
+        SegmentRead {
+            len: 0,
+            kept: 0,
+            damage: None,
+            format: Format::Empty,
+            frames: 0,
+            batches: 0,
+        }
+    }
+}
+
+/// Whole batches are handed to a decoding thread in runs of about this many payload bytes:
+/// batches written by group commit can be a few hundred bytes each.
+const RUN_BYTES: usize = 64 << 10;
+
+/// Format 2, as [`read_batched`] reads it, with the record frames decoded on `workers`
+/// threads (the decoding is most of a segment's replay). This thread reads every frame and
+/// checks the batch structure, in file order; runs of whole batches go to the workers in
+/// turn and come back in the same turn, so batches reach the state in order, each only
+/// once it and every batch before it decoded well. Damage is decided as `read_batched`
+/// decides it: before any damage this thread finds is judged, every batch read before it
+/// is applied or found bad. At most two runs per worker are in flight.
+fn read_batched_pooled<B: DeserializeOwned + Send>(
+    seg: &Seg<'_>,
+    mut frames: FrameReader<BufReader<&File>>,
+    read: SegmentRead,
+    state: &mut State<B>,
+    workers: usize,
+) -> Outcome {
+    thread::scope(|scope| {
+        let mut to_workers = Vec::with_capacity(workers);
+        let mut from_workers = Vec::with_capacity(workers);
+        for i in 0..workers {
+            let (run_tx, run_rx) = mpsc::channel::<Vec<Vec<u8>>>();
+            let (done_tx, done_rx) = mpsc::channel::<Decoded<B>>();
+            thread::Builder::new()
+                .name(format!("agentd-journal-{i}"))
+                .spawn_scoped(scope, move || {
+                    for run in run_rx {
+                        if done_tx.send(decode_run(run)).is_err() {
+                            break;
+                        }
+                    }
+                })
+                .map_err(|e| Error::Io {
+                    what: "spawn a replay thread".into(),
+                    source: e,
+                })?;
+            to_workers.push(run_tx);
+            from_workers.push(done_rx);
+        }
+        let mut pool = Pool {
+            seg,
+            read,
+            to_workers,
+            from_workers,
+            in_flight: VecDeque::new(),
+            sent: 0,
+            taken: 0,
+            run: Vec::new(),
+            payloads: Vec::new(),
+            run_bytes: 0,
+        };
+        // The number of the last batch read whole (applied or in flight).
+        let mut read_up_to = pool.read.batches;
+        loop {
+            let next = next_batch(seg, &mut frames, read_up_to + 1)?;
+            if !matches!(next, BatchRead::Whole(..)) {
+                if let Some(end) = pool.drain(state) {
+                    return end;
+                }
+            }
+            match next {
+                BatchRead::End => return Ok(pool.read),
+                BatchRead::Boundary { start, damage } => {
+                    return seg.at_boundary(pool.read, start, damage)
+                }
+                BatchRead::Torn(b, payloads, at, damage) => {
+                    return judge_torn::<B>(seg, pool.read, b, payloads, at, damage)
+                }
+                BatchRead::Whole(b, payloads) => {
+                    read_up_to = b.batch;
+                    pool.add(b, payloads);
+                }
+            }
+            if pool.run_bytes >= RUN_BYTES {
+                pool.send();
+            }
+            while pool.sent - pool.taken >= 2 * workers {
+                if let Some(end) = pool.take(state) {
+                    return end;
+                }
+            }
+        }
+    })
+}
+
+/// [`read_batched_pooled`]'s runs in flight and the state of the segment as applied.
+struct Pool<'a, 's, B> {
+    seg: &'a Seg<'s>,
+    /// The segment as far as it is applied to the state.
+    read: SegmentRead,
+    to_workers: Vec<mpsc::Sender<Vec<Vec<u8>>>>,
+    from_workers: Vec<mpsc::Receiver<Decoded<B>>>,
+    /// The batches of each run sent and not yet taken back, oldest first.
+    in_flight: VecDeque<Vec<ReadBatch>>,
+    /// Runs sent and taken back: run k goes to worker k mod n.
+    sent: usize,
+    taken: usize,
+    /// The run being gathered.
+    run: Vec<ReadBatch>,
+    payloads: Vec<Vec<u8>>,
+    run_bytes: usize,
+}
+
+impl<B> Pool<'_, '_, B> {
+    fn add(&mut self, batch: ReadBatch, payloads: Vec<Vec<u8>>) {
+        self.run_bytes += payloads.iter().map(Vec::len).sum::<usize>();
+        self.payloads.extend(payloads);
+        self.run.push(batch);
+    }
+
+    /// Hands the gathered run to the next worker.
+    fn send(&mut self) {
+        if self.run.is_empty() {
+            return;
+        }
+        let n = self.to_workers.len();
+        // A worker only stops when its channel closes, so the send cannot fail while this
+        // holds the sender; if it did, `take` finds the run missing and says so.
+        let _ = self.to_workers[self.sent % n].send(std::mem::take(&mut self.payloads));
+        self.in_flight.push_back(std::mem::take(&mut self.run));
+        self.run_bytes = 0;
+        self.sent += 1;
+    }
+
+    /// Takes the oldest run back and applies its batches in order. A batch that did not
+    /// decode ends the segment: its damage judged is the outcome.
+    fn take(&mut self, state: &mut State<B>) -> Option<Outcome> {
+        let n = self.from_workers.len();
+        let Ok(decoded) = self.from_workers[self.taken % n].recv() else {
+            return Some(Err(Error::Io {
+                what: "decode journal records".into(),
+                source: std::io::Error::other("a replay thread ended early"),
+            }));
+        };
+        self.taken += 1;
+        let mut decoded = decoded.into_iter();
+        for b in self.in_flight.pop_front().unwrap_or_default() {
+            match gather(&b, decoded.by_ref()) {
+                Ok(records) => self.read.apply(&b, records, state),
+                Err((at, damage)) => {
+                    let read = std::mem::replace(&mut self.read, SegmentRead::none());
+                    return Some(self.seg.in_batch(read, b.batch, b.start, b.end, at, damage));
+                }
+            }
+        }
+        None
+    }
+
+    /// Sends what is gathered and applies every run in flight; `Some` as [`Pool::take`].
+    fn drain(&mut self, state: &mut State<B>) -> Option<Outcome> {
+        self.send();
+        while self.taken < self.sent {
+            if let Some(end) = self.take(state) {
+                return Some(end);
+            }
+        }
+        None
     }
 }
 

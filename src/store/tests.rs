@@ -167,11 +167,25 @@ fn batches_of(bytes: &[u8]) -> Vec<BatchAt> {
 /// (one frame each) of batch i + 1. Lets a test build batches of several frames, which the
 /// writer makes only when appends race an fsync.
 fn build_segment(gen: u64, batches: &[Vec<Vec<Record>>]) -> Vec<u8> {
+    let payloads: Vec<Vec<Vec<u8>>> = batches
+        .iter()
+        .map(|appends| {
+            appends
+                .iter()
+                .map(|records| serde_json::to_vec(records).unwrap())
+                .collect()
+        })
+        .collect();
+    build_segment_raw(gen, &payloads)
+}
+
+/// [`build_segment`] from the record frames' payloads, which may be anything.
+fn build_segment_raw(gen: u64, batches: &[Vec<Vec<u8>>]) -> Vec<u8> {
     let mut out = journal::segment_header(gen);
-    for (i, appends) in batches.iter().enumerate() {
+    for (i, payloads) in batches.iter().enumerate() {
         let mut body = Vec::new();
-        for records in appends {
-            frame::push_frame(&mut body, &serde_json::to_vec(records).unwrap());
+        for p in payloads {
+            frame::push_frame(&mut body, p);
         }
         out.extend(journal::batch_header(i as u64 + 1, body.len() as u64));
         out.extend(body);
@@ -375,6 +389,135 @@ fn open_refused(dir: &Path, threads: Option<usize>) -> Error {
         ..opts()
     };
     Store::open(dir, opts).err().expect("the store was refused")
+}
+
+/// What open makes of `bytes` as the only segment with `threads` replay threads: the
+/// records and the cut (at, damage offset, dropped bytes), or the offset it refused at;
+/// and the file as open left it.
+type SegmentOutcome = (Result<(Vec<Record>, Option<(u64, u64, u64)>), u64>, Vec<u8>);
+
+fn open_segment(bytes: &[u8], threads: Option<usize>) -> SegmentOutcome {
+    let d = TempDir::new("threads-seg");
+    let seg = d.path().join(disk::journal_name(0));
+    fs::write(&seg, bytes).unwrap();
+    let opts = Options {
+        replay_threads: threads,
+        ..opts()
+    };
+    let got = match Store::open(d.path(), opts) {
+        Ok((_, rec)) => Ok((
+            rec.records,
+            rec.truncated
+                .map(|t| (t.at_offset, t.damage_offset, t.dropped_bytes)),
+        )),
+        Err(Error::Corrupt { offset, .. }) => Err(offset),
+        Err(e) => panic!("{threads:?} threads: {e}"),
+    };
+    (got, fs::read(&seg).unwrap())
+}
+
+/// A journal of many batches, decoded on several threads (runs of batches in flight at
+/// once), opens as it does on one, whole or damaged: the same records, the same cut or the
+/// same refusal at the same offset, and the file left the same. Damage: a record frame
+/// whose JSON is bad under a good checksum (early, midway, in the last batch), the same
+/// followed by a broken checksum later in its batch (the bad JSON, earlier, is the one
+/// named), flipped bytes across the file, and cuts inside the last batch.
+#[test]
+fn the_journal_opens_the_same_on_any_number_of_replay_threads() {
+    // 303 batches of 1 to 3 frames, about 450 KiB: several runs of 64 KiB, with overwrites
+    // and removals across them.
+    let plan: Vec<Vec<Vec<Record>>> = (0..303u64)
+        .map(|b| {
+            (0..1 + b % 3)
+                .map(|f| {
+                    let k = format!("k{}", (b * 7 + f) % 150);
+                    if (b + f) % 11 == 0 {
+                        vec![Record::remove("task", &k)]
+                    } else {
+                        let pad = "p".repeat(((b * 37 + f * 101) % 1500) as usize);
+                        vec![put(&k, json!({ "b": b, "f": f, "pad": pad }))]
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let payloads: Vec<Vec<Vec<u8>>> = plan
+        .iter()
+        .map(|a| a.iter().map(|r| serde_json::to_vec(r).unwrap()).collect())
+        .collect();
+    let full = build_segment_raw(0, &payloads);
+    assert!(full.len() > 6 * 64 * 1024, "{}", full.len());
+    let layout = batches_of(&full);
+    let last = layout.last().unwrap();
+    assert_eq!(last.frames.len(), 3);
+
+    let bad_json = |spots: &[(usize, usize)]| {
+        let mut p = payloads.clone();
+        for &(b, f) in spots {
+            p[b][f] = br#"[{"kind":"task","key":"x","op":"#.to_vec();
+        }
+        build_segment_raw(0, &p)
+    };
+    // Each case: its name, the segment, and where the damage must be named, if known.
+    let mut cases: Vec<(String, Vec<u8>, Option<u64>)> = vec![("whole".into(), full.clone(), None)];
+    for (b, f) in [(4, 0), (151, 1), (302, 2)] {
+        let bytes = bad_json(&[(b, f)]);
+        let at = batches_of(&bytes)[b].frames[f];
+        cases.push((format!("bad JSON in batch {b}"), bytes, Some(at)));
+    }
+    for b in [200, 302] {
+        // Bad JSON in the batch's first frame, a broken checksum in its last.
+        let mut bytes = bad_json(&[(b, 0)]);
+        let frames = batches_of(&bytes)[b].frames.clone();
+        bytes[frames[2] as usize + 2] ^= 0x10;
+        let name = format!("bad JSON, then a bad checksum, in batch {b}");
+        cases.push((name, bytes, Some(frames[0])));
+    }
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    for _ in 0..24 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let mut bytes = full.clone();
+        let at = (x % full.len() as u64) as usize;
+        bytes[at] ^= 1 << ((x >> 40) % 8);
+        cases.push((format!("bit flip at {at}"), bytes, None));
+    }
+    for cut in [
+        last.start + 3,
+        last.frames[1],
+        last.frames[2] + 5,
+        full.len() as u64 - 1,
+    ] {
+        cases.push((format!("cut at {cut}"), full[..cut as usize].to_vec(), None));
+    }
+
+    let appends: Vec<Vec<Record>> = plan.iter().flatten().cloned().collect();
+    let (whole, _) = open_segment(&full, Some(0));
+    assert!(
+        whole == Ok((model(&appends, appends.len()), None)),
+        "the whole journal opens to the model"
+    );
+    for (name, bytes, named_at) in &cases {
+        let (one, left) = open_segment(bytes, Some(0));
+        for threads in [Some(1), Some(2), Some(4)] {
+            let (got, left_now) = open_segment(bytes, threads);
+            // Not assert_eq: a difference would print every record.
+            assert!(got == one, "{name}: {threads:?} threads");
+            assert!(
+                left_now == left,
+                "{name}: {threads:?} threads left the file otherwise"
+            );
+        }
+        if let Some(at) = named_at {
+            let named = match &one {
+                Ok((_, Some((_, damage, _)))) => *damage,
+                Err(offset) => *offset,
+                Ok((_, None)) => panic!("{name}: opened whole"),
+            };
+            assert_eq!(named, *at, "{name}: the bad frame is named");
+        }
+    }
 }
 
 /// The newest segment above generation `gen`.
