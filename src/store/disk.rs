@@ -306,9 +306,11 @@ pub enum Recovering<T> {
 /// skipped, unparsed; then the segments' own records follow. That is the same order as
 /// applying every write in turn, without the tree of the whole state.
 ///
-/// With `workers` above 0, frames are decoded and parsed on that many threads while a
-/// reader thread reads ahead and this thread feeds the sink, in frame order: a restart's
-/// parsing (most of its time) spreads over the machine's cores. With 0, all on this thread.
+/// With `workers` above 0, the segments' record frames are decoded on that many threads
+/// while this thread reads them and applies them in order; then the snapshot's frames are
+/// decoded and parsed on as many while a reader thread reads ahead and this thread feeds
+/// the sink, in frame order: a restart's parsing (most of its time) spreads over the
+/// machine's cores. With 0, all on this thread.
 pub(crate) fn replay<T: Send>(
     dir: &Path,
     mode: Mode,

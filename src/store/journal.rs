@@ -102,6 +102,9 @@ pub(crate) struct SegmentRead {
 ///
 /// With `workers` above 0 a format-2 segment's record frames are decoded on that many
 /// threads while this one reads on ([`read_batched_pooled`]); the outcome is the same.
+/// A format-2 batch is read whole before it is decoded, so a read error (EIO) after a
+/// frame that does not decode, in the same batch, is reported as the read error: either
+/// way the store is not opened.
 pub(crate) fn read<B: DeserializeOwned + Send>(
     path: &Path,
     gen: u64,
@@ -330,10 +333,9 @@ fn gather<B>(
         match decoded.next() {
             Some(Ok(r)) => records.extend(r),
             Some(Err(damage)) => return Err((*offset, damage)),
-            None => {
-                let why = "a replay thread gave back fewer frames than it was sent".into();
-                return Err((*offset, Damage::BadPayload(why)));
-            }
+            // `decode_run` stops short only after an `Err`, which comes first. Never damage:
+            // a bug here must not cut acknowledged data as a torn tail.
+            None => panic!("frame {offset}: decoded frames ran out before their batch did"),
         }
     }
     Ok(records)
@@ -362,7 +364,7 @@ impl SegmentRead {
         self.batches = b.batch;
     }
 
-    /// A placeholder for a read handed on.
+    /// What is left in [`Pool`]'s read once it was moved into an outcome; never returned.
     fn none() -> Self {
         SegmentRead {
             len: 0,
@@ -375,8 +377,9 @@ impl SegmentRead {
     }
 }
 
-/// Whole batches are handed to a decoding thread in runs of about this many payload bytes:
-/// batches written by group commit can be a few hundred bytes each.
+/// Whole batches are handed to a decoding thread in runs of at least this many payload bytes
+/// (the last batch may take a run past it): batches written by group commit can be a few
+/// hundred bytes each.
 const RUN_BYTES: usize = 64 << 10;
 
 /// Format 2, as [`read_batched`] reads it, with the record frames decoded on `workers`
@@ -385,7 +388,8 @@ const RUN_BYTES: usize = 64 << 10;
 /// turn and come back in the same turn, so batches reach the state in order, each only
 /// once it and every batch before it decoded well. Damage is decided as `read_batched`
 /// decides it: before any damage this thread finds is judged, every batch read before it
-/// is applied or found bad. At most two runs per worker are in flight.
+/// is applied or found bad, and so is every batch before a read error. At most two runs per
+/// worker are in flight.
 fn read_batched_pooled<B: DeserializeOwned + Send>(
     seg: &Seg<'_>,
     mut frames: FrameReader<BufReader<&File>>,
@@ -427,10 +431,14 @@ fn read_batched_pooled<B: DeserializeOwned + Send>(
             payloads: Vec::new(),
             run_bytes: 0,
         };
-        // The number of the last batch read whole (applied or in flight).
+        // The number of the last batch read whole (applied, in flight or being gathered).
         let mut read_up_to = pool.read.batches;
         loop {
-            let next = next_batch(seg, &mut frames, read_up_to + 1)?;
+            let next = match next_batch(seg, &mut frames, read_up_to + 1) {
+                Ok(next) => next,
+                // As decoding on reading would: damage in a batch before it comes first.
+                Err(e) => return pool.drain(state).unwrap_or(Err(e)),
+            };
             if !matches!(next, BatchRead::Whole(..)) {
                 if let Some(end) = pool.drain(state) {
                     return end;
@@ -492,8 +500,7 @@ impl<B> Pool<'_, '_, B> {
             return;
         }
         let n = self.to_workers.len();
-        // A worker only stops when its channel closes, so the send cannot fail while this
-        // holds the sender; if it did, `take` finds the run missing and says so.
+        // A worker stops only when its channel closes, or by panicking (see `take`).
         let _ = self.to_workers[self.sent % n].send(std::mem::take(&mut self.payloads));
         self.in_flight.push_back(std::mem::take(&mut self.run));
         self.run_bytes = 0;
@@ -504,15 +511,18 @@ impl<B> Pool<'_, '_, B> {
     /// decode ends the segment: its damage judged is the outcome.
     fn take(&mut self, state: &mut State<B>) -> Option<Outcome> {
         let n = self.from_workers.len();
-        let Ok(decoded) = self.from_workers[self.taken % n].recv() else {
-            return Some(Err(Error::Io {
-                what: "decode journal records".into(),
-                source: std::io::Error::other("a replay thread ended early"),
-            }));
-        };
+        // A worker ends early only by panicking, which aborts a release build; a test's
+        // scope panics again when it joins.
+        let decoded = self.from_workers[self.taken % n]
+            .recv()
+            .expect("a replay thread panicked");
         self.taken += 1;
         let mut decoded = decoded.into_iter();
-        for b in self.in_flight.pop_front().unwrap_or_default() {
+        let batches = self
+            .in_flight
+            .pop_front()
+            .expect("every run sent is in flight");
+        for b in batches {
             match gather(&b, decoded.by_ref()) {
                 Ok(records) => self.read.apply(&b, records, state),
                 Err((at, damage)) => {

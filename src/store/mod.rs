@@ -248,8 +248,8 @@ pub struct Opened {
     pub truncated: Option<Truncation>,
 }
 
-/// Open's threads that read and parse the snapshot, at most (more cores than this only
-/// wait on the one thread that restores what they parse).
+/// Open's threads that decode the journal and parse the snapshot, at most (more cores than
+/// this only wait on the one thread that restores what they parse).
 const MAX_REPLAY_THREADS: usize = 4;
 
 /// What open found: the live state and whether a damaged tail was cut off.

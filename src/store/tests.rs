@@ -392,24 +392,45 @@ fn open_refused(dir: &Path, threads: Option<usize>) -> Error {
 }
 
 /// What open makes of `bytes` as the only segment with `threads` replay threads: the
-/// records and the cut (at, damage offset, dropped bytes), or the offset it refused at;
-/// and the file as open left it.
-type SegmentOutcome = (Result<(Vec<Record>, Option<(u64, u64, u64)>), u64>, Vec<u8>);
+/// records, the frames replayed and the cut (at, damage offset, dropped bytes, damage), or
+/// the offset it refused at; and the file as open left it.
+type SegmentOutcome = (
+    Result<(Vec<Record>, u64, Option<(u64, u64, u64, Damage)>), u64>,
+    Vec<u8>,
+);
 
+/// Opens `bytes` as the only segment with `threads` replay threads. An open that succeeds
+/// must also have numbered on from the last batch it kept: an append after it survives a
+/// reopen on one thread, with no cut (a wrong count would make it look torn).
 fn open_segment(bytes: &[u8], threads: Option<usize>) -> SegmentOutcome {
     let d = TempDir::new("threads-seg");
     let seg = d.path().join(disk::journal_name(0));
     fs::write(&seg, bytes).unwrap();
-    let opts = Options {
+    let first = Options {
         replay_threads: threads,
         ..opts()
     };
-    let got = match Store::open(d.path(), opts) {
-        Ok((_, rec)) => Ok((
-            rec.records,
-            rec.truncated
-                .map(|t| (t.at_offset, t.damage_offset, t.dropped_bytes)),
-        )),
+    let got = match Store::open(d.path(), first) {
+        Ok((store, rec)) => {
+            let left = fs::read(&seg).unwrap();
+            let n = store.append(&[put("after", json!(1))]).unwrap();
+            store.wait_durable(n, T).unwrap();
+            store.close().unwrap();
+            let again = Options {
+                replay_threads: Some(0),
+                ..opts()
+            };
+            let (_, after) = Store::open(d.path(), again).unwrap();
+            assert_eq!(
+                after.truncated, None,
+                "{threads:?} threads: the append was cut"
+            );
+            assert_eq!(after.records.last(), Some(&put("after", json!(1))));
+            let cut = rec
+                .truncated
+                .map(|t| (t.at_offset, t.damage_offset, t.dropped_bytes, t.damage));
+            return (Ok((rec.records, rec.frames, cut)), left);
+        }
         Err(Error::Corrupt { offset, .. }) => Err(offset),
         Err(e) => panic!("{threads:?} threads: {e}"),
     };
@@ -483,6 +504,21 @@ fn the_journal_opens_the_same_on_any_number_of_replay_threads() {
         bytes[at] ^= 1 << ((x >> 40) % 8);
         cases.push((format!("bit flip at {at}"), bytes, None));
     }
+    // Damage in one batch, and damage the reader finds in a later one: the earlier is named.
+    for (b, later) in [(280, None), (40, Some(45))] {
+        let mut bytes = bad_json(&[(b, 0)]);
+        let at = batches_of(&bytes)[b].frames[0];
+        match later {
+            // A cut inside the last batch.
+            None => bytes.truncate(batches_of(&bytes)[302].frames[1] as usize + 3),
+            Some(l) => {
+                let f = batches_of(&bytes)[l].frames[0];
+                bytes[f as usize + 2] ^= 0x10;
+            }
+        }
+        let name = format!("bad JSON in batch {b}, then damage in batch {later:?}");
+        cases.push((name, bytes, Some(at)));
+    }
     for cut in [
         last.start + 3,
         last.frames[1],
@@ -495,7 +531,7 @@ fn the_journal_opens_the_same_on_any_number_of_replay_threads() {
     let appends: Vec<Vec<Record>> = plan.iter().flatten().cloned().collect();
     let (whole, _) = open_segment(&full, Some(0));
     assert!(
-        whole == Ok((model(&appends, appends.len()), None)),
+        whole == Ok((model(&appends, appends.len()), appends.len() as u64, None)),
         "the whole journal opens to the model"
     );
     for (name, bytes, named_at) in &cases {
@@ -511,9 +547,9 @@ fn the_journal_opens_the_same_on_any_number_of_replay_threads() {
         }
         if let Some(at) = named_at {
             let named = match &one {
-                Ok((_, Some((_, damage, _)))) => *damage,
+                Ok((_, _, Some((_, damage, _, _)))) => *damage,
                 Err(offset) => *offset,
-                Ok((_, None)) => panic!("{name}: opened whole"),
+                Ok((_, _, None)) => panic!("{name}: opened whole"),
             };
             assert_eq!(named, *at, "{name}: the bad frame is named");
         }
