@@ -238,8 +238,10 @@ pub(crate) fn resolve(
     .map(|(p, via, _)| (p, via))
 }
 
-/// [`resolve`], with the session store: a session token (`agentd_at_…`) is decided by the
-/// store alone. Also returns the session id a session caller acts under.
+/// Who a request is, in the order of evidence of `resolve` (the unix peer; a presented
+/// bearer; an `any` rule; the implicit operator of a loopback listener with nothing
+/// configured; else nobody), with the session store: a session token (`agentd_at_…`) is
+/// decided by the store alone. Also returns the session id a session caller acts under.
 pub(crate) fn resolve_with_sessions(
     config: &AuthConfig,
     sessions: Option<(&crate::sessions::Sessions, u64)>,

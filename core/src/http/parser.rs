@@ -1,6 +1,6 @@
 //! An incremental HTTP/1.1 request parser on `httparse`.
 //!
-//! Bytes arrive in any split ([`RequestParser::push`]); [`RequestParser::next`] yields a
+//! Bytes arrive in any split ([`RequestParser::push`]); [`RequestParser::next_event`] yields a
 //! request's head as soon as it is complete and its body once all of it is in, so a caller
 //! can refuse a request from its head alone and can answer `Expect: 100-continue`. Pipelined
 //! requests stay buffered until the caller asks for them. Framing errors are final: the

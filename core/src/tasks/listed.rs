@@ -14,7 +14,7 @@ use super::StatusId;
 use crate::a2a::types::{Artifact, Message, Role, Struct, Task, TaskState};
 
 /// A listed task: its wire form, save a packed status message (its parts' text and the
-/// status count that names it), which [`Listed::to_json`] writes from that text.
+/// status count that names it), which [`Listed::write_json`] writes from that text.
 #[derive(Debug)]
 pub(crate) struct Listed {
     task: Task,
