@@ -181,7 +181,7 @@ fn read_unbatched<B: DeserializeOwned>(
     mut frames: FrameReader<BufReader<&File>>,
     mut read: SegmentRead,
     state: &mut State<B>,
-) -> Result<SegmentRead, Error> {
+) -> Outcome {
     loop {
         match seg.next(&mut frames)? {
             Next::End => return Ok(read),
@@ -214,9 +214,7 @@ fn read_batched<B: DeserializeOwned>(
             }
             BatchRead::Whole(b, payloads) => match gather(&b, decode_run(payloads)) {
                 Ok(records) => read.apply(&b, records, state),
-                Err((at, damage)) => {
-                    return seg.in_batch(read, b.batch, b.start, b.end, at, damage)
-                }
+                Err((at, damage)) => return seg.in_batch(read, &b, at, damage),
             },
         }
     }
@@ -353,7 +351,7 @@ fn judge_torn<B: DeserializeOwned>(
 ) -> Outcome {
     let earlier = gather::<B>(&b, decode_run(payloads)).err();
     let (at, damage) = earlier.unwrap_or((at, damage));
-    seg.in_batch(read, b.batch, b.start, b.end, at, damage)
+    seg.in_batch(read, &b, at, damage)
 }
 
 impl SegmentRead {
@@ -362,18 +360,6 @@ impl SegmentRead {
         records.into_iter().for_each(|r| state.apply(r));
         self.frames += b.offsets.len() as u64;
         self.batches = b.batch;
-    }
-
-    /// What is left in [`Pool`]'s read once it was moved into an outcome; never returned.
-    fn none() -> Self {
-        SegmentRead {
-            len: 0,
-            kept: 0,
-            damage: None,
-            format: Format::Empty,
-            frames: 0,
-            batches: 0,
-        }
     }
 }
 
@@ -420,28 +406,33 @@ fn read_batched_pooled<B: DeserializeOwned + Send>(
             from_workers.push(done_rx);
         }
         let mut pool = Pool {
-            seg,
             read,
             to_workers,
             from_workers,
             in_flight: VecDeque::new(),
-            sent: 0,
             taken: 0,
             run: Vec::new(),
             payloads: Vec::new(),
             run_bytes: 0,
         };
+        // A batch a worker found bad ends the segment, judged on what was applied before it.
+        let judge = |read, (b, at, damage): BadBatch| seg.in_batch(read, &b, at, damage);
         // The number of the last batch read whole (applied, in flight or being gathered).
         let mut read_up_to = pool.read.batches;
         loop {
             let next = match next_batch(seg, &mut frames, read_up_to + 1) {
                 Ok(next) => next,
                 // As decoding on reading would: damage in a batch before it comes first.
-                Err(e) => return pool.drain(state).unwrap_or(Err(e)),
+                Err(e) => {
+                    return match pool.drain(state) {
+                        Ok(()) => Err(e),
+                        Err(bad) => judge(pool.read, bad),
+                    }
+                }
             };
             if !matches!(next, BatchRead::Whole(..)) {
-                if let Some(end) = pool.drain(state) {
-                    return end;
+                if let Err(bad) = pool.drain(state) {
+                    return judge(pool.read, bad);
                 }
             }
             match next {
@@ -460,26 +451,27 @@ fn read_batched_pooled<B: DeserializeOwned + Send>(
             if pool.run_bytes >= RUN_BYTES {
                 pool.send();
             }
-            while pool.sent - pool.taken >= 2 * workers {
-                if let Some(end) = pool.take(state) {
-                    return end;
+            while pool.in_flight.len() >= 2 * workers {
+                if let Err(bad) = pool.take(state) {
+                    return judge(pool.read, bad);
                 }
             }
         }
     })
 }
 
+/// A batch that did not decode, with the offset and damage of its first bad frame.
+type BadBatch = (ReadBatch, u64, Damage);
+
 /// [`read_batched_pooled`]'s runs in flight and the state of the segment as applied.
-struct Pool<'a, 's, B> {
-    seg: &'a Seg<'s>,
+struct Pool<B> {
     /// The segment as far as it is applied to the state.
     read: SegmentRead,
     to_workers: Vec<mpsc::Sender<Vec<Vec<u8>>>>,
     from_workers: Vec<mpsc::Receiver<Decoded<B>>>,
     /// The batches of each run sent and not yet taken back, oldest first.
     in_flight: VecDeque<Vec<ReadBatch>>,
-    /// Runs sent and taken back: run k goes to worker k mod n.
-    sent: usize,
+    /// Runs taken back: run k goes to worker k mod n, and comes back from it.
     taken: usize,
     /// The run being gathered.
     run: Vec<ReadBatch>,
@@ -487,7 +479,7 @@ struct Pool<'a, 's, B> {
     run_bytes: usize,
 }
 
-impl<B> Pool<'_, '_, B> {
+impl<B> Pool<B> {
     fn add(&mut self, batch: ReadBatch, payloads: Vec<Vec<u8>>) {
         self.run_bytes += payloads.iter().map(Vec::len).sum::<usize>();
         self.payloads.extend(payloads);
@@ -499,17 +491,16 @@ impl<B> Pool<'_, '_, B> {
         if self.run.is_empty() {
             return;
         }
-        let n = self.to_workers.len();
+        let next = (self.taken + self.in_flight.len()) % self.to_workers.len();
         // A worker stops only when its channel closes, or by panicking (see `take`).
-        let _ = self.to_workers[self.sent % n].send(std::mem::take(&mut self.payloads));
+        let _ = self.to_workers[next].send(std::mem::take(&mut self.payloads));
         self.in_flight.push_back(std::mem::take(&mut self.run));
         self.run_bytes = 0;
-        self.sent += 1;
     }
 
-    /// Takes the oldest run back and applies its batches in order. A batch that did not
-    /// decode ends the segment: its damage judged is the outcome.
-    fn take(&mut self, state: &mut State<B>) -> Option<Outcome> {
+    /// Takes the oldest run back and applies its batches in order, up to one that did not
+    /// decode.
+    fn take(&mut self, state: &mut State<B>) -> Result<(), BadBatch> {
         let n = self.from_workers.len();
         // A worker ends early only by panicking, which aborts a release build; a test's
         // scope panics again when it joins.
@@ -525,24 +516,19 @@ impl<B> Pool<'_, '_, B> {
         for b in batches {
             match gather(&b, decoded.by_ref()) {
                 Ok(records) => self.read.apply(&b, records, state),
-                Err((at, damage)) => {
-                    let read = std::mem::replace(&mut self.read, SegmentRead::none());
-                    return Some(self.seg.in_batch(read, b.batch, b.start, b.end, at, damage));
-                }
+                Err((at, damage)) => return Err((b, at, damage)),
             }
         }
-        None
+        Ok(())
     }
 
-    /// Sends what is gathered and applies every run in flight; `Some` as [`Pool::take`].
-    fn drain(&mut self, state: &mut State<B>) -> Option<Outcome> {
+    /// Sends what is gathered and applies every run in flight, as [`Pool::take`].
+    fn drain(&mut self, state: &mut State<B>) -> Result<(), BadBatch> {
         self.send();
-        while self.taken < self.sent {
-            if let Some(end) = self.take(state) {
-                return Some(end);
-            }
+        while !self.in_flight.is_empty() {
+            self.take(state)?;
         }
-        None
+        Ok(())
     }
 }
 
@@ -652,19 +638,13 @@ impl Seg<'_> {
         }
     }
 
-    /// Damage at `at` inside batch `batch`, which spans `[start, end)` with its header.
-    /// Cut the whole batch if it can be the last one written, i.e. it reaches the end of
-    /// the file; if the file goes on past it, a later batch was written, so this one had
-    /// been synced.
-    fn in_batch(
-        &self,
-        read: SegmentRead,
-        batch: u64,
-        start: u64,
-        end: u64,
-        at: u64,
-        damage: Damage,
-    ) -> Result<SegmentRead, Error> {
+    /// Damage at `at` inside batch `b`, which spans `[start, end)` with its header. Cut the
+    /// whole batch if it can be the last one written, i.e. it reaches the end of the file;
+    /// if the file goes on past it, a later batch was written, so this one had been synced.
+    fn in_batch(&self, read: SegmentRead, b: &ReadBatch, at: u64, damage: Damage) -> Outcome {
+        let ReadBatch {
+            batch, start, end, ..
+        } = *b;
         if !self.tail {
             return Err(self.closed(at, damage));
         }
